@@ -1,0 +1,172 @@
+//! `cargo xtask`: the developer entry point of mycni.
+//!
+//! xtask builds with the machine's stock stable toolchain (it is what installs
+//! the pinned ones), and runs every other cargo command with an explicit
+//! `RUSTUP_TOOLCHAIN`, so a fresh machine needs nothing but `cargo xtask ...`.
+
+mod lab;
+mod setup;
+mod util;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+use crate::util::{Cmd, workspace_root};
+
+/// Toolchain for the host crates: aya 0.16 declares rust-version 1.98.
+pub const HOST_TOOLCHAIN: &str = "1.98.0";
+/// Nightly for the eBPF crate. Its LLVM major (22) must match bpf-linker's;
+/// nightlies from mid-August 2026 on use LLVM 23 and fail with "Invalid record".
+pub const EBPF_TOOLCHAIN: &str = "nightly-2026-07-01";
+pub const EBPF_TARGET: &str = "bpfel-unknown-none";
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "mycni developer tasks", version)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install what the build and tests need and is missing (Debian packages,
+    /// Rust toolchains, bpf-linker built against LLVM 22), mount bpffs.
+    /// Idempotent: a second run only checks.
+    Setup,
+    /// Build the eBPF object (mycni-ebpf) for bpfel-unknown-none, with BTF.
+    ///
+    /// The object lands in target/ebpf/bpfel-unknown-none/<profile>/mycni-ebpf;
+    /// mycni-agent embeds the release object at build time.
+    BuildEbpf {
+        /// Optimised release build (what the agent embeds). Without it the
+        /// `ebpf-dev` profile is used: still optimised, plus debug assertions.
+        #[arg(long)]
+        release: bool,
+    },
+    /// The README's test command: setup, build-ebpf, fmt check, clippy
+    /// (host crates, and the eBPF crate on its own target), then every test,
+    /// including the privileged network-namespace tests.
+    Test {
+        /// Extra arguments for `cargo test` (e.g. a test name filter).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// The local multi-node lab: node network namespaces running the real
+    /// agent and plugin against a Kubernetes API fixture.
+    #[command(subcommand)]
+    Lab(lab::LabCmd),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Command::Setup => setup::run(),
+        Command::BuildEbpf { release } => build_ebpf(release).map(|_| ()),
+        Command::Test { args } => test(&args),
+        Command::Lab(cmd) => lab::run(cmd),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // The chain says what failed; a backtrace of xtask itself never helps.
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Builds the eBPF object and checks that it carries BTF for the map types,
+/// because `bpftool map dump` is only readable with it.
+pub fn build_ebpf(release: bool) -> Result<PathBuf> {
+    let root = workspace_root();
+    let profile = if release { "release" } else { "ebpf-dev" };
+    // debuginfo + --btf: bpf-linker turns DWARF into BTF for maps and programs.
+    let rustflags = [
+        "--cfg=bpf_target_arch=\"x86_64\"",
+        "-Cdebuginfo=2",
+        "-Clink-arg=--btf",
+    ]
+    .join("\x1f");
+    Cmd::new("cargo")
+        .args(["build", "--package", "mycni-ebpf", "--bins", "--locked"])
+        .args(["--target", EBPF_TARGET, "-Z", "build-std=core"])
+        .args(["--profile", profile])
+        .arg("--target-dir")
+        .arg(root.join("target/ebpf"))
+        .toolchain(EBPF_TOOLCHAIN)
+        .env("CARGO_ENCODED_RUSTFLAGS", &rustflags)
+        .cwd(&root)
+        .run()?;
+    let object = ebpf_object(profile);
+    let btf = Cmd::new("bpftool")
+        .args(["btf", "dump", "file"])
+        .arg(&object)
+        .output()
+        .context("bpftool btf dump of the eBPF object")?;
+    if !btf.contains("'PathCounter'") {
+        bail!(
+            "{} has no BTF for PathCounter: the map would dump as hex; is bpf-linker called with --btf?",
+            object.display()
+        );
+    }
+    eprintln!("xtask: built {} (BTF ok)", object.display());
+    Ok(object)
+}
+
+pub fn ebpf_object(profile: &str) -> PathBuf {
+    workspace_root()
+        .join("target/ebpf")
+        .join(EBPF_TARGET)
+        .join(profile)
+        .join("mycni-ebpf")
+}
+
+fn test(extra: &[String]) -> Result<()> {
+    let root = workspace_root();
+    setup::run()?;
+    build_ebpf(true)?;
+    eprintln!("xtask: cargo fmt --check");
+    Cmd::new("cargo")
+        .args(["fmt", "--all", "--check"])
+        .toolchain(HOST_TOOLCHAIN)
+        .cwd(&root)
+        .run()?;
+    eprintln!("xtask: clippy (host crates)");
+    Cmd::new("cargo")
+        .args(["clippy", "--workspace", "--exclude", "mycni-ebpf"])
+        .args(["--all-targets", "--locked", "--", "-D", "warnings"])
+        .toolchain(HOST_TOOLCHAIN)
+        .cwd(&root)
+        .run()?;
+    eprintln!("xtask: clippy (mycni-ebpf on {EBPF_TARGET})");
+    Cmd::new("cargo")
+        .args(["clippy", "--package", "mycni-ebpf", "--locked"])
+        .args(["--target", EBPF_TARGET, "-Z", "build-std=core", "--release"])
+        .arg("--target-dir")
+        .arg(root.join("target/ebpf"))
+        .args(["--", "-D", "warnings"])
+        .toolchain(EBPF_TOOLCHAIN)
+        .env(
+            "CARGO_ENCODED_RUSTFLAGS",
+            "--cfg=bpf_target_arch=\"x86_64\"",
+        )
+        .cwd(&root)
+        .run()?;
+    eprintln!("xtask: building release binaries the black-box tests run");
+    Cmd::new("cargo")
+        .args(["build", "--release", "--locked"])
+        .args(["--package", "mycni-plugin", "--package", "mycni-agent"])
+        .toolchain(HOST_TOOLCHAIN)
+        .cwd(&root)
+        .run()?;
+    eprintln!("xtask: cargo test");
+    Cmd::new("cargo")
+        .args(["test", "--workspace", "--exclude", "mycni-ebpf", "--locked"])
+        .args(extra)
+        .toolchain(HOST_TOOLCHAIN)
+        .cwd(&root)
+        .run()
+}
