@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::{Context, Result, bail};
 
+pub mod cni;
+
 /// Runs a command to completion; a non-zero exit is an error with its stderr.
 pub fn sh(program: &str, args: &[&str]) -> Result<String> {
     let out = Command::new(program)

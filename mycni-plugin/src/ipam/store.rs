@@ -1,0 +1,1482 @@
+//! On-disk lease store for the built-in `mycni-ipam` IPAM.
+//!
+//! The plugin runs once per pod start, so allocating in-process avoids the fork/exec of a
+//! delegated IPAM binary. The layout on disk is the one the reference `host-local` plugin's
+//! disk backend uses, so an operator can switch a node between the two without losing or
+//! duplicating leases, and both take the same `flock` on `<dir>/lock`, so they also exclude
+//! each other while a node runs a mix of old and new configurations:
+//!
+//! ```text
+//! <data_dir>/<network>/lock                 flock(LOCK_EX) around every read-modify-write
+//! <data_dir>/<network>/last_reserved_ip.0   last allocated IP, where round-robin resumes
+//! <data_dir>/<network>/10.244.1.5           "<containerID>\r\n<ifname>"
+//! ```
+//!
+//! Lease files come into existence complete (a fsynced temp file hard-linked to the IP's
+//! name), so a crash never leaves a half-written lease, and `link(2)` refusing to replace an
+//! existing name means a lease is never overwritten even by a writer that ignores the lock.
+
+use std::collections::HashSet;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::net::Ipv4Addr;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// host-local names this file `last_reserved_ip.<range index>`; we manage a single range.
+const LAST_RESERVED_FILE: &str = "last_reserved_ip.0";
+const LOCK_FILE: &str = "lock";
+/// Prefix of our temp files. host-local writes none, so under the lock any such file is a
+/// leftover from a crashed writer.
+const TMP_PREFIX: &str = ".tmp-";
+/// Keeps `<data_dir>/<network>` well below PATH_MAX/NAME_MAX limits.
+const MAX_NETWORK_NAME: usize = 200;
+/// A real lease is a container ID plus an interface name (~100 bytes); anything far larger
+/// is not a lease we can trust, and capping the read bounds the work per file.
+const MAX_LEASE_CONTENT: u64 = 4096;
+/// Lease files hold container IDs only, but host-local creates them 0600 and an operator
+/// switching back and forth should see uniform permissions.
+const FILE_MODE: u32 = 0o600;
+
+/// Distinguishes temp files of threads of one process (the pid alone does not).
+static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Why a configured range cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RangeError {
+    #[error("invalid CIDR {input:?}: {reason} (expected an IPv4 subnet like \"10.244.1.0/24\")")]
+    BadCidr { input: String, reason: String },
+    #[error(
+        "prefix length /{prefix} is too long: an IPv4 range needs /30 or shorter to have a \
+         usable address besides the network and broadcast addresses"
+    )]
+    PrefixTooLong { prefix: u8 },
+    #[error("{network}/{prefix} has host bits set; the subnet is {expected}/{prefix}")]
+    HostBitsSet {
+        network: Ipv4Addr,
+        prefix: u8,
+        expected: Ipv4Addr,
+    },
+    #[error(
+        "range {which} {ip} is outside the usable addresses of {network}/{prefix} \
+         ({first}-{last}; the network and broadcast addresses cannot be leased)"
+    )]
+    OutsideSubnet {
+        which: &'static str,
+        ip: Ipv4Addr,
+        network: Ipv4Addr,
+        prefix: u8,
+        first: Ipv4Addr,
+        last: Ipv4Addr,
+    },
+    #[error("range start {start} is after range end {end}")]
+    StartAfterEnd { start: Ipv4Addr, end: Ipv4Addr },
+}
+
+/// The addresses leases are taken from: a subnet plus the `start..=end` slice of it that
+/// this node may hand out (defaulting to every usable address of the subnet).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Range {
+    pub network: Ipv4Addr,
+    pub prefix: u8,
+    pub start: Ipv4Addr,
+    pub end: Ipv4Addr,
+}
+
+/// Netmask for `prefix`, saturating so that a hand-built `Range` with a bogus prefix cannot
+/// make the shift overflow.
+fn netmask(prefix: u8) -> u32 {
+    match prefix {
+        0 => 0,
+        p if p >= 32 => u32::MAX,
+        p => u32::MAX << (32 - u32::from(p)),
+    }
+}
+
+impl Range {
+    /// Validated here rather than at allocation time so that a bad network config fails the
+    /// first ADD with a message about the config instead of an odd lease.
+    pub fn new(
+        network: Ipv4Addr,
+        prefix: u8,
+        start: Option<Ipv4Addr>,
+        end: Option<Ipv4Addr>,
+    ) -> Result<Range, RangeError> {
+        if prefix > 30 {
+            return Err(RangeError::PrefixTooLong { prefix });
+        }
+        let mask = netmask(prefix);
+        let net = u32::from(network);
+        if net & !mask != 0 {
+            return Err(RangeError::HostBitsSet {
+                network,
+                prefix,
+                expected: Ipv4Addr::from(net & mask),
+            });
+        }
+        // prefix <= 30 makes both of these in-subnet and first <= last.
+        let first = Ipv4Addr::from(net + 1);
+        let last = Ipv4Addr::from((net | !mask) - 1);
+        let check = |which: &'static str, ip: Ipv4Addr| {
+            if ip < first || ip > last {
+                Err(RangeError::OutsideSubnet {
+                    which,
+                    ip,
+                    network,
+                    prefix,
+                    first,
+                    last,
+                })
+            } else {
+                Ok(ip)
+            }
+        };
+        let start = check("start", start.unwrap_or(first))?;
+        let end = check("end", end.unwrap_or(last))?;
+        if start > end {
+            return Err(RangeError::StartAfterEnd { start, end });
+        }
+        Ok(Range {
+            network,
+            prefix,
+            start,
+            end,
+        })
+    }
+
+    /// Network configs carry the subnet as one string; this keeps the split in one place.
+    /// Host bits are accepted here and rejected by [`Range::new`], which can name the fix.
+    pub fn parse_cidr(s: &str) -> Result<(Ipv4Addr, u8), RangeError> {
+        let bad = |reason: &str| RangeError::BadCidr {
+            input: s.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let (ip, prefix) = s
+            .trim()
+            .split_once('/')
+            .ok_or_else(|| bad("missing \"/<prefix length>\""))?;
+        let ip: Ipv4Addr = ip.parse().map_err(|_| bad("not an IPv4 address"))?;
+        // u8::from_str would also accept "+24"; a CIDR prefix is plain digits.
+        if prefix.is_empty() || prefix.len() > 2 || !prefix.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad("prefix length must be a number from 0 to 32"));
+        }
+        let prefix: u8 = prefix
+            .parse()
+            .map_err(|_| bad("prefix length must be a number from 0 to 32"))?;
+        if prefix > 32 {
+            return Err(bad("prefix length must be a number from 0 to 32"));
+        }
+        Ok((ip, prefix))
+    }
+
+    /// Only `start..=end` is ours to lease; the rest of the subnet may belong to the
+    /// gateway or to other allocators.
+    pub fn contains(&self, ip: Ipv4Addr) -> bool {
+        self.start <= ip && ip <= self.end
+    }
+
+    /// 0 for a hand-built range with `start > end`, which therefore leases nothing.
+    pub fn size(&self) -> u32 {
+        let (start, end) = (u32::from(self.start), u32::from(self.end));
+        if start > end {
+            0
+        } else {
+            // Saturates only for a hand-built 0.0.0.0-255.255.255.255, which `new` rejects.
+            (end - start).saturating_add(1)
+        }
+    }
+}
+
+/// One lease file, as read back. An `ifname` of "" means the file was written by an old
+/// host-local that stored only the container ID; a `container_id` of "" means the content
+/// could not be interpreted, which makes the lease garbage for [`LeaseStore::gc`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub ip: Ipv4Addr,
+    pub container_id: String,
+    pub ifname: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error(
+        "no IP addresses available in range {range} of network {network:?}: every address is \
+         leased or reserved. Check the network's lease directory for leaked leases (files \
+         naming containers that no longer exist); CNI GC releases them, or widen the range"
+    )]
+    Exhausted { network: String, range: String },
+    #[error(
+        "invalid network name {0:?}: it names the lease directory, so it must be non-empty, \
+         not \".\" or \"..\", contain no '/' or NUL, and be at most 200 bytes"
+    )]
+    BadNetworkName(String),
+    /// Not in the original API: an owner that is empty or contains whitespace would be
+    /// written into a lease file that reads back as a different owner (or as garbage that
+    /// GC frees while the container still uses the IP), so it is refused up front.
+    #[error(
+        "invalid lease owner (container ID {container_id:?}, interface {ifname:?}): both must \
+         be non-empty and free of whitespace and control characters, because the lease file \
+         stores them as \"<id>\\r\\n<ifname>\""
+    )]
+    InvalidOwner {
+        container_id: String,
+        ifname: String,
+    },
+    #[error("lease store I/O error on {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("lease store: cannot use {}: {reason}", path.display())]
+    Corrupt { path: PathBuf, reason: String },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
+    move |source| StoreError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+fn is_token(s: &str) -> bool {
+    !s.is_empty() && !s.chars().any(|c| c.is_whitespace() || c.is_control())
+}
+
+fn validate_owner(container_id: &str, ifname: &str) -> Result<(), StoreError> {
+    if is_token(container_id) && is_token(ifname) {
+        Ok(())
+    } else {
+        Err(StoreError::InvalidOwner {
+            container_id: container_id.to_owned(),
+            ifname: ifname.to_owned(),
+        })
+    }
+}
+
+/// Who a lease file says holds the IP.
+#[derive(Debug, PartialEq, Eq)]
+enum Owner {
+    /// `ifname` is `None` for the old host-local format that stored only the container ID.
+    Known { id: String, ifname: Option<String> },
+    /// Empty, binary, oversized or unreadable content: the file occupies the IP, but no
+    /// container can be shown to own it.
+    Garbage,
+}
+
+impl Owner {
+    /// Tolerates both host-local formats and stray whitespace (CRLF or LF, trailing newline).
+    fn parse(content: &[u8]) -> Owner {
+        let Ok(text) = std::str::from_utf8(content) else {
+            return Owner::Garbage;
+        };
+        let text = text.trim();
+        let (id, ifname) = match text.split_once('\n') {
+            Some((id, ifname)) => (id.trim(), Some(ifname.trim())),
+            None => (text, None),
+        };
+        if !is_token(id) || ifname.is_some_and(|i| !is_token(i)) {
+            return Owner::Garbage;
+        }
+        Owner::Known {
+            id: id.to_owned(),
+            ifname: ifname.map(str::to_owned),
+        }
+    }
+
+    /// Release semantics: a lease of unknown interface belongs to every interface of its
+    /// container, otherwise an old-format lease could never be released by DEL.
+    fn held_by(&self, container_id: &str, ifname: &str) -> bool {
+        match self {
+            Owner::Known { id, ifname: i } => {
+                id == container_id && i.as_deref().is_none_or(|i| i == ifname)
+            }
+            Owner::Garbage => false,
+        }
+    }
+
+    /// Idempotent-ADD semantics: only an exact match may be handed back, so that two
+    /// interfaces of one container never share an old-format lease's IP.
+    fn is_exactly(&self, container_id: &str, ifname: &str) -> bool {
+        matches!(self, Owner::Known { id, ifname: Some(i) } if id == container_id && i == ifname)
+    }
+
+    fn into_lease(self, ip: Ipv4Addr) -> Lease {
+        match self {
+            Owner::Known { id, ifname } => Lease {
+                ip,
+                container_id: id,
+                ifname: ifname.unwrap_or_default(),
+            },
+            Owner::Garbage => Lease {
+                ip,
+                container_id: String::new(),
+                ifname: String::new(),
+            },
+        }
+    }
+}
+
+/// `Ok(None)` when the file is gone (nothing to report); other read failures become
+/// [`Owner::Garbage`] because one bad file must not block the whole store.
+fn read_owner(path: &Path) -> Option<Owner> {
+    let mut buf = Vec::with_capacity(128);
+    let read = File::open(path).and_then(|f| f.take(MAX_LEASE_CONTENT + 1).read_to_end(&mut buf));
+    match read {
+        Ok(_) if buf.len() as u64 > MAX_LEASE_CONTENT => Some(Owner::Garbage),
+        Ok(_) => Some(Owner::parse(&buf)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(_) => Some(Owner::Garbage),
+    }
+}
+
+/// `Ok(false)` if the file was already gone, which keeps release idempotent.
+fn remove_lease(path: &Path) -> Result<bool, StoreError> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(io_err(path)(e)),
+    }
+}
+
+/// Holds `flock(LOCK_EX)` on `<dir>/lock` until dropped (closing the file releases it).
+struct LockGuard {
+    _file: File,
+}
+
+/// A temp file that is unlinked on drop, so no error path leaves one behind.
+struct TempFile {
+    path: PathBuf,
+    /// Set once the file has been renamed away and there is nothing left to unlink.
+    consumed: bool,
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if !self.consumed {
+            // Best effort: a leftover is removed by the next locked scan anyway.
+            let _ = fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// One directory entry whose name is an IPv4 address.
+struct Entry {
+    ip: Ipv4Addr,
+    /// Directories occupy their IP's name but are not leases we can read or remove.
+    is_dir: bool,
+}
+
+/// Leases of one network, kept in `<data_dir>/<network>/` in host-local's format.
+#[derive(Debug)]
+pub struct LeaseStore {
+    dir: PathBuf,
+    network: String,
+}
+
+impl LeaseStore {
+    /// The name becomes a path component, so anything that could escape or alias the data
+    /// directory is refused before touching the filesystem.
+    pub fn open(data_dir: &Path, network: &str) -> Result<LeaseStore, StoreError> {
+        if network.is_empty()
+            || network == "."
+            || network == ".."
+            || network.contains(['/', '\0'])
+            || network.len() > MAX_NETWORK_NAME
+        {
+            return Err(StoreError::BadNetworkName(network.to_owned()));
+        }
+        let dir = data_dir.join(network);
+        if let Err(e) = fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(&dir)
+        {
+            // "File exists" alone would not tell the operator what is wrong with the path.
+            if dir.exists() && !dir.is_dir() {
+                return Err(StoreError::Corrupt {
+                    path: dir,
+                    reason: "exists but is not a directory; the lease store needs a directory \
+                             here"
+                        .to_owned(),
+                });
+            }
+            return Err(io_err(&dir)(e));
+        }
+        Ok(LeaseStore {
+            dir,
+            network: network.to_owned(),
+        })
+    }
+
+    /// Lets callers (and operators reading error messages) find the lease files.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Idempotent so that a runtime retrying ADD for the same container and interface gets
+    /// the IP it was already given instead of leaking a second one.
+    pub fn allocate(
+        &self,
+        range: &Range,
+        reserved: &[Ipv4Addr],
+        container_id: &str,
+        ifname: &str,
+    ) -> Result<Ipv4Addr, StoreError> {
+        validate_owner(container_id, ifname)?;
+        let _lock = self.lock()?;
+        let entries = self.scan()?;
+
+        let mut taken: HashSet<u32> = HashSet::with_capacity(entries.len() + reserved.len() + 2);
+        for entry in &entries {
+            if !range.contains(entry.ip) {
+                continue;
+            }
+            taken.insert(u32::from(entry.ip));
+            if !entry.is_dir
+                && read_owner(&self.lease_path(entry.ip))
+                    .is_some_and(|o| o.is_exactly(container_id, ifname))
+            {
+                return Ok(entry.ip);
+            }
+        }
+        taken.extend(reserved.iter().map(|&ip| u32::from(ip)));
+        // `Range`'s fields are public, so a hand-built range could include these.
+        let mask = netmask(range.prefix);
+        let net = u32::from(range.network) & mask;
+        taken.extend([net, net | !mask]);
+
+        let exhausted = || StoreError::Exhausted {
+            network: self.network.clone(),
+            range: format!("{}-{}", range.start, range.end),
+        };
+        let (start, end) = (u32::from(range.start), u32::from(range.end));
+        if start > end {
+            return Err(exhausted());
+        }
+        let size = u64::from(end - start) + 1;
+        // Round-robin like host-local: resume after the last allocation so a just-released
+        // IP is not handed to the next pod while stale state (conntrack, ARP caches, peers'
+        // routes) may still point at the old one.
+        let first = match self.last_reserved() {
+            Some(last) if range.contains(last) => (u64::from(u32::from(last) - start) + 1) % size,
+            _ => 0,
+        };
+
+        let content = format!("{container_id}\r\n{ifname}");
+        let mut temp: Option<TempFile> = None;
+        // Every skipped candidate is a distinct member of `taken` or a name that link(2)
+        // found occupied, so this stops after at most |taken| + |entries| + 1 steps even in
+        // a huge range.
+        for step in 0..size {
+            let candidate = start + ((first + step) % size) as u32;
+            if taken.contains(&candidate) {
+                continue;
+            }
+            let ip = Ipv4Addr::from(candidate);
+            let tmp = match &temp {
+                Some(t) => t,
+                None => temp.insert(self.write_temp(content.as_bytes(), true)?),
+            };
+            if self.link_lease(&tmp.path, ip)? {
+                drop(temp);
+                self.set_last_reserved(ip);
+                return Ok(ip);
+            }
+        }
+        Err(exhausted())
+    }
+
+    /// Idempotent (a missing lease is success) because CNI DEL may be repeated and may
+    /// follow a failed ADD that never leased anything.
+    pub fn release(
+        &self,
+        container_id: &str,
+        ifname: &str,
+        hint: Option<Ipv4Addr>,
+    ) -> Result<Vec<Ipv4Addr>, StoreError> {
+        validate_owner(container_id, ifname)?;
+        let _lock = self.lock()?;
+        // The hint spares reading every lease file on the common path; it is only trusted
+        // if the file still names this owner, since prevResult may be stale.
+        if let Some(ip) = hint {
+            let path = self.lease_path(ip);
+            if read_owner(&path).is_some_and(|o| o.held_by(container_id, ifname))
+                && remove_lease(&path)?
+            {
+                return Ok(vec![ip]);
+            }
+        }
+        let mut released = Vec::new();
+        for entry in self.scan()? {
+            if entry.is_dir {
+                continue;
+            }
+            let path = self.lease_path(entry.ip);
+            if read_owner(&path).is_some_and(|o| o.held_by(container_id, ifname))
+                && remove_lease(&path)?
+            {
+                released.push(entry.ip);
+            }
+        }
+        released.sort_unstable();
+        Ok(released)
+    }
+
+    /// Taken under the lock so the listing is a consistent snapshot. Sorted by IP.
+    pub fn leases(&self) -> Result<Vec<Lease>, StoreError> {
+        let _lock = self.lock()?;
+        Ok(self
+            .read_leases()?
+            .into_iter()
+            .map(|(ip, owner)| owner.into_lease(ip))
+            .collect())
+    }
+
+    /// Frees leases leaked by containers that were never DELeted (node crash, runtime bug).
+    /// A lease of unknown interface (old host-local format) is kept if its container is kept
+    /// with any interface, so a live container's IP is never freed for lack of an ifname.
+    /// Garbage leases are always freed: no container can be shown to own them.
+    pub fn gc(&self, keep: &HashSet<(String, String)>) -> Result<Vec<Lease>, StoreError> {
+        let _lock = self.lock()?;
+        let keep_pairs: HashSet<(&str, &str)> =
+            keep.iter().map(|(c, i)| (c.as_str(), i.as_str())).collect();
+        let keep_ids: HashSet<&str> = keep.iter().map(|(c, _)| c.as_str()).collect();
+        let mut released = Vec::new();
+        for (ip, owner) in self.read_leases()? {
+            let kept = match &owner {
+                Owner::Known {
+                    id,
+                    ifname: Some(i),
+                } => keep_pairs.contains(&(id.as_str(), i.as_str())),
+                Owner::Known { id, ifname: None } => keep_ids.contains(id.as_str()),
+                Owner::Garbage => false,
+            };
+            if !kept && remove_lease(&self.lease_path(ip))? {
+                released.push(owner.into_lease(ip));
+            }
+        }
+        Ok(released)
+    }
+
+    /// Per call rather than per store: flock is per open file description, so opening the
+    /// file each time makes threads of one process exclude each other too, and the lock is
+    /// never held between calls.
+    fn lock(&self) -> Result<LockGuard, StoreError> {
+        let path = self.dir.join(LOCK_FILE);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(FILE_MODE)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        loop {
+            // SAFETY: the fd belongs to `file`, which outlives the call; flock has no
+            // memory-safety preconditions.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Ok(LockGuard { _file: file });
+            }
+            let err = io::Error::last_os_error();
+            if err.kind() != io::ErrorKind::Interrupted {
+                return Err(io_err(&path)(err));
+            }
+        }
+    }
+
+    /// The single read_dir pass every locked operation starts from. Must be called with the
+    /// lock held: it deletes temp files, which is only safe when no writer can own them.
+    fn scan(&self) -> Result<Vec<Entry>, StoreError> {
+        let mut entries = Vec::new();
+        for dirent in fs::read_dir(&self.dir).map_err(io_err(&self.dir))? {
+            let dirent = dirent.map_err(io_err(&self.dir))?;
+            let name = dirent.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if let Ok(ip) = name.parse::<Ipv4Addr>() {
+                // file_type() comes from the dirent on most filesystems: no extra syscall.
+                let is_dir = dirent.file_type().is_ok_and(|t| t.is_dir());
+                entries.push(Entry { ip, is_dir });
+            } else if name.starts_with(TMP_PREFIX) {
+                // Best effort: a stale temp file costs only disk space.
+                let _ = fs::remove_file(dirent.path());
+            }
+        }
+        Ok(entries)
+    }
+
+    /// Lock must be held. Sorted by IP so listings are stable.
+    fn read_leases(&self) -> Result<Vec<(Ipv4Addr, Owner)>, StoreError> {
+        let mut out: Vec<(Ipv4Addr, Owner)> = self
+            .scan()?
+            .into_iter()
+            .filter(|e| !e.is_dir)
+            .filter_map(|e| read_owner(&self.lease_path(e.ip)).map(|o| (e.ip, o)))
+            .collect();
+        out.sort_unstable_by_key(|(ip, _)| *ip);
+        Ok(out)
+    }
+
+    fn lease_path(&self, ip: Ipv4Addr) -> PathBuf {
+        self.dir.join(ip.to_string())
+    }
+
+    /// Lock must be held (the name is unique, but scan() would delete it otherwise).
+    /// `durable` fsyncs the content, so a lease linked from it survives a crash whole.
+    fn write_temp(&self, content: &[u8], durable: bool) -> Result<TempFile, StoreError> {
+        let pid = std::process::id();
+        loop {
+            let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+            let path = self.dir.join(format!("{TMP_PREFIX}{pid}-{n}"));
+            let mut file = match OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(FILE_MODE)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(&path)
+            {
+                Ok(f) => f,
+                // A crashed process with our pid left this name (and its removal failed):
+                // just take the next number.
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(io_err(&path)(e)),
+            };
+            let temp = TempFile {
+                path,
+                consumed: false,
+            };
+            file.write_all(content).map_err(io_err(&temp.path))?;
+            if durable {
+                file.sync_all().map_err(io_err(&temp.path))?;
+            }
+            return Ok(temp);
+        }
+    }
+
+    /// `Ok(false)` if the IP's name is already taken: link(2) never replaces a name, so an
+    /// existing lease survives even a writer that skipped the lock.
+    fn link_lease(&self, temp: &Path, ip: Ipv4Addr) -> Result<bool, StoreError> {
+        let path = self.lease_path(ip);
+        match fs::hard_link(temp, &path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(io_err(&path)(e)),
+        }
+    }
+
+    /// Missing or unparsable means "start from the beginning of the range", as in host-local.
+    fn last_reserved(&self) -> Option<Ipv4Addr> {
+        fs::read_to_string(self.dir.join(LAST_RESERVED_FILE))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// Errors are ignored and the file is not fsynced: it only steers round-robin, garbage
+    /// in it is tolerated, and failing here would strand a lease the caller never learns
+    /// about. The rename still keeps host-local from ever reading a torn value.
+    fn set_last_reserved(&self, ip: Ipv4Addr) {
+        let Ok(mut temp) = self.write_temp(ip.to_string().as_bytes(), false) else {
+            return;
+        };
+        if fs::rename(&temp.path, self.dir.join(LAST_RESERVED_FILE)).is_ok() {
+            temp.consumed = true;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::sync::{Arc, Barrier};
+    use std::thread;
+    use std::time::Duration;
+    use tempfile::TempDir;
+
+    const NONE: [Ipv4Addr; 0] = [];
+
+    fn ip(s: &str) -> Ipv4Addr {
+        s.parse().unwrap()
+    }
+
+    fn range(cidr: &str) -> Range {
+        let (net, prefix) = Range::parse_cidr(cidr).unwrap();
+        Range::new(net, prefix, None, None).unwrap()
+    }
+
+    fn store() -> (TempDir, LeaseStore) {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = LeaseStore::open(tmp.path(), "net1").unwrap();
+        (tmp, store)
+    }
+
+    /// Names in the store directory that parse as IPs, sorted.
+    fn lease_files(store: &LeaseStore) -> Vec<Ipv4Addr> {
+        let mut v: Vec<Ipv4Addr> = fs::read_dir(store.dir())
+            .unwrap()
+            .filter_map(|e| e.unwrap().file_name().to_str()?.parse().ok())
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn tmp_files(store: &LeaseStore) -> Vec<String> {
+        fs::read_dir(store.dir())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(TMP_PREFIX))
+            .collect()
+    }
+
+    fn write(store: &LeaseStore, name: &str, content: &[u8]) {
+        fs::write(store.dir().join(name), content).unwrap();
+    }
+
+    fn read(store: &LeaseStore, name: &str) -> String {
+        fs::read_to_string(store.dir().join(name)).unwrap()
+    }
+
+    fn keep(pairs: &[(&str, &str)]) -> HashSet<(String, String)> {
+        pairs
+            .iter()
+            .map(|(c, i)| (c.to_string(), i.to_string()))
+            .collect()
+    }
+
+    // ---- Range ----
+
+    #[test]
+    fn range_defaults_exclude_network_and_broadcast() {
+        let r = range("10.244.1.0/24");
+        assert_eq!(r.start, ip("10.244.1.1"));
+        assert_eq!(r.end, ip("10.244.1.254"));
+        assert_eq!(r.size(), 254);
+        assert!(r.contains(ip("10.244.1.1")));
+        assert!(r.contains(ip("10.244.1.254")));
+        assert!(!r.contains(ip("10.244.1.0")));
+        assert!(!r.contains(ip("10.244.1.255")));
+        assert!(!r.contains(ip("10.244.2.1")));
+
+        let r = Range::new(
+            ip("10.0.0.0"),
+            16,
+            Some(ip("10.0.1.20")),
+            Some(ip("10.0.3.50")),
+        )
+        .unwrap();
+        assert_eq!(r.size(), 2 * 256 + 31);
+        assert!(!r.contains(ip("10.0.1.19")));
+        assert!(r.contains(ip("10.0.2.0")));
+        assert!(!r.contains(ip("10.0.3.51")));
+
+        let r = range("192.168.0.4/30");
+        assert_eq!(
+            (r.start, r.end, r.size()),
+            (ip("192.168.0.5"), ip("192.168.0.6"), 2)
+        );
+        let r = range("0.0.0.0/0");
+        assert_eq!(r.size(), u32::MAX - 1);
+    }
+
+    #[test]
+    fn range_new_rejects_bad_ranges() {
+        let net = ip("10.0.0.0");
+        assert_eq!(
+            Range::new(net, 31, None, None),
+            Err(RangeError::PrefixTooLong { prefix: 31 })
+        );
+        assert!(matches!(
+            Range::new(net, 33, None, None),
+            Err(RangeError::PrefixTooLong { .. })
+        ));
+        let err = Range::new(ip("10.0.0.5"), 24, None, None).unwrap_err();
+        assert_eq!(
+            err,
+            RangeError::HostBitsSet {
+                network: ip("10.0.0.5"),
+                prefix: 24,
+                expected: net
+            }
+        );
+        assert!(err.to_string().contains("10.0.0.0/24"), "{err}");
+        for (start, end, which) in [
+            (Some(ip("10.0.1.1")), None, "start"),
+            (None, Some(ip("10.0.1.1")), "end"),
+            (Some(ip("10.0.0.0")), None, "start"),
+            (None, Some(ip("10.0.0.255")), "end"),
+            (Some(ip("9.255.255.255")), None, "start"),
+        ] {
+            match Range::new(net, 24, start, end) {
+                Err(RangeError::OutsideSubnet { which: w, .. }) => assert_eq!(w, which),
+                other => panic!("{start:?} {end:?}: {other:?}"),
+            }
+        }
+        assert_eq!(
+            Range::new(net, 24, Some(ip("10.0.0.9")), Some(ip("10.0.0.8"))),
+            Err(RangeError::StartAfterEnd {
+                start: ip("10.0.0.9"),
+                end: ip("10.0.0.8")
+            })
+        );
+        assert!(Range::new(net, 24, Some(ip("10.0.0.9")), Some(ip("10.0.0.9"))).is_ok());
+    }
+
+    #[test]
+    fn parse_cidr_accepts_and_rejects() {
+        assert_eq!(
+            Range::parse_cidr("10.244.1.0/24"),
+            Ok((ip("10.244.1.0"), 24))
+        );
+        assert_eq!(Range::parse_cidr(" 10.0.0.0/8\n"), Ok((ip("10.0.0.0"), 8)));
+        assert_eq!(Range::parse_cidr("0.0.0.0/0"), Ok((ip("0.0.0.0"), 0)));
+        assert_eq!(Range::parse_cidr("10.0.0.1/32"), Ok((ip("10.0.0.1"), 32)));
+        for bad in [
+            "10.0.0.0/33",
+            "x/24",
+            "10.0.0.0",
+            "10.0.0.0/",
+            "10.0.0.0/+8",
+            "10.0.0.0/-1",
+            "10.0.0.0/024",
+            "10.0.0.0/24/1",
+            "10.0.0/24",
+            "::1/64",
+            "",
+        ] {
+            match Range::parse_cidr(bad) {
+                Err(e @ RangeError::BadCidr { .. }) => {
+                    assert!(e.to_string().contains("invalid CIDR"), "{e}")
+                }
+                other => panic!("{bad:?} parsed as {other:?}"),
+            }
+        }
+    }
+
+    // ---- open ----
+
+    #[test]
+    fn open_validates_name_and_creates_dir() {
+        let tmp = tempfile::tempdir().unwrap();
+        let long = "n".repeat(201);
+        for bad in ["", ".", "..", "a/b", "/abs", "a\0b", long.as_str()] {
+            match LeaseStore::open(tmp.path(), bad) {
+                Err(StoreError::BadNetworkName(n)) => assert_eq!(n, bad),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+        assert_eq!(fs::read_dir(tmp.path()).unwrap().count(), 0);
+
+        let data = tmp.path().join("var/lib/cni/networks");
+        let store = LeaseStore::open(&data, &"n".repeat(200)).unwrap();
+        assert_eq!(store.dir(), data.join("n".repeat(200)));
+        assert!(store.dir().is_dir());
+        // Reopening an existing store is fine.
+        LeaseStore::open(&data, &"n".repeat(200)).unwrap();
+
+        fs::write(tmp.path().join("file"), b"").unwrap();
+        match LeaseStore::open(tmp.path(), "file") {
+            Err(e @ StoreError::Corrupt { .. }) => {
+                assert!(e.to_string().contains("not a directory"), "{e}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    // ---- allocate ----
+
+    #[test]
+    fn allocate_skips_network_broadcast_and_reserved() {
+        let (_tmp, store) = store();
+        let r = range("10.1.0.0/29"); // usable .1-.6
+        let reserved = [ip("10.1.0.1"), ip("10.1.0.4")];
+        let mut got = Vec::new();
+        for i in 0..4 {
+            got.push(
+                store
+                    .allocate(&r, &reserved, &format!("c{i}"), "eth0")
+                    .unwrap(),
+            );
+        }
+        assert_eq!(
+            got,
+            [
+                ip("10.1.0.2"),
+                ip("10.1.0.3"),
+                ip("10.1.0.5"),
+                ip("10.1.0.6")
+            ]
+        );
+        assert!(matches!(
+            store.allocate(&r, &reserved, "c9", "eth0"),
+            Err(StoreError::Exhausted { .. })
+        ));
+        assert_eq!(lease_files(&store), got);
+    }
+
+    #[test]
+    fn allocate_whole_slash24_is_distinct() {
+        let (_tmp, store) = store();
+        let r = range("10.2.0.0/24");
+        let gw = ip("10.2.0.1");
+        let mut seen = HashSet::new();
+        for i in 0..253 {
+            let a = store.allocate(&r, &[gw], &format!("c{i}"), "eth0").unwrap();
+            assert!(a != gw && r.contains(a), "{a}");
+            assert!(seen.insert(a), "{a} handed out twice");
+        }
+        assert!(!seen.contains(&ip("10.2.0.0")) && !seen.contains(&ip("10.2.0.255")));
+        assert!(matches!(
+            store.allocate(&r, &[gw], "last", "eth0"),
+            Err(StoreError::Exhausted { .. })
+        ));
+        assert_eq!(lease_files(&store).len(), 253);
+    }
+
+    #[test]
+    fn allocate_never_hands_out_network_or_broadcast_of_hand_built_range() {
+        let (_tmp, store) = store();
+        // Bypasses Range::new on purpose: the fields are public.
+        let r = Range {
+            network: ip("10.3.0.0"),
+            prefix: 30,
+            start: ip("10.3.0.0"),
+            end: ip("10.3.0.3"),
+        };
+        let a = store.allocate(&r, &[], "a", "eth0").unwrap();
+        let b = store.allocate(&r, &[], "b", "eth0").unwrap();
+        assert_eq!((a, b), (ip("10.3.0.1"), ip("10.3.0.2")));
+        assert!(matches!(
+            store.allocate(&r, &[], "c", "eth0"),
+            Err(StoreError::Exhausted { .. })
+        ));
+        let backwards = Range {
+            start: ip("10.3.0.2"),
+            end: ip("10.3.0.1"),
+            ..r
+        };
+        assert_eq!(backwards.size(), 0);
+        assert!(matches!(
+            store.allocate(&backwards, &[], "d", "eth0"),
+            Err(StoreError::Exhausted { .. })
+        ));
+    }
+
+    #[test]
+    fn round_robin_resumes_after_last_reserved_and_wraps() {
+        let (_tmp, store) = store();
+        let r = range("10.4.0.0/29"); // .1-.6
+        write(&store, LAST_RESERVED_FILE, b"10.4.0.4");
+        assert_eq!(
+            store.allocate(&r, &[], "a", "eth0").unwrap(),
+            ip("10.4.0.5")
+        );
+        assert_eq!(read(&store, LAST_RESERVED_FILE), "10.4.0.5");
+        assert_eq!(
+            store.allocate(&r, &[], "b", "eth0").unwrap(),
+            ip("10.4.0.6")
+        );
+        assert_eq!(
+            store.allocate(&r, &[], "c", "eth0").unwrap(),
+            ip("10.4.0.1")
+        );
+        assert_eq!(read(&store, LAST_RESERVED_FILE), "10.4.0.1");
+        assert_eq!(
+            store.allocate(&r, &[], "d", "eth0").unwrap(),
+            ip("10.4.0.2")
+        );
+    }
+
+    #[test]
+    fn round_robin_wraps_at_end_of_range() {
+        let r = range("10.4.0.0/29"); // .1-.6
+        // Last allocation at the end of the range: wrap even though the end is free.
+        let (_tmp1, s1) = store();
+        write(&s1, LAST_RESERVED_FILE, b"10.4.0.6");
+        assert_eq!(s1.allocate(&r, &[], "a", "eth0").unwrap(), ip("10.4.0.1"));
+        // The search itself wraps past taken addresses at the end of the range.
+        let (_tmp2, s2) = store();
+        write(&s2, LAST_RESERVED_FILE, b"10.4.0.4");
+        write(&s2, "10.4.0.5", b"x\r\neth0");
+        write(&s2, "10.4.0.6", b"y\r\neth0");
+        assert_eq!(s2.allocate(&r, &[], "a", "eth0").unwrap(), ip("10.4.0.1"));
+    }
+
+    #[test]
+    fn round_robin_starts_at_range_start_without_usable_last_reserved() {
+        let r = range("10.5.0.0/24");
+        for content in [&b"10.9.9.9"[..], b"garbage", b"", b"\xff\xfe"] {
+            let (_tmp, store) = store();
+            write(&store, LAST_RESERVED_FILE, content);
+            assert_eq!(
+                store.allocate(&r, &[], "a", "eth0").unwrap(),
+                ip("10.5.0.1"),
+                "{content:?}"
+            );
+        }
+        // host-local may leave a trailing newline when edited by hand.
+        let (_tmp, store) = store();
+        write(&store, LAST_RESERVED_FILE, b"10.5.0.7\n");
+        assert_eq!(
+            store.allocate(&r, &[], "a", "eth0").unwrap(),
+            ip("10.5.0.8")
+        );
+    }
+
+    #[test]
+    fn released_ip_is_not_immediately_reused() {
+        let (_tmp, store) = store();
+        let r = range("10.6.0.0/24");
+        let a = store.allocate(&r, &[], "a", "eth0").unwrap();
+        let b = store.allocate(&r, &[], "b", "eth0").unwrap();
+        assert_eq!(store.release("a", "eth0", Some(a)).unwrap(), [a]);
+        let c = store.allocate(&r, &[], "c", "eth0").unwrap();
+        assert_eq!((a, b, c), (ip("10.6.0.1"), ip("10.6.0.2"), ip("10.6.0.3")));
+    }
+
+    #[test]
+    fn allocate_is_idempotent_per_container_and_ifname() {
+        let (_tmp, store) = store();
+        let r = range("10.7.0.0/24");
+        let a = store.allocate(&r, &[], "c1", "eth0").unwrap();
+        assert_eq!(store.allocate(&r, &[], "c1", "eth0").unwrap(), a);
+        let b = store.allocate(&r, &[], "c1", "eth1").unwrap();
+        assert_ne!(a, b);
+        assert_eq!(store.allocate(&r, &[], "c1", "eth1").unwrap(), b);
+        assert_eq!(lease_files(&store), [a, b]);
+        assert_eq!(read(&store, &a.to_string()), "c1\r\neth0");
+        assert_eq!(read(&store, &b.to_string()), "c1\r\neth1");
+        // Found even when it is not where round-robin would look next.
+        let c = store.allocate(&r, &[], "c2", "eth0").unwrap();
+        assert_eq!(store.allocate(&r, &[], "c1", "eth0").unwrap(), a);
+        assert_eq!(lease_files(&store), [a, b, c]);
+    }
+
+    #[test]
+    fn allocate_ignores_own_lease_outside_range_and_old_format_lease() {
+        let (_tmp, store) = store();
+        let r = Range::new(
+            ip("10.8.0.0"),
+            24,
+            Some(ip("10.8.0.10")),
+            Some(ip("10.8.0.20")),
+        )
+        .unwrap();
+        write(&store, "10.8.0.5", b"c1\r\neth0"); // same owner, outside start..=end
+        write(&store, "10.8.0.10", b"c1"); // old format: interface unknown
+        let a = store.allocate(&r, &[], "c1", "eth0").unwrap();
+        assert_eq!(a, ip("10.8.0.11"));
+        assert_eq!(read(&store, "10.8.0.5"), "c1\r\neth0");
+        assert_eq!(read(&store, "10.8.0.10"), "c1");
+    }
+
+    #[test]
+    fn allocate_rejects_owner_that_would_not_read_back() {
+        let (_tmp, store) = store();
+        let r = range("10.9.0.0/24");
+        for (cid, ifname) in [
+            ("", "eth0"),
+            ("c1", ""),
+            ("c 1", "eth0"),
+            ("c1\r\nx", "eth0"),
+            ("c1", "eth0\n"),
+        ] {
+            assert!(
+                matches!(
+                    store.allocate(&r, &[], cid, ifname),
+                    Err(StoreError::InvalidOwner { .. })
+                ),
+                "{cid:?} {ifname:?}"
+            );
+            assert!(matches!(
+                store.release(cid, ifname, None),
+                Err(StoreError::InvalidOwner { .. })
+            ));
+        }
+        assert!(lease_files(&store).is_empty());
+    }
+
+    #[test]
+    fn exhaustion_reports_and_recovers_after_release() {
+        let (_tmp, store) = store();
+        let r = Range::new(
+            ip("10.10.0.0"),
+            24,
+            Some(ip("10.10.0.10")),
+            Some(ip("10.10.0.12")),
+        )
+        .unwrap();
+        let ips: Vec<_> = (0..3)
+            .map(|i| store.allocate(&r, &[], &format!("c{i}"), "eth0").unwrap())
+            .collect();
+        let err = store.allocate(&r, &[], "c3", "eth0").unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, StoreError::Exhausted { .. }), "{err:?}");
+        assert!(msg.contains("no IP addresses available in range"), "{msg}");
+        assert!(
+            msg.contains("10.10.0.10-10.10.0.12") && msg.contains("net1"),
+            "{msg}"
+        );
+        assert!(msg.contains("leaked") && msg.contains("GC"), "{msg}");
+        // A failed allocation leaves nothing behind.
+        assert_eq!(lease_files(&store), ips);
+        assert!(tmp_files(&store).is_empty());
+
+        assert_eq!(store.release("c1", "eth0", None).unwrap(), [ips[1]]);
+        assert_eq!(store.allocate(&r, &[], "c3", "eth0").unwrap(), ips[1]);
+    }
+
+    #[test]
+    fn exhaustion_on_slash30() {
+        let (_tmp, store) = store();
+        let r = range("10.11.0.0/30");
+        store.allocate(&r, &[], "a", "eth0").unwrap();
+        store.allocate(&r, &[], "b", "eth0").unwrap();
+        assert!(matches!(
+            store.allocate(&r, &[], "c", "eth0"),
+            Err(StoreError::Exhausted { .. })
+        ));
+    }
+
+    // ---- release ----
+
+    #[test]
+    fn release_by_hint_and_by_scan() {
+        let (_tmp, store) = store();
+        let r = range("10.12.0.0/24");
+        let a = store.allocate(&r, &[], "a", "eth0").unwrap();
+        let b = store.allocate(&r, &[], "b", "eth0").unwrap();
+        let c = store.allocate(&r, &[], "c", "eth0").unwrap();
+
+        assert_eq!(store.release("a", "eth0", Some(a)).unwrap(), [a]);
+        assert_eq!(lease_files(&store), [b, c]);
+        assert_eq!(store.release("b", "eth0", None).unwrap(), [b]);
+        assert_eq!(lease_files(&store), [c]);
+        // Stale hint to a free IP: falls back to the scan.
+        assert_eq!(store.release("c", "eth0", Some(a)).unwrap(), [c]);
+        assert!(lease_files(&store).is_empty());
+    }
+
+    #[test]
+    fn release_with_wrong_owner_hint_keeps_that_lease() {
+        let (_tmp, store) = store();
+        let r = range("10.13.0.0/24");
+        let a = store.allocate(&r, &[], "a", "eth0").unwrap();
+        let b = store.allocate(&r, &[], "b", "eth0").unwrap();
+        // Hint names b's IP: b must survive, a is found by the scan.
+        assert_eq!(store.release("a", "eth0", Some(b)).unwrap(), [a]);
+        assert_eq!(lease_files(&store), [b]);
+        assert_eq!(read(&store, &b.to_string()), "b\r\neth0");
+        // Same container, other interface: not released.
+        assert_eq!(store.release("b", "eth1", Some(b)).unwrap(), NONE);
+        assert_eq!(lease_files(&store), [b]);
+    }
+
+    #[test]
+    fn release_unknown_and_repeated_is_ok_and_empty() {
+        let (_tmp, store) = store();
+        let r = range("10.14.0.0/24");
+        assert_eq!(store.release("nobody", "eth0", None).unwrap(), NONE);
+        assert_eq!(
+            store
+                .release("nobody", "eth0", Some(ip("10.14.0.1")))
+                .unwrap(),
+            NONE
+        );
+        let a = store.allocate(&r, &[], "a", "eth0").unwrap();
+        assert_eq!(store.release("a", "eth0", Some(a)).unwrap(), [a]);
+        assert_eq!(store.release("a", "eth0", Some(a)).unwrap(), NONE);
+        assert_eq!(store.release("a", "eth0", None).unwrap(), NONE);
+    }
+
+    #[test]
+    fn release_old_format_matches_any_ifname_and_removes_all_of_owner() {
+        let (_tmp, store) = store();
+        write(&store, "10.15.0.3", b"old");
+        write(&store, "10.15.0.4", b"old\r\neth0");
+        write(&store, "10.15.0.5", b"old\r\neth1");
+        write(&store, "10.15.0.6", b"older");
+        assert_eq!(
+            store.release("old", "eth0", None).unwrap(),
+            [ip("10.15.0.3"), ip("10.15.0.4")]
+        );
+        assert_eq!(lease_files(&store), [ip("10.15.0.5"), ip("10.15.0.6")]);
+    }
+
+    #[test]
+    fn host_local_lease_is_found_and_released() {
+        let tmp = tempfile::tempdir().unwrap();
+        // Exactly where and how host-local's disk backend writes it.
+        let dir = tmp.path().join("mynet");
+        fs::create_dir(&dir).unwrap();
+        fs::write(dir.join("10.244.1.5"), b"abc\r\neth0").unwrap();
+        fs::write(dir.join(LAST_RESERVED_FILE), b"10.244.1.5").unwrap();
+        let store = LeaseStore::open(tmp.path(), "mynet").unwrap();
+        assert_eq!(
+            store.leases().unwrap(),
+            [Lease {
+                ip: ip("10.244.1.5"),
+                container_id: "abc".into(),
+                ifname: "eth0".into()
+            }]
+        );
+        let r = range("10.244.1.0/24");
+        assert_eq!(
+            store.allocate(&r, &[], "abc", "eth0").unwrap(),
+            ip("10.244.1.5")
+        );
+        assert_eq!(
+            store.allocate(&r, &[], "def", "eth0").unwrap(),
+            ip("10.244.1.6")
+        );
+        assert_eq!(
+            store.release("abc", "eth0", None).unwrap(),
+            [ip("10.244.1.5")]
+        );
+        assert!(!dir.join("10.244.1.5").exists());
+        assert_eq!(
+            fs::read_to_string(dir.join("10.244.1.6")).unwrap(),
+            "def\r\neth0"
+        );
+        assert_eq!(
+            fs::read_to_string(dir.join(LAST_RESERVED_FILE)).unwrap(),
+            "10.244.1.6"
+        );
+    }
+
+    // ---- leases / gc ----
+
+    #[test]
+    fn leases_parses_formats_and_ignores_other_files() {
+        let (_tmp, store) = store();
+        write(&store, "10.16.0.9", b"new\r\neth0");
+        write(&store, "10.16.0.2", b"  old \n");
+        write(&store, "10.16.0.3", b"lf\neth1\n");
+        write(&store, "10.16.0.4", b"");
+        write(&store, "10.16.0.5", b"\xff\xfe\x00");
+        write(&store, "10.16.0.6", b"a\r\nb\r\nc");
+        write(&store, "10.16.0.7", &[b'x'; 5000]);
+        write(&store, "10.16.0.10", b"dir-sibling\r\neth0");
+        fs::create_dir(store.dir().join("10.16.0.8")).unwrap();
+        write(&store, LAST_RESERVED_FILE, b"10.16.0.9");
+        write(&store, LOCK_FILE, b"");
+        write(&store, "README", b"10.16.0.1");
+        write(
+            &store,
+            "010.16.0.1",
+            b"leading zero is not host-local's name",
+        );
+
+        let garbage = |s: &str| Lease {
+            ip: ip(s),
+            container_id: String::new(),
+            ifname: String::new(),
+        };
+        let lease = |s: &str, c: &str, i: &str| Lease {
+            ip: ip(s),
+            container_id: c.into(),
+            ifname: i.into(),
+        };
+        assert_eq!(
+            store.leases().unwrap(),
+            [
+                lease("10.16.0.2", "old", ""),
+                lease("10.16.0.3", "lf", "eth1"),
+                garbage("10.16.0.4"),
+                garbage("10.16.0.5"),
+                garbage("10.16.0.6"),
+                garbage("10.16.0.7"),
+                lease("10.16.0.9", "new", "eth0"),
+                lease("10.16.0.10", "dir-sibling", "eth0"),
+            ]
+        );
+    }
+
+    #[test]
+    fn gc_releases_everything_not_kept() {
+        let (_tmp, store) = store();
+        let r = range("10.17.0.0/24");
+        let a = store.allocate(&r, &[], "a", "eth0").unwrap();
+        let a1 = store.allocate(&r, &[], "a", "eth1").unwrap();
+        let b = store.allocate(&r, &[], "b", "eth0").unwrap();
+        write(&store, "10.17.0.100", b"old"); // old format, container kept via another ifname
+        write(&store, "10.17.0.101", b"gone"); // old format, container gone
+        write(&store, "10.17.0.102", b""); // garbage
+        write(&store, "10.17.0.103", b"\xff"); // garbage
+
+        // Nothing kept matches an empty owner, even if asked to.
+        let kept = keep(&[("a", "eth0"), ("old", "eth0"), ("", "")]);
+        let mut released = store.gc(&kept).unwrap();
+        released.sort_by_key(|l| l.ip);
+        let ips: Vec<_> = released.iter().map(|l| l.ip).collect();
+        assert_eq!(
+            ips,
+            [
+                a1,
+                b,
+                ip("10.17.0.101"),
+                ip("10.17.0.102"),
+                ip("10.17.0.103")
+            ]
+        );
+        assert_eq!(released[0].container_id, "a");
+        assert_eq!(released[0].ifname, "eth1");
+        assert_eq!(released[2].container_id, "gone");
+        assert_eq!(released[3].container_id, "");
+        assert_eq!(lease_files(&store), [a, ip("10.17.0.100")]);
+
+        // Idempotent, and an empty keep set frees the rest.
+        assert!(store.gc(&kept).unwrap().is_empty());
+        assert_eq!(store.gc(&HashSet::new()).unwrap().len(), 2);
+        assert!(lease_files(&store).is_empty());
+        assert!(store.dir().join(LAST_RESERVED_FILE).exists());
+    }
+
+    // ---- crash safety ----
+
+    #[test]
+    fn stale_temp_files_are_removed_and_lease_content_is_exact() {
+        let (_tmp, store) = store();
+        write(&store, ".tmp-123-0", b"half");
+        write(&store, ".tmp-999999-42", b"");
+        let r = range("10.18.0.0/24");
+        let a = store.allocate(&r, &[], "0123456789abcdef", "eth0").unwrap();
+        assert!(tmp_files(&store).is_empty(), "{:?}", tmp_files(&store));
+        assert_eq!(
+            fs::read(store.dir().join(a.to_string())).unwrap(),
+            b"0123456789abcdef\r\neth0"
+        );
+        // The lease is its own inode again once the temp name is gone.
+        let meta = fs::metadata(store.dir().join(a.to_string())).unwrap();
+        assert_eq!(std::os::unix::fs::MetadataExt::nlink(&meta), 1);
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
+            FILE_MODE
+        );
+    }
+
+    #[test]
+    fn existing_lease_is_never_overwritten() {
+        let (_tmp, store) = store();
+        // The scan sees this one and skips it...
+        write(&store, "10.19.0.1", b"other\r\neth0");
+        let r = range("10.19.0.0/24");
+        assert_eq!(
+            store.allocate(&r, &[], "me", "eth0").unwrap(),
+            ip("10.19.0.2")
+        );
+        assert_eq!(read(&store, "10.19.0.1"), "other\r\neth0");
+        // ...and one created behind the scan's back is refused by link(2).
+        write(&store, "10.19.0.3", b"sneaky\r\neth0");
+        let _lock = store.lock().unwrap();
+        let temp = store.write_temp(b"me\r\neth1", true).unwrap();
+        assert!(!store.link_lease(&temp.path, ip("10.19.0.3")).unwrap());
+        assert_eq!(read(&store, "10.19.0.3"), "sneaky\r\neth0");
+        assert!(store.link_lease(&temp.path, ip("10.19.0.4")).unwrap());
+        drop(temp);
+        assert_eq!(read(&store, "10.19.0.4"), "me\r\neth1");
+        assert!(tmp_files(&store).is_empty());
+    }
+
+    // ---- locking and concurrency ----
+
+    #[test]
+    fn allocate_waits_for_lock_held_like_host_local() {
+        let (_tmp, store) = store();
+        // host-local: open <dir>/lock, flock(LOCK_EX).
+        let held = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(store.dir().join("lock"))
+            .unwrap();
+        assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX) }, 0);
+
+        let store = Arc::new(store);
+        let (tx, rx) = mpsc::channel();
+        let worker = {
+            let store = Arc::clone(&store);
+            thread::spawn(move || {
+                let r = range("10.20.0.0/24");
+                tx.send(store.allocate(&r, &[], "a", "eth0").unwrap())
+                    .unwrap();
+            })
+        };
+        thread::sleep(Duration::from_millis(300));
+        assert!(
+            rx.try_recv().is_err(),
+            "allocate completed while the lock was held"
+        );
+        assert!(lease_files(&store).is_empty());
+        drop(held);
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(10)).unwrap(),
+            ip("10.20.0.1")
+        );
+        worker.join().unwrap();
+    }
+
+    #[test]
+    fn concurrent_allocations_are_distinct_and_all_release() {
+        const THREADS: usize = 16;
+        const PER_THREAD: usize = 10;
+        let tmp = tempfile::tempdir().unwrap();
+        let data: Arc<Path> = tmp.path().into();
+        let barrier = Arc::new(Barrier::new(THREADS));
+        let r = range("10.21.0.0/24");
+        let gw = ip("10.21.0.1");
+
+        let run = |release: bool| -> Vec<Ipv4Addr> {
+            let handles: Vec<_> = (0..THREADS)
+                .map(|t| {
+                    let (data, barrier) = (Arc::clone(&data), Arc::clone(&barrier));
+                    thread::spawn(move || {
+                        // Each thread opens its own store, like separate plugin processes.
+                        let store = LeaseStore::open(&data, "net1").unwrap();
+                        barrier.wait();
+                        let mut out = Vec::new();
+                        for i in 0..PER_THREAD {
+                            let cid = format!("c{t}-{i}");
+                            if release {
+                                let hint = (i % 2 == 0).then(|| ip("10.21.0.2"));
+                                out.extend(store.release(&cid, "eth0", hint).unwrap());
+                            } else {
+                                out.push(store.allocate(&r, &[gw], &cid, "eth0").unwrap());
+                            }
+                        }
+                        out
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().unwrap())
+                .collect()
+        };
+
+        let allocated = run(false);
+        let distinct: HashSet<_> = allocated.iter().copied().collect();
+        assert_eq!(allocated.len(), THREADS * PER_THREAD);
+        assert_eq!(distinct.len(), THREADS * PER_THREAD);
+        assert!(!distinct.contains(&gw));
+        let store = LeaseStore::open(&data, "net1").unwrap();
+        assert_eq!(lease_files(&store).len(), THREADS * PER_THREAD);
+        assert!(tmp_files(&store).is_empty());
+        for l in store.leases().unwrap() {
+            let (t, i) = l.container_id[1..].split_once('-').unwrap();
+            assert!(
+                t.parse::<usize>().unwrap() < THREADS && i.parse::<usize>().unwrap() < PER_THREAD
+            );
+            assert_eq!(l.ifname, "eth0");
+        }
+
+        let released: HashSet<_> = run(true).into_iter().collect();
+        assert_eq!(released, distinct);
+        assert!(lease_files(&store).is_empty());
+        assert!(tmp_files(&store).is_empty());
+    }
+}

@@ -1,0 +1,483 @@
+//! ADD, DEL, CHECK, STATUS and GC.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::net::Ipv4Addr;
+use std::path::Path;
+
+use crate::config::{Env, NetConf};
+use crate::error::{CniError, Code, Result};
+use crate::ipam::Ipam;
+use crate::log;
+use crate::netlink::{GATEWAY, Link, Nl, format_mac, read_sysctl, write_sysctl};
+use crate::types::{CniResult, Interface, IpConfig, Route};
+
+/// Host veth names: this prefix plus 10 hex digits of a hash of the pod.
+pub const HOST_PREFIX: &str = "mycni";
+/// Every host veth carries `mycni:<network>:<containerID>:<ifname>` as its
+/// alias, so DEL and GC only ever touch the interface of the container they
+/// are asked about, never a newer container of the same pod.
+const ALIAS_PREFIX: &str = "mycni:";
+
+fn fnv1a64(data: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in data {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// The host-side veth name: from the pod (namespace.name, as the seed does)
+/// when the runtime says which pod, else from container ID and ifname.
+/// Always exactly 15 bytes, the kernel's limit.
+pub fn host_veth_name(env: &Env) -> String {
+    let key = match (&env.args.pod_namespace, &env.args.pod_name) {
+        (Some(ns), Some(name)) if env.ifname == "eth0" => format!("{ns}.{name}"),
+        (Some(ns), Some(name)) => format!("{ns}.{name}/{}", env.ifname),
+        _ => format!("{}/{}", env.container_id, env.ifname),
+    };
+    format!(
+        "{HOST_PREFIX}{:010x}",
+        fnv1a64(key.as_bytes()) & 0xff_ffff_ffff
+    )
+}
+
+pub fn alias(network: &str, container_id: &str, ifname: &str) -> String {
+    format!("{ALIAS_PREFIX}{network}:{container_id}:{ifname}")
+}
+
+/// (network, containerID, ifname) from an alias we wrote.
+pub fn parse_alias(alias: &str) -> Option<(&str, &str, &str)> {
+    let rest = alias.strip_prefix(ALIAS_PREFIX)?;
+    let mut it = rest.splitn(3, ':');
+    Some((it.next()?, it.next()?, it.next()?))
+}
+
+fn open_netns(path: &str) -> Result<File> {
+    File::open(path).map_err(|e| {
+        CniError::new(
+            Code::UnknownContainer,
+            format!("cannot open the container's network namespace {path}: {e}"),
+        )
+    })
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .map_err(|e| CniError::new(Code::Io, format!("starting the async runtime: {e}")))
+}
+
+fn sysctl_path(ifname: &str, key: &str) -> String {
+    // proxy_delay is a neighbour-table knob, proxy_arp an interface one.
+    let table = if key == "proxy_delay" {
+        "neigh"
+    } else {
+        "conf"
+    };
+    format!("/proc/sys/net/ipv4/{table}/{ifname}/{key}")
+}
+
+fn ip_from_prev(conf: &NetConf) -> Option<Ipv4Addr> {
+    let prev = CniResult::from_json(conf.prev_result.as_ref()?).ok()?;
+    prev.ips.first().map(|i| i.address)
+}
+
+/// Test hook: `MYCNI_TEST_FAULT=<step>` makes ADD fail right after that
+/// step, so the rollback of every step can be tested against the real
+/// kernel. Steps: ipam, veth, host, pod, host-route.
+fn fault(step: &str) -> Result<()> {
+    match std::env::var("MYCNI_TEST_FAULT") {
+        Ok(s) if s == step => Err(CniError::new(
+            Code::Kernel,
+            format!("injected fault after step {step}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Steps of ADD already done, undone in reverse order on failure.
+enum Undo {
+    Ipam,
+    Link(u32),
+}
+
+pub fn add(conf: &NetConf, env: &Env) -> Result<CniResult> {
+    let ipam = Ipam::select(conf, env)?;
+    let netns = open_netns(&env.netns)?;
+    let rt = runtime()?;
+    rt.block_on(async {
+        let host = Nl::current()?;
+        let pod = Nl::in_netns(&netns)?;
+        if pod.link_by_name(&env.ifname).await?.is_some() {
+            return Err(CniError::new(
+                Code::InvalidEnv,
+                format!("interface {} already exists in the container's network namespace", env.ifname),
+            ));
+        }
+        let host_name = host_veth_name(env);
+        if let Some(stale) = host.link_by_name(&host_name).await? {
+            match stale.alias.as_deref().and_then(parse_alias) {
+                Some((_, cid, _)) => {
+                    // Left by an earlier sandbox of the same pod whose DEL
+                    // never came: its container is gone, so is its use.
+                    log::warn(&format!(
+                        "removing stale host veth {host_name} of container {cid}"
+                    ));
+                    host.del_link(stale.index).await?;
+                }
+                None => {
+                    return Err(CniError::new(
+                        Code::Kernel,
+                        format!("host interface {host_name} exists and was not made by mycni; refusing to touch it"),
+                    ));
+                }
+            }
+        }
+        let mut undo: Vec<Undo> = Vec::new();
+        let result = add_steps(conf, env, &ipam, &host, &pod, &netns, &host_name, &mut undo).await;
+        if result.is_err() {
+            for step in undo.into_iter().rev() {
+                let r = match step {
+                    Undo::Link(i) => host.del_link(i).await,
+                    Undo::Ipam => ipam.del(conf, env, None),
+                };
+                if let Err(e) = r {
+                    log::warn(&format!("rollback step failed: {e}"));
+                }
+            }
+        }
+        result
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn add_steps(
+    conf: &NetConf,
+    env: &Env,
+    ipam: &Ipam,
+    host: &Nl,
+    pod: &Nl,
+    netns: &File,
+    host_name: &str,
+    undo: &mut Vec<Undo>,
+) -> Result<CniResult> {
+    let ip = ipam.add(conf, env)?;
+    undo.push(Undo::Ipam);
+    fault("ipam")?;
+    let alias = alias(&conf.name, &env.container_id, &env.ifname);
+    let index = host
+        .add_veth(host_name, &env.ifname, netns, conf.mtu, &alias)
+        .await?;
+    undo.push(Undo::Link(index));
+    fault("veth")?;
+    let host_link = host.link_by_name(host_name).await?.ok_or_else(|| {
+        CniError::new(
+            Code::Kernel,
+            format!("veth {host_name} vanished after creation"),
+        )
+    })?;
+    // proxy_arp answers a pod that still ARPs for 169.254.1.1 (e.g. after
+    // flushing its neighbours); proxy_delay=0 makes that answer immediate
+    // instead of up to 0.8 s late.
+    write_sysctl(&sysctl_path(host_name, "proxy_arp"), "1")?;
+    write_sysctl(&sysctl_path(host_name, "proxy_delay"), "0")?;
+    host.set_up(host_link.index).await?;
+    fault("host")?;
+
+    let pod_link = pod.link_by_name(&env.ifname).await?.ok_or_else(|| {
+        CniError::new(
+            Code::Kernel,
+            format!("{} missing in the pod after creation", env.ifname),
+        )
+    })?;
+    pod.add_addr32(pod_link.index, ip.address).await?;
+    pod.set_up(pod_link.index).await?;
+    // The static neighbour saves the first packet an ARP round trip and works
+    // even where proxy ARP would not answer (no host route to 169.254.1.1).
+    pod.add_permanent_neigh(pod_link.index, GATEWAY, &host_link.mac)
+        .await?;
+    pod.add_route(GATEWAY, 32, None, pod_link.index).await?;
+    pod.add_route(Ipv4Addr::UNSPECIFIED, 0, Some(GATEWAY), pod_link.index)
+        .await?;
+    fault("pod")?;
+    host.add_route(ip.address, 32, None, host_link.index)
+        .await?;
+    fault("host-route")?;
+
+    Ok(CniResult {
+        interfaces: vec![
+            Interface {
+                name: host_name.to_string(),
+                mac: format_mac(&host_link.mac),
+                mtu: Some(host_link.mtu),
+                sandbox: None,
+            },
+            Interface {
+                name: env.ifname.clone(),
+                mac: format_mac(&pod_link.mac),
+                mtu: Some(pod_link.mtu),
+                sandbox: Some(env.netns.clone()),
+            },
+        ],
+        ips: vec![IpConfig {
+            address: ip.address,
+            prefix: 32,
+            gateway: Some(GATEWAY),
+            interface: Some(1),
+        }],
+        routes: vec![Route {
+            dst: Ipv4Addr::UNSPECIFIED,
+            prefix: 0,
+            gw: Some(GATEWAY),
+        }],
+        dns: conf.dns.clone(),
+    })
+}
+
+/// DEL: removes what ADD made for this container and releases its IP; keeps
+/// going past errors and reports the first; succeeds when things are
+/// already gone (netns deleted, CNI_NETNS empty, no prevResult).
+pub fn del(conf: &NetConf, env: &Env) -> Result<()> {
+    let mut first_err: Option<CniError> = None;
+    let mut note = |r: Result<()>| {
+        if let Err(e) = r {
+            log::warn(&format!("DEL {}: {e}", env.container_id));
+            first_err.get_or_insert(e);
+        }
+    };
+    let rt = runtime()?;
+    note(rt.block_on(async {
+        let host = Nl::current()?;
+        let host_name = host_veth_name(env);
+        if let Some(link) = host.link_by_name(&host_name).await? {
+            let mine = alias(&conf.name, &env.container_id, &env.ifname);
+            if link.alias.as_deref() == Some(mine.as_str()) {
+                // Deleting the host end removes the pod end and the host route.
+                host.del_link(link.index).await?;
+            } else {
+                log::info(&format!(
+                    "DEL {}: {host_name} belongs to {:?}, leaving it",
+                    env.container_id, link.alias
+                ));
+            }
+        }
+        Ok(())
+    }));
+    match Ipam::select(conf, env) {
+        Ok(ipam) => note(ipam.del(conf, env, ip_from_prev(conf))),
+        Err(e) => note(Err(e)),
+    }
+    first_err.map_or(Ok(()), Err)
+}
+
+fn check_failed(msg: String) -> CniError {
+    CniError::new(Code::CheckFailed, msg)
+}
+
+/// CHECK: the pod's network is still what ADD reported in prevResult.
+pub fn check(conf: &NetConf, env: &Env) -> Result<()> {
+    let prev = conf
+        .prev_result
+        .as_ref()
+        .ok_or_else(|| CniError::new(Code::InvalidConfig, "CHECK needs prevResult"))?;
+    let prev = CniResult::from_json(prev)?;
+    let ip = prev
+        .ips
+        .first()
+        .map(|i| i.address)
+        .ok_or_else(|| CniError::new(Code::InvalidConfig, "prevResult has no IP"))?;
+    let ipam = Ipam::select(conf, env)?;
+    let netns = open_netns(&env.netns)?;
+    let host_name = host_veth_name(env);
+    runtime()?.block_on(async {
+        let host = Nl::current()?;
+        let pod = Nl::in_netns(&netns)?;
+        let hl: Link = host
+            .link_by_name(&host_name)
+            .await?
+            .ok_or_else(|| check_failed(format!("host veth {host_name} is missing")))?;
+        if hl.alias.as_deref() != Some(alias(&conf.name, &env.container_id, &env.ifname).as_str()) {
+            return Err(check_failed(format!(
+                "host veth {host_name} belongs to {:?}",
+                hl.alias
+            )));
+        }
+        if !hl.up {
+            return Err(check_failed(format!("host veth {host_name} is down")));
+        }
+        if hl.mtu != conf.mtu {
+            return Err(check_failed(format!(
+                "host veth MTU is {}, config says {}",
+                hl.mtu, conf.mtu
+            )));
+        }
+        for (key, want) in [("proxy_arp", "1"), ("proxy_delay", "0")] {
+            let got = read_sysctl(&sysctl_path(&host_name, key))?;
+            if got != want {
+                return Err(check_failed(format!(
+                    "{key} on {host_name} is {got}, want {want}"
+                )));
+            }
+        }
+        let host_routes = host.routes_v4().await?;
+        if !host_routes
+            .iter()
+            .any(|r| r.0 == ip && r.1 == 32 && r.3 == Some(hl.index))
+        {
+            return Err(check_failed(format!(
+                "host route {ip}/32 dev {host_name} is missing"
+            )));
+        }
+        let pl = pod
+            .link_by_name(&env.ifname)
+            .await?
+            .ok_or_else(|| check_failed(format!("{} is missing in the pod", env.ifname)))?;
+        if !pl.up {
+            return Err(check_failed(format!("{} is down in the pod", env.ifname)));
+        }
+        if pl.mtu != conf.mtu {
+            return Err(check_failed(format!(
+                "pod {} MTU is {}, config says {}",
+                env.ifname, pl.mtu, conf.mtu
+            )));
+        }
+        let addrs = pod.addrs_v4(pl.index).await?;
+        if addrs != vec![(ip, 32)] {
+            return Err(check_failed(format!(
+                "pod {} has addresses {addrs:?}, want [{ip}/32]",
+                env.ifname
+            )));
+        }
+        let routes = pod.routes_v4().await?;
+        let has = |dst: Ipv4Addr, p: u8, gw: Option<Ipv4Addr>| {
+            routes
+                .iter()
+                .any(|r| r.0 == dst && r.1 == p && r.2 == gw && r.3 == Some(pl.index))
+        };
+        if !has(GATEWAY, 32, None) || !has(Ipv4Addr::UNSPECIFIED, 0, Some(GATEWAY)) {
+            return Err(check_failed(format!(
+                "pod routes via {GATEWAY} are missing: {routes:?}"
+            )));
+        }
+        match pod.permanent_neigh(pl.index, GATEWAY).await? {
+            Some(mac) if mac == hl.mac => {}
+            other => {
+                return Err(check_failed(format!(
+                    "pod neighbour {GATEWAY} is {:?}, want permanent {}",
+                    other.map(|m| format_mac(&m)),
+                    format_mac(&hl.mac)
+                )));
+            }
+        }
+        Ok(())
+    })?;
+    ipam.check(conf, env, ip)
+}
+
+/// STATUS: ready once the agent has the overlay up (its ready file exists and
+/// `vxlan.1` is present), and the IPAM can allocate.
+pub fn status(conf: &NetConf, env: &Env) -> Result<()> {
+    if !Path::new(&conf.ready_file).exists() {
+        return Err(CniError::new(
+            Code::NotAvailable,
+            format!(
+                "mycni-agent is not ready on this node ({} is missing)",
+                conf.ready_file.display()
+            ),
+        )
+        .with_details(
+            "check the mycni-agent pod on this node: kubectl -n kube-system logs ds/mycni-agent",
+        ));
+    }
+    let vx =
+        runtime()?.block_on(async { Nl::current()?.link_by_name(&conf.vxlan_device).await })?;
+    if vx.is_none() {
+        return Err(CniError::new(
+            Code::NotAvailable,
+            format!(
+                "overlay device {} is missing; mycni-agent recreates it",
+                conf.vxlan_device
+            ),
+        ));
+    }
+    Ipam::select(conf, env)?.status(conf)
+}
+
+/// GC: frees every lease and host veth of this network whose attachment is
+/// not in `cni.dev/valid-attachments`.
+pub fn gc(conf: &NetConf, env: &Env) -> Result<()> {
+    let valid = conf.valid_attachments.clone().unwrap_or_default();
+    let keep: HashSet<(String, String)> = valid
+        .into_iter()
+        .map(|a| (a.container_id, a.ifname))
+        .collect();
+    let mut first_err = None;
+    let r = runtime()?.block_on(async {
+        let host = Nl::current()?;
+        for l in host.links().await? {
+            let Some((net, cid, ifname)) = l.alias.as_deref().and_then(parse_alias) else {
+                continue;
+            };
+            if net == conf.name && !keep.contains(&(cid.to_string(), ifname.to_string())) {
+                log::info(&format!("GC: removing {} of {cid}/{ifname}", l.name));
+                host.del_link(l.index).await?;
+            }
+        }
+        Ok::<(), CniError>(())
+    });
+    if let Err(e) = r {
+        first_err.get_or_insert(e);
+    }
+    if let Err(e) = Ipam::select(conf, env).and_then(|i| i.gc(conf, &keep)) {
+        first_err.get_or_insert(e);
+    }
+    first_err.map_or(Ok(()), Err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{CniArgs, Command};
+
+    fn env(cid: &str, ifname: &str, ns: Option<&str>, pod: Option<&str>) -> Env {
+        Env {
+            command: Command::Add,
+            container_id: cid.into(),
+            netns: String::new(),
+            ifname: ifname.into(),
+            args: CniArgs {
+                pod_namespace: ns.map(Into::into),
+                pod_name: pod.map(Into::into),
+                ..Default::default()
+            },
+            path: vec![],
+        }
+    }
+
+    #[test]
+    fn host_names_fit_and_follow_the_pod() {
+        let a = host_veth_name(&env("c1", "eth0", Some("default"), Some("web-0")));
+        let b = host_veth_name(&env("c2", "eth0", Some("default"), Some("web-0")));
+        let c = host_veth_name(&env("c1", "eth0", Some("default"), Some("web-1")));
+        let d = host_veth_name(&env("c1", "eth1", Some("default"), Some("web-0")));
+        let e = host_veth_name(&env("c1", "eth0", None, None));
+        assert_eq!(a, b, "same pod, new sandbox: same name");
+        assert_ne!(a, c);
+        assert_ne!(a, d);
+        assert_ne!(a, e);
+        for n in [a, c, d, e] {
+            assert_eq!(n.len(), 15, "{n}");
+            assert!(n.starts_with(HOST_PREFIX));
+        }
+    }
+
+    #[test]
+    fn alias_round_trip() {
+        let a = alias("mycni0", "abc", "eth0");
+        assert_eq!(parse_alias(&a), Some(("mycni0", "abc", "eth0")));
+        assert_eq!(parse_alias("other"), None);
+    }
+}

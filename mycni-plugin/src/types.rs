@@ -1,0 +1,263 @@
+//! CNI results: one internal shape, rendered for the requested version, and
+//! parsed back from any supported version (IPAM results, prevResult).
+
+use std::net::Ipv4Addr;
+
+use serde_json::{Value, json};
+
+use crate::error::{CniError, Code, Result};
+use crate::version::Version;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Interface {
+    pub name: String,
+    pub mac: String,
+    pub mtu: Option<u32>,
+    /// The netns path for the interface inside the container; None on the host.
+    pub sandbox: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpConfig {
+    pub address: Ipv4Addr,
+    pub prefix: u8,
+    pub gateway: Option<Ipv4Addr>,
+    /// Index into `interfaces`.
+    pub interface: Option<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    pub dst: Ipv4Addr,
+    pub prefix: u8,
+    pub gw: Option<Ipv4Addr>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CniResult {
+    pub interfaces: Vec<Interface>,
+    pub ips: Vec<IpConfig>,
+    pub routes: Vec<Route>,
+    pub dns: Option<Value>,
+}
+
+pub fn parse_cidr(s: &str) -> Option<(Ipv4Addr, u8)> {
+    let (ip, prefix) = s.split_once('/')?;
+    let prefix: u8 = prefix.parse().ok()?;
+    (prefix <= 32).then_some(())?;
+    Some((ip.parse().ok()?, prefix))
+}
+
+fn decode(msg: String) -> CniError {
+    CniError::new(Code::Decode, msg)
+}
+
+impl CniResult {
+    pub fn to_json(&self, version: Version) -> Value {
+        let interfaces: Vec<Value> = self
+            .interfaces
+            .iter()
+            .map(|i| {
+                let mut o = json!({ "name": i.name, "mac": i.mac });
+                if let Some(s) = &i.sandbox {
+                    o["sandbox"] = json!(s);
+                }
+                // `mtu` on interfaces is a 1.1.0 addition.
+                if let (Some(m), true) = (i.mtu, version >= Version::V1_1_0) {
+                    o["mtu"] = json!(m);
+                }
+                o
+            })
+            .collect();
+        let ips: Vec<Value> = self
+            .ips
+            .iter()
+            .map(|ip| {
+                let mut o = json!({ "address": format!("{}/{}", ip.address, ip.prefix) });
+                if version.ip_has_version_field() {
+                    o["version"] = json!("4");
+                }
+                if let Some(g) = ip.gateway {
+                    o["gateway"] = json!(g.to_string());
+                }
+                if let Some(i) = ip.interface {
+                    o["interface"] = json!(i);
+                }
+                o
+            })
+            .collect();
+        let routes: Vec<Value> = self
+            .routes
+            .iter()
+            .map(|r| {
+                let mut o = json!({ "dst": format!("{}/{}", r.dst, r.prefix) });
+                if let Some(g) = r.gw {
+                    o["gw"] = json!(g.to_string());
+                }
+                o
+            })
+            .collect();
+        let mut out = json!({ "cniVersion": version.as_str() });
+        if !interfaces.is_empty() {
+            out["interfaces"] = json!(interfaces);
+        }
+        out["ips"] = json!(ips);
+        if !routes.is_empty() {
+            out["routes"] = json!(routes);
+        }
+        out["dns"] = self.dns.clone().unwrap_or_else(|| json!({}));
+        out
+    }
+
+    /// Parses a result of any supported version. IPv6 addresses are
+    /// rejected: mycni is IPv4-only for now, and silently dropping one would
+    /// leave a pod half-configured.
+    pub fn from_json(v: &Value) -> Result<Self> {
+        let obj = v
+            .as_object()
+            .ok_or_else(|| decode(format!("result is not an object: {v}")))?;
+        let mut out = CniResult::default();
+        if let Some(ifs) = obj.get("interfaces").and_then(Value::as_array) {
+            for i in ifs {
+                out.interfaces.push(Interface {
+                    name: i["name"].as_str().unwrap_or_default().to_string(),
+                    mac: i["mac"].as_str().unwrap_or_default().to_string(),
+                    mtu: i["mtu"].as_u64().map(|m| m as u32),
+                    sandbox: i["sandbox"].as_str().map(str::to_string),
+                });
+            }
+        }
+        for ip in obj
+            .get("ips")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let addr = ip["address"]
+                .as_str()
+                .ok_or_else(|| decode(format!("result IP without address: {ip}")))?;
+            let (address, prefix) = parse_cidr(addr).ok_or_else(|| {
+                CniError::new(
+                    Code::UnsupportedField,
+                    format!("result address {addr:?} is not an IPv4 CIDR (mycni is IPv4-only)"),
+                )
+            })?;
+            let gateway = match ip.get("gateway").and_then(Value::as_str) {
+                Some(g) => Some(
+                    g.parse()
+                        .map_err(|_| decode(format!("result gateway {g:?} is not IPv4")))?,
+                ),
+                None => None,
+            };
+            out.ips.push(IpConfig {
+                address,
+                prefix,
+                gateway,
+                interface: ip["interface"].as_u64().map(|i| i as usize),
+            });
+        }
+        for r in obj
+            .get("routes")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let dst = r["dst"].as_str().unwrap_or_default();
+            let Some((dst, prefix)) = parse_cidr(dst) else {
+                continue; // an IPv6 route from IPAM has no IPv4 meaning; ignore it
+            };
+            let gw = r
+                .get("gw")
+                .and_then(Value::as_str)
+                .and_then(|g| g.parse().ok());
+            out.routes.push(Route { dst, prefix, gw });
+        }
+        out.dns = obj.get("dns").cloned().filter(|d| d.is_object());
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> CniResult {
+        CniResult {
+            interfaces: vec![
+                Interface {
+                    name: "mycni1234".into(),
+                    mac: "aa:bb:cc:dd:ee:ff".into(),
+                    mtu: Some(1450),
+                    sandbox: None,
+                },
+                Interface {
+                    name: "eth0".into(),
+                    mac: "02:00:00:00:00:01".into(),
+                    mtu: Some(1450),
+                    sandbox: Some("/run/netns/x".into()),
+                },
+            ],
+            ips: vec![IpConfig {
+                address: Ipv4Addr::new(10, 244, 1, 5),
+                prefix: 32,
+                gateway: Some(Ipv4Addr::new(169, 254, 1, 1)),
+                interface: Some(1),
+            }],
+            routes: vec![Route {
+                dst: Ipv4Addr::UNSPECIFIED,
+                prefix: 0,
+                gw: Some(Ipv4Addr::new(169, 254, 1, 1)),
+            }],
+            dns: Some(json!({"nameservers": ["10.96.0.10"]})),
+        }
+    }
+
+    #[test]
+    fn shapes_per_version() {
+        let r = sample();
+        let old = r.to_json(Version::V0_3_1);
+        assert_eq!(old["cniVersion"], "0.3.1");
+        assert_eq!(old["ips"][0]["version"], "4");
+        assert!(old["interfaces"][1].get("mtu").is_none());
+        let new = r.to_json(Version::V1_1_0);
+        assert!(new["ips"][0].get("version").is_none());
+        assert_eq!(new["interfaces"][1]["mtu"], 1450);
+        assert_eq!(new["interfaces"][1]["sandbox"], "/run/netns/x");
+        assert_eq!(new["ips"][0]["interface"], 1);
+        assert_eq!(new["routes"][0]["dst"], "0.0.0.0/0");
+        assert_eq!(new["dns"]["nameservers"][0], "10.96.0.10");
+    }
+
+    #[test]
+    fn round_trips_every_version() {
+        for v in [
+            Version::V0_3_1,
+            Version::V0_4_0,
+            Version::V1_0_0,
+            Version::V1_1_0,
+        ] {
+            let back = CniResult::from_json(&sample().to_json(v)).unwrap();
+            assert_eq!(back.ips, sample().ips, "{v:?}");
+            assert_eq!(back.routes, sample().routes);
+        }
+    }
+
+    #[test]
+    fn rejects_ipv6_and_garbage() {
+        let v6 = json!({"ips":[{"address":"fd00::1/64"}]});
+        assert_eq!(
+            CniResult::from_json(&v6).unwrap_err().code,
+            Code::UnsupportedField
+        );
+        assert_eq!(
+            CniResult::from_json(&json!(3)).unwrap_err().code,
+            Code::Decode
+        );
+        assert_eq!(
+            CniResult::from_json(&json!({"ips":[{}]})).unwrap_err().code,
+            Code::Decode
+        );
+        assert!(parse_cidr("10.0.0.0/33").is_none());
+        assert!(parse_cidr("10.0.0.0").is_none());
+    }
+}

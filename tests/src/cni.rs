@@ -1,0 +1,198 @@
+//! Running a CNI plugin binary the way a container runtime does: env vars,
+//! config on stdin, one JSON object back, inside a "node" namespace that
+//! stands in for the host.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, Result};
+use serde_json::{Value, json};
+
+use crate::NetNs;
+
+/// Where the reference plugins live on Debian.
+pub const REFERENCE_PLUGINS: &str = "/usr/lib/cni";
+
+/// A node namespace with its own IPAM data dir, log file and ready file.
+pub struct Node {
+    pub ns: NetNs,
+    pub dir: tempfile::TempDir,
+    pub bin_dir: PathBuf,
+}
+
+/// One invocation's identity.
+#[derive(Clone, Debug)]
+pub struct Call<'a> {
+    pub container_id: &'a str,
+    pub netns: &'a str,
+    pub ifname: &'a str,
+    pub args: &'a str,
+}
+
+/// The outcome of one plugin run.
+#[derive(Debug)]
+pub struct Reply {
+    pub ok: bool,
+    pub stdout: String,
+    pub json: Value,
+}
+
+impl Reply {
+    pub fn code(&self) -> Option<u64> {
+        self.json["code"].as_u64()
+    }
+}
+
+impl Node {
+    /// `plugin` is the mycni binary; a bin dir holds it (as `mycni`) beside
+    /// the reference plugins, as /opt/cni/bin would.
+    pub fn new(plugin: &Path) -> Result<Self> {
+        let ns = NetNs::new("node")?;
+        ns.exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
+        let dir = tempfile::Builder::new().prefix("mycni-node-").tempdir()?;
+        let bin_dir = dir.path().join("bin");
+        std::fs::create_dir_all(&bin_dir)?;
+        std::os::unix::fs::symlink(plugin, bin_dir.join("mycni"))?;
+        for entry in std::fs::read_dir(REFERENCE_PLUGINS)? {
+            let entry = entry?;
+            std::os::unix::fs::symlink(entry.path(), bin_dir.join(entry.file_name()))?;
+        }
+        Ok(Self { ns, dir, bin_dir })
+    }
+
+    pub fn lease_dir(&self) -> PathBuf {
+        self.dir.path().join("leases")
+    }
+
+    pub fn ready_file(&self) -> PathBuf {
+        self.dir.path().join("ready")
+    }
+
+    /// A mycni network config for `version` with the built-in IPAM over `subnet`.
+    pub fn conf(&self, version: &str, subnet: &str) -> Value {
+        json!({
+            "cniVersion": version,
+            "name": "mycni0",
+            "type": "mycni",
+            "logFile": self.dir.path().join("plugin.log"),
+            "readyFile": self.ready_file(),
+            "ipam": { "type": "mycni-ipam", "subnet": subnet, "dataDir": self.lease_dir() },
+        })
+    }
+
+    /// Runs `plugin` (a name in the bin dir) with CNI_COMMAND `command`.
+    pub fn run(&self, plugin: &str, command: &str, call: &Call, conf: &Value) -> Result<Reply> {
+        self.run_env(plugin, command, call, conf, &[])
+    }
+
+    pub fn run_env(
+        &self,
+        plugin: &str,
+        command: &str,
+        call: &Call,
+        conf: &Value,
+        extra_env: &[(&str, &str)],
+    ) -> Result<Reply> {
+        self.run_raw(
+            plugin,
+            command,
+            call,
+            conf.to_string().as_bytes(),
+            extra_env,
+        )
+    }
+
+    pub fn run_raw(
+        &self,
+        plugin: &str,
+        command: &str,
+        call: &Call,
+        stdin: &[u8],
+        extra_env: &[(&str, &str)],
+    ) -> Result<Reply> {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", self.ns.name()])
+            .arg(self.bin_dir.join(plugin))
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("CNI_COMMAND", command)
+            .env("CNI_CONTAINERID", call.container_id)
+            .env("CNI_NETNS", call.netns)
+            .env("CNI_IFNAME", call.ifname)
+            .env("CNI_ARGS", call.args)
+            .env("CNI_PATH", &self.bin_dir);
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("spawn plugin")?;
+        if let Some(mut s) = child.stdin.take() {
+            let _ = s.write_all(stdin);
+        }
+        let out = child.wait_with_output()?;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let json = if stdout.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&stdout)
+                .with_context(|| format!("{plugin} {command} printed non-JSON: {stdout:?}"))?
+        };
+        Ok(Reply {
+            ok: out.status.success(),
+            stdout,
+            json,
+        })
+    }
+
+    /// Everything on the node a test compares before and after: links,
+    /// routes, and lease files.
+    pub fn snapshot(&self) -> Result<String> {
+        let links = self.ns.exec("ip", &["-o", "link", "show"])?;
+        let links: Vec<&str> = links
+            .lines()
+            .filter_map(|l| l.split(':').nth(1))
+            .map(str::trim)
+            .collect();
+        let routes = self.ns.exec("ip", &["route", "show"])?;
+        let mut leases: Vec<String> = match std::fs::read_dir(self.lease_dir().join("mycni0")) {
+            Ok(rd) => rd
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.parse::<std::net::Ipv4Addr>().is_ok())
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        leases.sort();
+        Ok(format!(
+            "links={links:?}\nroutes={routes}\nleases={leases:?}"
+        ))
+    }
+
+    /// Number of leases the built-in IPAM holds.
+    pub fn lease_count(&self) -> usize {
+        std::fs::read_dir(self.lease_dir().join("mycni0"))
+            .map(|rd| {
+                rd.filter_map(|e| e.ok())
+                    .filter(|e| {
+                        e.file_name()
+                            .to_string_lossy()
+                            .parse::<std::net::Ipv4Addr>()
+                            .is_ok()
+                    })
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+}
+
+/// `conf` with `prevResult` set, as a runtime builds it for CHECK/DEL.
+pub fn with_prev(conf: &Value, prev: &Value) -> Value {
+    let mut c = conf.clone();
+    c["prevResult"] = prev.clone();
+    c
+}
