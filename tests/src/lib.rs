@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use anyhow::{Context, Result, bail};
 
 pub mod cni;
+pub mod cri;
 
 /// Runs a command to completion; a non-zero exit is an error with its stderr.
 pub fn sh(program: &str, args: &[&str]) -> Result<String> {

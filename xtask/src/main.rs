@@ -54,10 +54,24 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Benchmarks that print figures side by side with the reference.
+    #[command(subcommand)]
+    Bench(BenchCmd),
     /// The local multi-node lab: node network namespaces running the real
     /// agent and plugin against a Kubernetes API fixture.
     #[command(subcommand)]
     Lab(lab::LabCmd),
+}
+
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// CNI ADD/DEL latency: mycni (built-in IPAM, host-local delegation)
+    /// interleaved with the reference ptp + host-local; medians and ratios.
+    Plugin {
+        /// Measured runs per variant.
+        #[arg(long, default_value_t = 200)]
+        runs: usize,
+    },
 }
 
 fn main() -> ExitCode {
@@ -66,6 +80,7 @@ fn main() -> ExitCode {
         Command::Setup => setup::run(),
         Command::BuildEbpf { release } => build_ebpf(release).map(|_| ()),
         Command::Test { args } => test(&args),
+        Command::Bench(BenchCmd::Plugin { runs }) => bench_plugin(runs),
         Command::Lab(cmd) => lab::run(cmd),
     };
     match result {
@@ -168,5 +183,34 @@ fn test(extra: &[String]) -> Result<()> {
         .args(extra)
         .toolchain(HOST_TOOLCHAIN)
         .cwd(&root)
+        .run()
+}
+
+fn bench_plugin(runs: usize) -> Result<()> {
+    let root = workspace_root();
+    setup::run()?;
+    Cmd::new("cargo")
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "--package",
+            "mycni-plugin",
+        ])
+        .args([
+            "--package",
+            "mycni-tests",
+            "--bin",
+            "mycni",
+            "--bin",
+            "mycni-bench",
+        ])
+        .toolchain(HOST_TOOLCHAIN)
+        .cwd(&root)
+        .run()?;
+    Cmd::new(&root.join("target/release/mycni-bench").to_string_lossy())
+        .arg("plugin")
+        .arg(root.join("target/release/mycni"))
+        .arg(runs.to_string())
         .run()
 }

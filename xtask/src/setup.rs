@@ -35,6 +35,10 @@ const PACKAGES: &[(&str, &str)] = &[
     ("containerd", "the real container runtime in the CRI tests"),
     ("runc", "containerd's OCI runtime"),
     ("busybox-static", "the test image for containerd"),
+    (
+        "protobuf-compiler",
+        "k8s-cri's build script compiles the CRI proto",
+    ),
 ];
 
 const CARGO_BIN_LINKER: &str = "bpf-linker";
