@@ -1,6 +1,13 @@
 //! mycni-agent: the node agent of the mycni CNI.
 //!
 //! The library holds everything the binary does, behind narrow seams, so that
-//! tests drive the same code the DaemonSet runs.
+//! tests drive the same code the DaemonSet runs: `peers` and `reconcile` are
+//! pure, `kernel` talks netlink, `node` talks to the Kubernetes API.
 
+pub mod agent;
 pub mod ebpf;
+pub mod kernel;
+pub mod masq;
+pub mod metrics;
+pub mod peers;
+pub mod reconcile;

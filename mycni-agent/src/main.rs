@@ -1,1 +1,186 @@
-fn main() {}
+//! `mycni-agent`: the mycni node agent (DaemonSet).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use mycni_agent::agent::{self, Config};
+use mycni_agent::metrics::Metrics;
+use mycni_agent::peers::Cidr;
+
+#[derive(Parser)]
+#[command(
+    name = "mycni-agent",
+    version,
+    about = "mycni node agent: VXLAN overlay, peer reconcile, CNI handover"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the agent (the default).
+    Run(RunArgs),
+    /// Copy the plugin binary into the host's CNI bin dir atomically (init container).
+    InstallCni {
+        #[arg(long, default_value = "/usr/local/bin/mycni")]
+        src: PathBuf,
+        #[arg(long, default_value = "/host/opt/cni/bin")]
+        dst_dir: PathBuf,
+    },
+    /// Remove the conflist, ready marker, masquerade rules and the VXLAN device.
+    Uninstall(RunArgs),
+}
+
+#[derive(Args, Clone)]
+struct RunArgs {
+    /// This node's name (downward API spec.nodeName).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
+    /// With --pod-namespace: find the node from the agent's own Pod.
+    #[arg(long, env = "POD_NAME")]
+    pod_name: Option<String>,
+    #[arg(long, env = "POD_NAMESPACE")]
+    pod_namespace: Option<String>,
+    /// kubeconfig; in-cluster config when absent.
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// The cluster's pod CIDR (kube-controller-manager --cluster-cidr).
+    #[arg(long, env = "MYCNI_CLUSTER_CIDR", default_value = "10.244.0.0/16", value_parser = parse_cidr)]
+    cluster_cidr: Cidr,
+    /// Underlay interface; default: the interface of the default route.
+    #[arg(long, env = "MYCNI_IFACE")]
+    iface: Option<String>,
+    #[arg(long, default_value = "vxlan.1")]
+    vxlan_name: String,
+    #[arg(long, default_value_t = 1)]
+    vni: u32,
+    #[arg(long, default_value_t = 8472)]
+    vxlan_port: u16,
+    /// Where the conflist is written (the host's /etc/cni/net.d).
+    #[arg(
+        long,
+        env = "MYCNI_CNI_CONF_DIR",
+        default_value = "/host/etc/cni/net.d"
+    )]
+    cni_conf_dir: PathBuf,
+    /// The ready marker for the plugin's STATUS lives here; same path on host and in the container.
+    #[arg(long, env = "MYCNI_STATE_DIR", default_value = "/run/mycni")]
+    state_dir: PathBuf,
+    /// Persistent state (the VTEP MAC).
+    #[arg(long, env = "MYCNI_DATA_DIR", default_value = "/var/lib/mycni")]
+    data_dir: PathBuf,
+    /// The host's /proc/sys (a non-privileged container's own is read-only).
+    #[arg(long, env = "MYCNI_PROC_SYS", default_value = "/host/proc/sys")]
+    proc_sys: PathBuf,
+    /// /metrics, /healthz, /readyz; "off" disables.
+    #[arg(long, env = "MYCNI_METRICS_ADDR", default_value = "0.0.0.0:9971")]
+    metrics_addr: String,
+    /// Full reconcile period, also what bounds kernel drift repair.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    resync: Duration,
+    /// SNAT pod traffic leaving the cluster CIDR (nftables table `ip mycni`).
+    #[arg(long, env = "MYCNI_MASQUERADE", default_value_t = true, action = clap::ArgAction::Set)]
+    masquerade: bool,
+}
+
+fn parse_cidr(s: &str) -> Result<Cidr, String> {
+    Cidr::parse(s).ok_or_else(|| format!("{s:?} is not an IPv4 CIDR like 10.244.0.0/16"))
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = num.parse().map_err(|_| format!("bad duration {s:?}"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" | "" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        _ => Err(format!("bad duration unit in {s:?} (ms, s, m)")),
+    }
+}
+
+impl RunArgs {
+    fn config(self) -> Result<Config> {
+        let metrics_addr = match self.metrics_addr.as_str() {
+            "off" | "" => None,
+            a => Some(
+                a.parse::<SocketAddr>()
+                    .with_context(|| format!("--metrics-addr {a:?}"))?,
+            ),
+        };
+        Ok(Config {
+            node_name: self.node_name,
+            pod_name: self.pod_name,
+            pod_namespace: self.pod_namespace,
+            kubeconfig: self.kubeconfig,
+            cluster_cidr: self.cluster_cidr,
+            iface: self.iface,
+            vxlan_name: self.vxlan_name,
+            vni: self.vni,
+            vxlan_port: self.vxlan_port,
+            cni_conf_dir: self.cni_conf_dir,
+            state_dir: self.state_dir,
+            data_dir: self.data_dir,
+            proc_sys: self.proc_sys,
+            metrics_addr,
+            resync: self.resync,
+            masquerade: self.masquerade,
+        })
+    }
+}
+
+fn install_cni(src: &std::path::Path, dst_dir: &std::path::Path) -> Result<()> {
+    let dst = dst_dir.join("mycni");
+    let tmp = dst_dir.join(".mycni.tmp");
+    std::fs::copy(src, &tmp)
+        .with_context(|| format!("copying {} to {}", src.display(), tmp.display()))?;
+    // rename(2) swaps the binary atomically: a runtime exec'ing it mid-update
+    // gets the old or the new one, never a torn file.
+    std::fs::rename(&tmp, &dst).with_context(|| format!("installing {}", dst.display()))?;
+    tracing::info!(dst = %dst.display(), "installed the CNI plugin");
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("MYCNI_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    match cli.cmd {
+        Some(Cmd::InstallCni { src, dst_dir }) => install_cni(&src, &dst_dir),
+        Some(Cmd::Uninstall(args)) => rt.block_on(agent::uninstall(&args.config()?)),
+        Some(Cmd::Run(args)) => run(&rt, args),
+        None => run(&rt, cli.run),
+    }
+}
+
+fn run(rt: &tokio::runtime::Runtime, args: RunArgs) -> Result<()> {
+    let cfg = args.config()?;
+    let metrics = Arc::new(Metrics::default());
+    rt.block_on(agent::run(cfg, metrics, async {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return std::future::pending().await,
+            };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }))
+}

@@ -1,0 +1,439 @@
+//! The agent's life: find its Node, bring the overlay up, publish itself,
+//! then reconcile peers from a watch on all Nodes, at start, on every
+//! change, and periodically (so kernel drift and missed deletes heal).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector;
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::Notify;
+
+use crate::kernel::{Kernel, VxlanSpec};
+use crate::metrics::Metrics;
+use crate::peers::{
+    ANNOTATION_HOST_IP, ANNOTATION_VTEP_MAC, Cidr, Mac, NodeView, format_mac, parse_mac,
+    select_peers,
+};
+use crate::reconcile::{self, OverlayState};
+
+/// Everything `mycni-agent run` is configured with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub node_name: Option<String>,
+    pub pod_name: Option<String>,
+    pub pod_namespace: Option<String>,
+    pub kubeconfig: Option<PathBuf>,
+    pub cluster_cidr: Cidr,
+    pub iface: Option<String>,
+    pub vxlan_name: String,
+    pub vni: u32,
+    pub vxlan_port: u16,
+    pub cni_conf_dir: PathBuf,
+    pub state_dir: PathBuf,
+    pub data_dir: PathBuf,
+    pub proc_sys: PathBuf,
+    pub metrics_addr: Option<SocketAddr>,
+    pub resync: Duration,
+    pub masquerade: bool,
+}
+
+pub const CONFLIST_NAME: &str = "00-mycni.conflist";
+pub const NETWORK_NAME: &str = "mycni0";
+/// VXLAN over IPv4 costs 50 bytes: outer IP 20 + UDP 8 + VXLAN 8 + inner Ethernet 14.
+pub const VXLAN_OVERHEAD: u32 = 50;
+
+fn node_view(n: &Node) -> NodeView {
+    NodeView {
+        name: n.metadata.name.clone().unwrap_or_default(),
+        pod_cidr: n.spec.as_ref().and_then(|s| s.pod_cidr.clone()),
+        annotations: n
+            .metadata
+            .annotations
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .collect(),
+    }
+}
+
+pub async fn kube_client(kubeconfig: Option<&Path>) -> Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(p) => {
+            let kc = kube::config::Kubeconfig::read_from(p)
+                .with_context(|| format!("reading kubeconfig {}", p.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("no kubeconfig and not in a cluster")?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
+async fn resolve_node_name(cfg: &Config, client: &kube::Client) -> Result<String> {
+    if let Some(n) = cfg.node_name.clone().filter(|n| !n.is_empty()) {
+        return Ok(n);
+    }
+    // The seed's way: our own Pod says which node it runs on.
+    let (Some(pod), Some(ns)) = (&cfg.pod_name, &cfg.pod_namespace) else {
+        bail!("set NODE_NAME (downward API spec.nodeName), or POD_NAME and POD_NAMESPACE");
+    };
+    let p = Api::<Pod>::namespaced(client.clone(), ns).get(pod).await?;
+    p.spec
+        .and_then(|s| s.node_name)
+        .with_context(|| format!("pod {ns}/{pod} is not scheduled yet"))
+}
+
+/// The VTEP MAC: reused from the last run (data dir), else from an existing
+/// device, else new. Stable across restarts and re-creation, so peers never
+/// keep a stale MAC.
+fn vtep_mac(data_dir: &Path, existing: Option<&[u8]>) -> Result<Mac> {
+    let file = data_dir.join("vtep-mac");
+    if let Ok(s) = std::fs::read_to_string(&file)
+        && let Some(m) = parse_mac(s.trim())
+    {
+        return Ok(m);
+    }
+    let mac = match existing {
+        Some(e) if e.len() == 6 && e[0] & 1 == 0 && e != [0; 6] => {
+            let mut m = [0u8; 6];
+            m.copy_from_slice(e);
+            m
+        }
+        _ => {
+            let mut m: Mac = rand::random();
+            m[0] = (m[0] & 0xfe) | 0x02; // unicast, locally administered
+            m
+        }
+    };
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("creating {}", data_dir.display()))?;
+    write_atomic(&file, format!("{}\n", format_mac(&mac)).as_bytes())?;
+    Ok(mac)
+}
+
+/// Write to a temp file in the same directory, then rename: readers (the
+/// runtime reading the conflist, the plugin reading the ready file) never
+/// see a half-written file.
+pub fn write_atomic(path: &Path, content: &[u8]) -> Result<()> {
+    let dir = path.parent().context("path without parent")?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp",
+        path.file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default()
+    ));
+    std::fs::write(&tmp, content).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
+    Ok(())
+}
+
+pub fn conflist(pod_cidr: Cidr, mtu: u32, state_dir: &Path, vxlan: &str) -> serde_json::Value {
+    serde_json::json!({
+        "cniVersion": "1.1.0",
+        "cniVersions": ["0.3.1", "0.4.0", "1.0.0", "1.1.0"],
+        "name": NETWORK_NAME,
+        "plugins": [{
+            "type": "mycni",
+            "mtu": mtu,
+            "readyFile": state_dir.join("ready"),
+            "vxlanDevice": vxlan,
+            "ipam": { "type": "mycni-ipam", "subnet": pod_cidr.to_string() },
+        }],
+    })
+}
+
+fn set_sysctl(proc_sys: &Path, key: &str, value: &str) -> Result<()> {
+    let p = proc_sys.join(key.replace('.', "/"));
+    std::fs::write(&p, value).with_context(|| format!("writing {value} to {}", p.display()))
+}
+
+/// State the reconcile loop keeps between passes.
+struct Loop {
+    kernel: Kernel,
+    vx: VxlanSpec,
+    own_name: String,
+    own_cidr: Cidr,
+    cluster: Cidr,
+    metrics: Arc<Metrics>,
+    last_desired: Option<OverlayState>,
+}
+
+impl Loop {
+    async fn pass(&mut self, nodes: &[Arc<Node>]) -> Result<()> {
+        let started = Instant::now();
+        let (index, recreated) = self.kernel.ensure_vxlan(&self.vx).await?;
+        if recreated {
+            tracing::warn!(device = %self.vx.name, "VXLAN device was missing or wrong and has been recreated");
+        }
+        let views: Vec<NodeView> = nodes.iter().map(|n| node_view(n)).collect();
+        let (peers, rejected) =
+            select_peers(&views, &self.own_name, Some(self.own_cidr), self.cluster);
+        let mut by_reason: BTreeMap<&'static str, u64> = BTreeMap::new();
+        for (name, why) in &rejected {
+            *by_reason.entry(why.reason()).or_default() += 1;
+            if !matches!(why, crate::peers::Reject::Incomplete(_)) {
+                tracing::warn!(node = %name, reason = why.reason(), "not programming node: {why}");
+            } else {
+                tracing::debug!(node = %name, "not programming node yet: {why}");
+            }
+        }
+        if let Ok(mut r) = self.metrics.rejected.lock() {
+            *r = by_reason;
+        }
+        let want = reconcile::desired(&peers);
+        let have = self.kernel.dump(index).await?;
+        let actions = reconcile::diff(&want, &have);
+        let failed = self.kernel.apply(index, &actions).await;
+        if !actions.is_empty() {
+            tracing::info!(
+                changes = actions.len(),
+                failed,
+                peers = peers.len(),
+                "reconciled overlay"
+            );
+        }
+        let m = &self.metrics;
+        m.kernel_actions
+            .fetch_add(actions.len() as u64, Ordering::Relaxed);
+        if self.last_desired.as_ref() == Some(&want) && !actions.is_empty() {
+            m.drift_repaired
+                .fetch_add(actions.len() as u64, Ordering::Relaxed);
+            tracing::warn!(changes = actions.len(), "repaired kernel drift");
+        }
+        m.peers_programmed
+            .store(peers.len() as u64, Ordering::Relaxed);
+        m.reconcile_runs.fetch_add(1, Ordering::Relaxed);
+        let micros = started.elapsed().as_micros() as u64;
+        m.reconcile_micros_sum.fetch_add(micros, Ordering::Relaxed);
+        m.reconcile_last_micros.store(micros, Ordering::Relaxed);
+        if failed > 0 {
+            bail!("{failed} of {} kernel updates failed", actions.len());
+        }
+        self.last_desired = Some(want);
+        Ok(())
+    }
+}
+
+/// Runs the agent until `shutdown` resolves. The datapath stays in place
+/// when it returns; only the ready marker goes, so the plugin's STATUS
+/// reports the node not ready while no agent runs.
+pub async fn run(
+    cfg: Config,
+    metrics: Arc<Metrics>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<()> {
+    if let Some(addr) = cfg.metrics_addr {
+        let m = metrics.clone();
+        tokio::spawn(async move {
+            if let Err(e) = crate::metrics::serve(addr, m).await {
+                tracing::error!(error = %e, "metrics endpoint failed");
+            }
+        });
+    }
+    tokio::pin!(shutdown);
+    tokio::select! {
+        r = run_inner(&cfg, metrics.clone()) => r,
+        () = &mut shutdown => {
+            tracing::info!("shutting down; the datapath stays in place");
+            let _ = std::fs::remove_file(cfg.state_dir.join("ready"));
+            Ok(())
+        }
+    }
+}
+
+async fn run_inner(cfg: &Config, metrics: Arc<Metrics>) -> Result<()> {
+    let client = kube_client(cfg.kubeconfig.as_deref()).await?;
+    let node_name = resolve_node_name(cfg, &client).await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    metrics.set_not_ready(format!("waiting for Node {node_name} to have spec.podCIDR"));
+
+    // The podCIDR comes from kube-controller-manager; until then there is
+    // nothing to do but wait and say so.
+    let own_cidr = loop {
+        match nodes.get_opt(&node_name).await {
+            Ok(Some(n)) => match n
+                .spec
+                .as_ref()
+                .and_then(|s| s.pod_cidr.as_deref())
+                .map(|c| (c, Cidr::parse(c)))
+            {
+                Some((_, Some(c))) if cfg.cluster_cidr.covers(c) => break c,
+                Some((raw, _)) => {
+                    tracing::error!(node = %node_name, pod_cidr = raw, cluster_cidr = %cfg.cluster_cidr, "own podCIDR is invalid or outside the cluster CIDR");
+                    metrics.set_not_ready(format!(
+                        "own podCIDR {raw:?} is invalid or outside {}",
+                        cfg.cluster_cidr
+                    ));
+                }
+                None => {
+                    tracing::info!(node = %node_name, "waiting for spec.podCIDR (kube-controller-manager --allocate-node-cidrs)")
+                }
+            },
+            Ok(None) => tracing::warn!(node = %node_name, "own Node object not found; retrying"),
+            Err(e) => tracing::warn!(error = %e, "cannot read own Node; retrying"),
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    };
+
+    let kernel = Kernel::new()?;
+    let underlay = kernel.underlay(cfg.iface.as_deref()).await?;
+    let existing_mac = kernel.link(&cfg.vxlan_name).await?.map(|l| l.mac);
+    let mac = vtep_mac(&cfg.data_dir, existing_mac.as_deref())?;
+    let vx = VxlanSpec {
+        name: cfg.vxlan_name.clone(),
+        vni: cfg.vni,
+        port: cfg.vxlan_port,
+        underlay_index: underlay.index,
+        local_ip: underlay.ip,
+        mtu: underlay.mtu.saturating_sub(VXLAN_OVERHEAD),
+        mac,
+        address: own_cidr.network(),
+    };
+    tracing::info!(node = %node_name, pod_cidr = %own_cidr, underlay = %underlay.name, host_ip = %underlay.ip, vtep_mac = %format_mac(&mac), mtu = vx.mtu, "bringing the overlay up");
+    kernel.ensure_vxlan(&vx).await?;
+    set_sysctl(&cfg.proc_sys, "net.ipv4.ip_forward", "1")?;
+    if cfg.masquerade {
+        crate::masq::install(cfg.cluster_cidr).context("installing masquerade rules")?;
+    }
+
+    // Publish ourselves: what peers need to reach our pods.
+    let patch = serde_json::json!({ "metadata": { "annotations": {
+        ANNOTATION_VTEP_MAC: format_mac(&mac),
+        ANNOTATION_HOST_IP: underlay.ip.to_string(),
+    }}});
+    nodes
+        .patch(&node_name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .context("publishing VTEP annotations on own Node")?;
+
+    let (reader, writer) = reflector::store::<Node>();
+    let changed = Arc::new(Notify::new());
+    let watch_changed = changed.clone();
+    let watch_metrics = metrics.clone();
+    let synced = Arc::new(Notify::new());
+    let watch_synced = synced.clone();
+    tokio::spawn(async move {
+        let stream = watcher(Api::<Node>::all(client), watcher::Config::default())
+            .default_backoff()
+            .reflect(writer);
+        tokio::pin!(stream);
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(watcher::Event::InitDone) => {
+                    watch_metrics.api_reachable.store(true, Ordering::Relaxed);
+                    watch_synced.notify_one();
+                    watch_changed.notify_one();
+                }
+                Ok(_) => {
+                    watch_metrics.api_reachable.store(true, Ordering::Relaxed);
+                    watch_changed.notify_one();
+                }
+                Err(e) => {
+                    // The last known state stays programmed: an unreachable
+                    // API must not tear down the datapath.
+                    watch_metrics.api_reachable.store(false, Ordering::Relaxed);
+                    tracing::warn!(error = %e, "Node watch failed; retrying with backoff, keeping the datapath as it is");
+                }
+            }
+        }
+    });
+    synced.notified().await;
+
+    let mut lp = Loop {
+        kernel,
+        vx: vx.clone(),
+        own_name: node_name.clone(),
+        own_cidr,
+        cluster: cfg.cluster_cidr,
+        metrics: metrics.clone(),
+        last_desired: None,
+    };
+    let mut handed_over = false;
+    let mut tick = tokio::time::interval(cfg.resync);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let snapshot = reader.state();
+        match lp.pass(&snapshot).await {
+            Ok(()) if !handed_over || !cfg.cni_conf_dir.join(CONFLIST_NAME).exists() => {
+                // The conflist goes out only once the overlay is up and peers
+                // are programmed: the runtime starts pods as soon as it sees it.
+                let conf = conflist(own_cidr, vx.mtu, &cfg.state_dir, &cfg.vxlan_name);
+                write_atomic(
+                    &cfg.cni_conf_dir.join(CONFLIST_NAME),
+                    serde_json::to_string_pretty(&conf)?.as_bytes(),
+                )?;
+                write_atomic(&cfg.state_dir.join("ready"), b"ready\n")?;
+                if let Err(e) = set_network_available(&nodes, &node_name).await {
+                    tracing::warn!(error = %e, "cannot set NetworkUnavailable=False yet");
+                } else {
+                    handed_over = true;
+                }
+                metrics.set_ready(format!(
+                    "overlay up, {} peers",
+                    metrics.peers_programmed.load(Ordering::Relaxed)
+                ));
+            }
+            Ok(()) => {
+                // Drift repair recreated the ready marker's precondition.
+                if !cfg.state_dir.join("ready").exists() {
+                    write_atomic(&cfg.state_dir.join("ready"), b"ready\n")?;
+                }
+                metrics.set_ready(format!(
+                    "overlay up, {} peers",
+                    metrics.peers_programmed.load(Ordering::Relaxed)
+                ));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "reconcile failed; retrying");
+                metrics.reconcile_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        tokio::select! {
+            () = changed.notified() => {}
+            _ = tick.tick() => {}
+        }
+    }
+}
+
+/// `NetworkUnavailable=False`, as a strategic merge on status: a JSON merge
+/// patch would replace the whole conditions list and drop kubelet's.
+pub async fn set_network_available(nodes: &Api<Node>, name: &str) -> Result<()> {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let patch = serde_json::json!({ "status": { "conditions": [{
+        "type": "NetworkUnavailable",
+        "status": "False",
+        "reason": "MycniIsUp",
+        "message": "mycni-agent has the overlay up on this node",
+        "lastTransitionTime": now.to_string(),
+        "lastHeartbeatTime": now.to_string(),
+    }]}});
+    nodes
+        .patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch))
+        .await?;
+    Ok(())
+}
+
+/// Removes what `run` leaves on a node for good: the conflist, the ready
+/// marker, the masquerade rules and the VXLAN device (with every route,
+/// neighbour and FDB entry on it). Used by `mycni-agent uninstall`.
+pub async fn uninstall(cfg: &Config) -> Result<()> {
+    let _ = std::fs::remove_file(cfg.cni_conf_dir.join(CONFLIST_NAME));
+    let _ = std::fs::remove_file(cfg.state_dir.join("ready"));
+    crate::masq::uninstall()?;
+    let kernel = Kernel::new()?;
+    if let Some(l) = kernel.link(&cfg.vxlan_name).await? {
+        kernel.del_link(l.index).await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,160 @@
+//! Prometheus metrics, `/healthz` and `/readyz`, on a tiny HTTP endpoint.
+//! Hand-written on purpose: three read-only paths do not need a framework.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+#[derive(Default)]
+pub struct Metrics {
+    pub peers_programmed: AtomicU64,
+    pub reconcile_runs: AtomicU64,
+    pub reconcile_errors: AtomicU64,
+    /// Sum of reconcile durations in microseconds (with `reconcile_runs`, a mean).
+    pub reconcile_micros_sum: AtomicU64,
+    pub reconcile_last_micros: AtomicU64,
+    /// Kernel entries re-created or removed although the desired state had
+    /// not changed since the last good reconcile: someone else touched them.
+    pub drift_repaired: AtomicU64,
+    pub kernel_actions: AtomicU64,
+    pub rejected: Mutex<BTreeMap<&'static str, u64>>,
+    pub ready: AtomicBool,
+    pub ready_detail: Mutex<String>,
+    pub api_reachable: AtomicBool,
+}
+
+impl Metrics {
+    pub fn set_not_ready(&self, why: impl Into<String>) {
+        self.ready.store(false, Ordering::Relaxed);
+        if let Ok(mut d) = self.ready_detail.lock() {
+            *d = why.into();
+        }
+    }
+
+    pub fn set_ready(&self, detail: impl Into<String>) {
+        self.ready.store(true, Ordering::Relaxed);
+        if let Ok(mut d) = self.ready_detail.lock() {
+            *d = detail.into();
+        }
+    }
+
+    pub fn detail(&self) -> String {
+        self.ready_detail
+            .lock()
+            .map(|d| d.clone())
+            .unwrap_or_default()
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let g = |out: &mut String, name: &str, help: &str, kind: &str, v: u64| {
+            out.push_str(&format!(
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
+            ));
+        };
+        g(
+            &mut out,
+            "mycni_peers_programmed",
+            "Peer nodes whose route, neighbour and FDB entry are programmed.",
+            "gauge",
+            self.peers_programmed.load(Ordering::Relaxed),
+        );
+        g(
+            &mut out,
+            "mycni_reconcile_runs_total",
+            "Reconcile passes run.",
+            "counter",
+            self.reconcile_runs.load(Ordering::Relaxed),
+        );
+        g(
+            &mut out,
+            "mycni_reconcile_errors_total",
+            "Reconcile passes with at least one failed kernel update or read.",
+            "counter",
+            self.reconcile_errors.load(Ordering::Relaxed),
+        );
+        let runs = self.reconcile_runs.load(Ordering::Relaxed);
+        out.push_str(&format!(
+            "# HELP mycni_reconcile_duration_seconds Time spent in reconcile passes.\n# TYPE mycni_reconcile_duration_seconds summary\nmycni_reconcile_duration_seconds_sum {}\nmycni_reconcile_duration_seconds_count {runs}\n",
+            self.reconcile_micros_sum.load(Ordering::Relaxed) as f64 / 1e6
+        ));
+        g(
+            &mut out,
+            "mycni_kernel_drift_repaired_total",
+            "Kernel entries repaired that changed without a Node change.",
+            "counter",
+            self.drift_repaired.load(Ordering::Relaxed),
+        );
+        g(
+            &mut out,
+            "mycni_kernel_updates_total",
+            "Route, neighbour and FDB updates applied.",
+            "counter",
+            self.kernel_actions.load(Ordering::Relaxed),
+        );
+        out.push_str("# HELP mycni_rejected_peers Nodes not programmed because their data is malformed or hostile, by reason.\n# TYPE mycni_rejected_peers gauge\n");
+        if let Ok(r) = self.rejected.lock() {
+            for (reason, n) in r.iter() {
+                out.push_str(&format!(
+                    "mycni_rejected_peers{{reason=\"{reason}\"}} {n}\n"
+                ));
+            }
+        }
+        g(
+            &mut out,
+            "mycni_ready",
+            "1 when the overlay is up and the CNI config written.",
+            "gauge",
+            u64::from(self.ready.load(Ordering::Relaxed)),
+        );
+        g(
+            &mut out,
+            "mycni_api_reachable",
+            "1 while the Kubernetes API watch is healthy.",
+            "gauge",
+            u64::from(self.api_reachable.load(Ordering::Relaxed)),
+        );
+        out
+    }
+}
+
+/// Serves until the process ends. Each connection gets one response.
+pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
+    let listener = TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+    loop {
+        let (mut sock, _) = listener.accept().await?;
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 2048];
+            let n = match sock.read(&mut buf).await {
+                Ok(n) => n,
+                Err(_) => return,
+            };
+            let req = String::from_utf8_lossy(&buf[..n]);
+            let path = req.split_whitespace().nth(1).unwrap_or("/");
+            let (status, body) = match path {
+                "/metrics" => ("200 OK", metrics.render()),
+                "/healthz" => ("200 OK", "ok\n".to_string()),
+                "/readyz" if metrics.ready.load(Ordering::Relaxed) => {
+                    ("200 OK", format!("ready: {}\n", metrics.detail()))
+                }
+                "/readyz" => (
+                    "503 Service Unavailable",
+                    format!("not ready: {}\n", metrics.detail()),
+                ),
+                _ => ("404 Not Found", "not found\n".to_string()),
+            };
+            let resp = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = sock.write_all(resp.as_bytes()).await;
+        });
+    }
+}

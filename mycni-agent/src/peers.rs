@@ -1,0 +1,510 @@
+//! Peer Nodes, as far as the overlay cares: their podCIDR, VTEP MAC and
+//! host IP. Node objects are untrusted input: anything malformed or hostile
+//! is rejected with a reason (logged and counted), never programmed.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::Ipv4Addr;
+
+/// Annotation with the node's VTEP MAC (`vxlan.1`'s address).
+pub const ANNOTATION_VTEP_MAC: &str = "mycni.dev/vtep-mac";
+/// Annotation with the node's underlay IP (VXLAN packets go there).
+pub const ANNOTATION_HOST_IP: &str = "mycni.dev/host-ip";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Cidr {
+    pub addr: Ipv4Addr,
+    pub prefix: u8,
+}
+
+impl Cidr {
+    pub fn parse(s: &str) -> Option<Cidr> {
+        let (a, p) = s.split_once('/')?;
+        let prefix: u8 = p.parse().ok()?;
+        if prefix > 32 || p.starts_with('+') || (p.len() > 1 && p.starts_with('0')) {
+            return None;
+        }
+        let addr: Ipv4Addr = a.parse().ok()?;
+        let c = Cidr { addr, prefix };
+        // Host bits set means the writer meant something else: reject.
+        (c.network() == addr).then_some(c)
+    }
+
+    fn mask(self) -> u32 {
+        if self.prefix == 0 {
+            0
+        } else {
+            u32::MAX << (32 - self.prefix)
+        }
+    }
+
+    pub fn network(self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.addr) & self.mask())
+    }
+
+    pub fn contains(self, ip: Ipv4Addr) -> bool {
+        u32::from(ip) & self.mask() == u32::from(self.addr) & self.mask()
+    }
+
+    /// True when `other` lies entirely inside `self`.
+    pub fn covers(self, other: Cidr) -> bool {
+        other.prefix >= self.prefix && self.contains(other.addr)
+    }
+
+    pub fn overlaps(self, other: Cidr) -> bool {
+        self.covers(other) || other.covers(self)
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+pub type Mac = [u8; 6];
+
+pub fn format_mac(m: &Mac) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+pub fn parse_mac(s: &str) -> Option<Mac> {
+    let parts: Vec<&str> = s.split(':').collect();
+    if parts.len() != 6 {
+        return None;
+    }
+    let mut m = [0u8; 6];
+    for (i, p) in parts.iter().enumerate() {
+        if p.len() != 2 {
+            return None;
+        }
+        m[i] = u8::from_str_radix(p, 16).ok()?;
+    }
+    Some(m)
+}
+
+/// A peer the agent will program.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    pub name: String,
+    pub pod_cidr: Cidr,
+    pub vtep_mac: Mac,
+    pub host_ip: Ipv4Addr,
+}
+
+impl Peer {
+    /// The peer's VTEP address: its podCIDR's first address, the gateway of
+    /// the route to its pods.
+    pub fn gateway(&self) -> Ipv4Addr {
+        self.pod_cidr.network()
+    }
+}
+
+/// Why a Node was not programmed. The label is the metric's `reason`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reject {
+    /// Not yet annotated or no podCIDR: normal while a node starts.
+    Incomplete(&'static str),
+    BadPodCidr(String),
+    OutsideClusterCidr(String),
+    OverlapsOwn(String),
+    OverlapsPeer(String),
+    BadMac(String),
+    BadHostIp(String),
+}
+
+impl Reject {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Reject::Incomplete(_) => "incomplete",
+            Reject::BadPodCidr(_) => "bad_pod_cidr",
+            Reject::OutsideClusterCidr(_) => "outside_cluster_cidr",
+            Reject::OverlapsOwn(_) => "overlaps_own",
+            Reject::OverlapsPeer(_) => "overlaps_peer",
+            Reject::BadMac(_) => "bad_mac",
+            Reject::BadHostIp(_) => "bad_host_ip",
+        }
+    }
+}
+
+impl fmt::Display for Reject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reject::Incomplete(what) => write!(f, "not ready yet: {what}"),
+            Reject::BadPodCidr(s) => {
+                write!(f, "podCIDR {s:?} is not an IPv4 network between /8 and /30")
+            }
+            Reject::OutsideClusterCidr(s) => write!(f, "podCIDR {s} is outside the cluster CIDR"),
+            Reject::OverlapsOwn(s) => write!(f, "podCIDR {s} overlaps this node's"),
+            Reject::OverlapsPeer(s) => write!(f, "podCIDR {s} overlaps another node's"),
+            Reject::BadMac(s) => write!(f, "VTEP MAC {s:?} is not a unicast MAC"),
+            Reject::BadHostIp(s) => write!(f, "host IP {s:?} is not a unicast IPv4 address"),
+        }
+    }
+}
+
+/// The parts of a Node the agent reads, so the logic does not depend on k8s types.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeView {
+    pub name: String,
+    pub pod_cidr: Option<String>,
+    pub annotations: BTreeMap<String, String>,
+}
+
+fn valid_unicast_mac(m: &Mac) -> bool {
+    m != &[0; 6] && m[0] & 1 == 0
+}
+
+fn valid_host_ip(ip: Ipv4Addr) -> bool {
+    !(ip.is_unspecified()
+        || ip.is_loopback()
+        || ip.is_multicast()
+        || ip.is_broadcast()
+        || ip.is_link_local()
+        || ip.octets()[0] == 0)
+}
+
+/// Validates one node on its own.
+pub fn parse_peer(node: &NodeView, cluster: Cidr) -> Result<Peer, Reject> {
+    let cidr_s = node
+        .pod_cidr
+        .as_deref()
+        .ok_or(Reject::Incomplete("no spec.podCIDR"))?;
+    let pod_cidr = Cidr::parse(cidr_s)
+        .filter(|c| (8..=30).contains(&c.prefix))
+        .ok_or_else(|| Reject::BadPodCidr(cidr_s.to_string()))?;
+    if !cluster.covers(pod_cidr) {
+        return Err(Reject::OutsideClusterCidr(cidr_s.to_string()));
+    }
+    let mac_s = node
+        .annotations
+        .get(ANNOTATION_VTEP_MAC)
+        .ok_or(Reject::Incomplete("no VTEP MAC annotation"))?;
+    let vtep_mac = parse_mac(mac_s.trim())
+        .filter(valid_unicast_mac)
+        .ok_or_else(|| Reject::BadMac(mac_s.clone()))?;
+    let ip_s = node
+        .annotations
+        .get(ANNOTATION_HOST_IP)
+        .ok_or(Reject::Incomplete("no host IP annotation"))?;
+    let host_ip: Ipv4Addr = ip_s
+        .trim()
+        .parse()
+        .ok()
+        .filter(|ip| valid_host_ip(*ip))
+        .ok_or_else(|| Reject::BadHostIp(ip_s.clone()))?;
+    Ok(Peer {
+        name: node.name.clone(),
+        pod_cidr,
+        vtep_mac,
+        host_ip,
+    })
+}
+
+/// All peers to program, and the rejected nodes with reasons. `own_name`
+/// is skipped; nodes whose podCIDRs overlap ours or each other are all
+/// rejected, since none of them can be trusted to own the range.
+pub fn select_peers(
+    nodes: &[NodeView],
+    own_name: &str,
+    own_cidr: Option<Cidr>,
+    cluster: Cidr,
+) -> (Vec<Peer>, Vec<(String, Reject)>) {
+    let mut ok = Vec::new();
+    let mut rejected = Vec::new();
+    for n in nodes.iter().filter(|n| n.name != own_name) {
+        match parse_peer(n, cluster) {
+            Ok(p) => match own_cidr {
+                Some(own) if own.overlaps(p.pod_cidr) => {
+                    rejected.push((p.name.clone(), Reject::OverlapsOwn(p.pod_cidr.to_string())))
+                }
+                _ => ok.push(p),
+            },
+            Err(r) => rejected.push((n.name.clone(), r)),
+        }
+    }
+    // Overlaps between peers: sorted by start address, a range can only
+    // overlap the ones that start before it ends.
+    ok.sort_by(|a, b| a.pod_cidr.cmp(&b.pod_cidr).then(a.name.cmp(&b.name)));
+    let end = |c: Cidr| u32::from(c.addr) | !c.mask();
+    let mut bad = vec![false; ok.len()];
+    for i in 0..ok.len() {
+        for j in i + 1..ok.len() {
+            if u32::from(ok[j].pod_cidr.addr) > end(ok[i].pod_cidr) {
+                break;
+            }
+            bad[i] = true;
+            bad[j] = true;
+        }
+    }
+    let mut peers = Vec::with_capacity(ok.len());
+    for (p, b) in ok.into_iter().zip(bad) {
+        if b {
+            rejected.push((p.name.clone(), Reject::OverlapsPeer(p.pod_cidr.to_string())));
+        } else {
+            peers.push(p);
+        }
+    }
+    peers.sort_by(|a, b| a.name.cmp(&b.name));
+    (peers, rejected)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster() -> Cidr {
+        Cidr::parse("10.244.0.0/16").unwrap()
+    }
+
+    fn view(name: &str, cidr: Option<&str>, mac: Option<&str>, ip: Option<&str>) -> NodeView {
+        let mut annotations = BTreeMap::new();
+        if let Some(m) = mac {
+            annotations.insert(ANNOTATION_VTEP_MAC.to_string(), m.to_string());
+        }
+        if let Some(i) = ip {
+            annotations.insert(ANNOTATION_HOST_IP.to_string(), i.to_string());
+        }
+        NodeView {
+            name: name.into(),
+            pod_cidr: cidr.map(Into::into),
+            annotations,
+        }
+    }
+
+    #[test]
+    fn cidr_parsing() {
+        assert!(Cidr::parse("10.244.1.0/24").is_some());
+        for bad in [
+            "10.244.1.1/24",
+            "10.244.1.0/33",
+            "10.244.1.0",
+            "x/24",
+            "10.244.1.0/+24",
+            "10.244.1.0/024",
+            "",
+        ] {
+            assert!(Cidr::parse(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn hostile_nodes_are_rejected_with_reasons() {
+        let cases = [
+            (
+                view("a", None, Some("02:00:00:00:00:01"), Some("192.168.0.2")),
+                "incomplete",
+            ),
+            (
+                view("a", Some("10.244.1.0/24"), None, Some("192.168.0.2")),
+                "incomplete",
+            ),
+            (
+                view("a", Some("10.244.1.0/24"), Some("02:00:00:00:00:01"), None),
+                "incomplete",
+            ),
+            (
+                view(
+                    "a",
+                    Some("garbage"),
+                    Some("02:00:00:00:00:01"),
+                    Some("192.168.0.2"),
+                ),
+                "bad_pod_cidr",
+            ),
+            (
+                view(
+                    "a",
+                    Some("10.244.0.0/31"),
+                    Some("02:00:00:00:00:01"),
+                    Some("192.168.0.2"),
+                ),
+                "bad_pod_cidr",
+            ),
+            (
+                view(
+                    "a",
+                    Some("10.245.1.0/24"),
+                    Some("02:00:00:00:00:01"),
+                    Some("192.168.0.2"),
+                ),
+                "outside_cluster_cidr",
+            ),
+            (
+                view(
+                    "a",
+                    Some("10.0.0.0/8"),
+                    Some("02:00:00:00:00:01"),
+                    Some("192.168.0.2"),
+                ),
+                "outside_cluster_cidr",
+            ),
+            (
+                view(
+                    "a",
+                    Some("10.244.1.0/24"),
+                    Some("01:00:5e:00:00:01"),
+                    Some("192.168.0.2"),
+                ),
+                "bad_mac",
+            ),
+            (
+                view(
+                    "a",
+                    Some("10.244.1.0/24"),
+                    Some("00:00:00:00:00:00"),
+                    Some("192.168.0.2"),
+                ),
+                "bad_mac",
+            ),
+            (
+                view(
+                    "a",
+                    Some("10.244.1.0/24"),
+                    Some("ff:ff:ff:ff:ff:ff"),
+                    Some("192.168.0.2"),
+                ),
+                "bad_mac",
+            ),
+            (
+                view(
+                    "a",
+                    Some("10.244.1.0/24"),
+                    Some("02:00:00:00:00"),
+                    Some("192.168.0.2"),
+                ),
+                "bad_mac",
+            ),
+            (
+                view(
+                    "a",
+                    Some("10.244.1.0/24"),
+                    Some("02:00:00:00:00:01"),
+                    Some("224.0.0.1"),
+                ),
+                "bad_host_ip",
+            ),
+            (
+                view(
+                    "a",
+                    Some("10.244.1.0/24"),
+                    Some("02:00:00:00:00:01"),
+                    Some("127.0.0.1"),
+                ),
+                "bad_host_ip",
+            ),
+            (
+                view(
+                    "a",
+                    Some("10.244.1.0/24"),
+                    Some("02:00:00:00:00:01"),
+                    Some("0.0.0.0"),
+                ),
+                "bad_host_ip",
+            ),
+            (
+                view(
+                    "a",
+                    Some("10.244.1.0/24"),
+                    Some("02:00:00:00:00:01"),
+                    Some("255.255.255.255"),
+                ),
+                "bad_host_ip",
+            ),
+            (
+                view(
+                    "a",
+                    Some("10.244.1.0/24"),
+                    Some("02:00:00:00:00:01"),
+                    Some("fe80::1"),
+                ),
+                "bad_host_ip",
+            ),
+        ];
+        for (n, reason) in cases {
+            let got = parse_peer(&n, cluster()).unwrap_err();
+            assert_eq!(got.reason(), reason, "{n:?}: {got}");
+        }
+        let ok = parse_peer(
+            &view(
+                "a",
+                Some("10.244.1.0/24"),
+                Some("02:AB:00:00:00:01"),
+                Some(" 192.168.0.2 "),
+            ),
+            cluster(),
+        )
+        .unwrap();
+        assert_eq!(ok.gateway(), Ipv4Addr::new(10, 244, 1, 0));
+        assert_eq!(ok.vtep_mac, [2, 0xab, 0, 0, 0, 1]);
+    }
+
+    #[test]
+    fn overlaps_reject_every_party() {
+        let nodes = vec![
+            view(
+                "me",
+                Some("10.244.0.0/24"),
+                Some("02:00:00:00:00:00"),
+                Some("192.168.0.1"),
+            ),
+            view(
+                "a",
+                Some("10.244.1.0/24"),
+                Some("02:00:00:00:00:01"),
+                Some("192.168.0.2"),
+            ),
+            view(
+                "b",
+                Some("10.244.2.0/24"),
+                Some("02:00:00:00:00:02"),
+                Some("192.168.0.3"),
+            ),
+            view(
+                "c",
+                Some("10.244.2.0/23"),
+                Some("02:00:00:00:00:03"),
+                Some("192.168.0.4"),
+            ),
+            view(
+                "d",
+                Some("10.244.0.0/25"),
+                Some("02:00:00:00:00:04"),
+                Some("192.168.0.5"),
+            ),
+            view(
+                "e",
+                Some("10.244.4.0/24"),
+                Some("02:00:00:00:00:05"),
+                Some("192.168.0.6"),
+            ),
+            view(
+                "f",
+                Some("10.244.3.0/24"),
+                Some("02:00:00:00:00:06"),
+                Some("192.168.0.7"),
+            ),
+        ];
+        let own = Cidr::parse("10.244.0.0/24");
+        let (peers, rejected) = select_peers(&nodes, "me", own, cluster());
+        let names: Vec<&str> = peers.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["a", "e"]);
+        let mut rej: Vec<(&str, &str)> = rejected
+            .iter()
+            .map(|(n, r)| (n.as_str(), r.reason()))
+            .collect();
+        rej.sort();
+        assert_eq!(
+            rej,
+            [
+                ("b", "overlaps_peer"),
+                ("c", "overlaps_peer"),
+                ("d", "overlaps_own"),
+                ("f", "overlaps_peer")
+            ]
+        );
+    }
+}
