@@ -44,6 +44,10 @@ pub struct Config {
     pub metrics_addr: Option<SocketAddr>,
     pub resync: Duration,
     pub masquerade: bool,
+    /// Written into the conflist for the plugin: where its built-in IPAM
+    /// keeps leases, and its log file (None: the plugin's defaults).
+    pub ipam_data_dir: Option<PathBuf>,
+    pub plugin_log_file: Option<PathBuf>,
 }
 
 pub const CONFLIST_NAME: &str = "00-mycni.conflist";
@@ -138,19 +142,26 @@ pub fn write_atomic(path: &Path, content: &[u8]) -> Result<()> {
     Ok(())
 }
 
-pub fn conflist(pod_cidr: Cidr, mtu: u32, state_dir: &Path, vxlan: &str) -> serde_json::Value {
-    serde_json::json!({
+pub fn conflist(cfg: &Config, pod_cidr: Cidr, mtu: u32) -> serde_json::Value {
+    let mut v = serde_json::json!({
         "cniVersion": "1.1.0",
         "cniVersions": ["0.3.1", "0.4.0", "1.0.0", "1.1.0"],
         "name": NETWORK_NAME,
         "plugins": [{
             "type": "mycni",
             "mtu": mtu,
-            "readyFile": state_dir.join("ready"),
-            "vxlanDevice": vxlan,
+            "readyFile": cfg.state_dir.join("ready"),
+            "vxlanDevice": cfg.vxlan_name,
             "ipam": { "type": "mycni-ipam", "subnet": pod_cidr.to_string() },
         }],
-    })
+    });
+    if let Some(d) = &cfg.ipam_data_dir {
+        v["plugins"][0]["ipam"]["dataDir"] = serde_json::json!(d);
+    }
+    if let Some(f) = &cfg.plugin_log_file {
+        v["plugins"][0]["logFile"] = serde_json::json!(f);
+    }
+    v
 }
 
 fn set_sysctl(proc_sys: &Path, key: &str, value: &str) -> Result<()> {
@@ -368,7 +379,7 @@ async fn run_inner(cfg: &Config, metrics: Arc<Metrics>) -> Result<()> {
             Ok(()) if !handed_over || !cfg.cni_conf_dir.join(CONFLIST_NAME).exists() => {
                 // The conflist goes out only once the overlay is up and peers
                 // are programmed: the runtime starts pods as soon as it sees it.
-                let conf = conflist(own_cidr, vx.mtu, &cfg.state_dir, &cfg.vxlan_name);
+                let conf = conflist(cfg, own_cidr, vx.mtu);
                 write_atomic(
                     &cfg.cni_conf_dir.join(CONFLIST_NAME),
                     serde_json::to_string_pretty(&conf)?.as_bytes(),

@@ -89,6 +89,21 @@ struct RunArgs {
     /// SNAT pod traffic leaving the cluster CIDR (nftables table `ip mycni`).
     #[arg(long, env = "MYCNI_MASQUERADE", default_value_t = true, action = clap::ArgAction::Set)]
     masquerade: bool,
+    /// bpffs mount; pinned maps and links live under <bpffs>/mycni.
+    #[arg(long, env = "MYCNI_BPFFS", default_value = "/sys/fs/bpf")]
+    bpffs: PathBuf,
+    /// `ebpf`: tc fast path with the kernel as fallback; `kernel`: routes,
+    /// ARP and FDB only. The fast path is not built yet, so `ebpf` runs the
+    /// kernel path and says so.
+    #[arg(long, env = "MYCNI_DATAPATH", default_value = "ebpf", value_parser = ["ebpf", "kernel"])]
+    datapath: String,
+    /// Lease directory for the plugin's built-in IPAM, put into the conflist
+    /// (default: the plugin's /var/lib/cni/networks).
+    #[arg(long)]
+    ipam_data_dir: Option<PathBuf>,
+    /// The plugin's log file, put into the conflist (default: /var/log/mycni/plugin.log).
+    #[arg(long)]
+    plugin_log_file: Option<PathBuf>,
 }
 
 fn parse_cidr(s: &str) -> Result<Cidr, String> {
@@ -132,6 +147,8 @@ impl RunArgs {
             metrics_addr,
             resync: self.resync,
             masquerade: self.masquerade,
+            ipam_data_dir: self.ipam_data_dir,
+            plugin_log_file: self.plugin_log_file,
         })
     }
 }
@@ -170,6 +187,9 @@ fn main() -> Result<()> {
 }
 
 fn run(rt: &tokio::runtime::Runtime, args: RunArgs) -> Result<()> {
+    if args.datapath == "ebpf" {
+        tracing::warn!(bpffs = %args.bpffs.display(), "--datapath ebpf: the tc fast path is not part of this build yet; running the kernel datapath");
+    }
     let cfg = args.config()?;
     let metrics = Arc::new(Metrics::default());
     rt.block_on(agent::run(cfg, metrics, async {

@@ -170,13 +170,6 @@ fn test(extra: &[String]) -> Result<()> {
         )
         .cwd(&root)
         .run()?;
-    eprintln!("xtask: building release binaries the black-box tests run");
-    Cmd::new("cargo")
-        .args(["build", "--release", "--locked"])
-        .args(["--package", "mycni-plugin", "--package", "mycni-agent"])
-        .toolchain(HOST_TOOLCHAIN)
-        .cwd(&root)
-        .run()?;
     eprintln!("xtask: cargo test");
     Cmd::new("cargo")
         .args(["test", "--workspace", "--exclude", "mycni-ebpf", "--locked"])
