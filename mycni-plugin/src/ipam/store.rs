@@ -12,22 +12,32 @@
 //! <data_dir>/<network>/10.244.1.5           "<containerID>\r\n<ifname>"
 //! ```
 //!
-//! Lease files come into existence complete (a fsynced temp file hard-linked to the IP's
-//! name), so a crash never leaves a half-written lease, and `link(2)` refusing to replace an
-//! existing name means a lease is never overwritten even by a writer that ignores the lock.
+//! Lease files come into existence complete, so a killed plugin never leaves a half-written
+//! lease: the content is written to an anonymous `O_TMPFILE` inode that `linkat(2)` then
+//! names (a temp file hard-linked to the name where that is unavailable). `link` refusing to
+//! replace an existing name means a lease is never overwritten even by a writer that ignores
+//! the lock.
+//!
+//! This runs on every pod start, where each metadata-changing syscall costs tens of
+//! microseconds and replacing a file by rename costs hundreds (ext4 flushes the new data
+//! when a rename replaces a file). So each call opens the directory once and reaches its
+//! files with `openat`/`linkat`/`unlinkat`, and nothing is created or renamed that an
+//! existing file or an in-place write can stand in for.
 
 use std::collections::HashSet;
+use std::ffi::{CStr, CString};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::net::Ipv4Addr;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// host-local names this file `last_reserved_ip.<range index>`; we manage a single range.
-const LAST_RESERVED_FILE: &str = "last_reserved_ip.0";
+const LAST_RESERVED_NAME: &CStr = c"last_reserved_ip.0";
 const LOCK_FILE: &str = "lock";
+const LOCK_NAME: &CStr = c"lock";
 /// Prefix of our temp files. host-local writes none, so under the lock any such file is a
 /// leftover from a crashed writer.
 const TMP_PREFIX: &str = ".tmp-";
@@ -35,13 +45,21 @@ const TMP_PREFIX: &str = ".tmp-";
 const MAX_NETWORK_NAME: usize = 200;
 /// A real lease is a container ID plus an interface name (~100 bytes); anything far larger
 /// is not a lease we can trust, and capping the read bounds the work per file.
-const MAX_LEASE_CONTENT: u64 = 4096;
+const MAX_LEASE_CONTENT: usize = 4096;
+/// The longest hint we can parse is "255.255.255.255" plus some whitespace; a longer file is
+/// garbage and only its length matters (it must be truncated when rewritten).
+const MAX_HINT_CONTENT: usize = 64;
 /// Lease files hold container IDs only, but host-local creates them 0600 and an operator
 /// switching back and forth should see uniform permissions.
 const FILE_MODE: u32 = 0o600;
+/// Room for about 400 lease names, so one `getdents64` usually lists a node's leases.
+const DIRENT_BUF: usize = 16 * 1024;
 
 /// Distinguishes temp files of threads of one process (the pid alone does not).
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+/// Linking an `O_TMPFILE` inode with `AT_EMPTY_PATH` needs CAP_DAC_READ_SEARCH on kernels
+/// before 6.10; once that was refused, this process goes straight to `/proc/self/fd`.
+static EMPTY_PATH_DENIED: AtomicBool = AtomicBool::new(false);
 
 /// Why a configured range cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -318,47 +336,201 @@ impl Owner {
     }
 }
 
-/// `Ok(None)` when the file is gone (nothing to report); other read failures become
-/// [`Owner::Garbage`] because one bad file must not block the whole store.
-fn read_owner(path: &Path) -> Option<Owner> {
-    let mut buf = Vec::with_capacity(128);
-    let read = File::open(path).and_then(|f| f.take(MAX_LEASE_CONTENT + 1).read_to_end(&mut buf));
-    match read {
-        Ok(_) if buf.len() as u64 > MAX_LEASE_CONTENT => Some(Owner::Garbage),
-        Ok(_) => Some(Owner::parse(&buf)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-        Err(_) => Some(Owner::Garbage),
+fn not_a_directory(path: &Path) -> StoreError {
+    StoreError::Corrupt {
+        path: path.to_owned(),
+        reason: "exists but is not a directory; the lease store needs a directory here".to_owned(),
     }
 }
 
-/// `Ok(false)` if the file was already gone, which keeps release idempotent.
-fn remove_lease(path: &Path) -> Result<bool, StoreError> {
-    match fs::remove_file(path) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(io_err(path)(e)),
+fn create_dir(dir: &Path) -> Result<(), StoreError> {
+    match fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)
+    {
+        Ok(()) => Ok(()),
+        // "File exists" alone would not tell the operator what is wrong with the path.
+        Err(_) if dir.exists() && !dir.is_dir() => Err(not_a_directory(dir)),
+        Err(e) => Err(io_err(dir)(e)),
     }
 }
 
-/// Holds `flock(LOCK_EX)` on `<dir>/lock` until dropped (closing the file releases it).
-struct LockGuard {
-    _file: File,
+/// An IP's text never contains NUL, so the default (an empty name no call accepts) is
+/// unreachable.
+fn ip_name(ip: Ipv4Addr) -> CString {
+    CString::new(ip.to_string()).unwrap_or_default()
 }
 
-/// A temp file that is unlinked on drop, so no error path leaves one behind.
-struct TempFile {
-    path: PathBuf,
-    /// Set once the file has been renamed away and there is nothing left to unlink.
-    consumed: bool,
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        if !self.consumed {
-            // Best effort: a leftover is removed by the next locked scan anyway.
-            let _ = fs::remove_file(&self.path);
+/// Repeats a libc call that a signal interrupted before it did anything.
+fn retry_eintr(mut call: impl FnMut() -> libc::c_int) -> io::Result<libc::c_int> {
+    loop {
+        let ret = call();
+        if ret >= 0 {
+            return Ok(ret);
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
         }
     }
+}
+
+fn openat(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    flags: libc::c_int,
+    mode: libc::c_uint,
+) -> io::Result<File> {
+    let fd = retry_eintr(|| {
+        // SAFETY: `name` is NUL-terminated and outlives the call, and `dir` is open for the
+        // duration of the borrow; openat touches no other memory of ours.
+        unsafe {
+            libc::openat(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                flags | libc::O_CLOEXEC,
+                mode,
+            )
+        }
+    })?;
+    // SAFETY: openat just returned this fd, so nothing else owns it.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// `old_dir` is a raw fd because it may be `AT_FDCWD` or the file itself (`AT_EMPTY_PATH`).
+fn linkat(
+    old_dir: libc::c_int,
+    old: &CStr,
+    new_dir: BorrowedFd<'_>,
+    new: &CStr,
+    flags: libc::c_int,
+) -> io::Result<()> {
+    retry_eintr(|| {
+        // SAFETY: both names are NUL-terminated and outlive the call; the fds are open for
+        // its duration (`old_dir` is borrowed from the caller or AT_FDCWD).
+        unsafe {
+            libc::linkat(
+                old_dir,
+                old.as_ptr(),
+                new_dir.as_raw_fd(),
+                new.as_ptr(),
+                flags,
+            )
+        }
+    })
+    .map(drop)
+}
+
+fn unlinkat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    retry_eintr(|| {
+        // SAFETY: `name` is NUL-terminated and outlives the call; `dir` is open for its
+        // duration.
+        unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) }
+    })
+    .map(drop)
+}
+
+/// Reads until EOF or until `buf` is full; a full buffer means there may be more.
+fn read_into(mut file: &File, buf: &mut [u8]) -> io::Result<usize> {
+    let mut len = 0;
+    while len < buf.len() {
+        match file.read(&mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(len)
+}
+
+/// Lists a directory through an fd the caller already holds (`fs::read_dir` would open
+/// the path again), calling `f(name, d_type)` for every entry including "." and "..".
+fn for_each_dirent(dir: BorrowedFd<'_>, mut f: impl FnMut(&[u8], u8)) -> io::Result<()> {
+    // Offsets of `struct linux_dirent64 { u64 d_ino; i64 d_off; u16 d_reclen; u8 d_type;
+    // char d_name[]; }`.
+    const RECLEN: usize = 16;
+    const TYPE: usize = 18;
+    const NAME: usize = 19;
+    // The offset lives on the fd: without the rewind a second listing through the same fd
+    // would come back empty.
+    // SAFETY: lseek on an open fd has no memory-safety preconditions.
+    if unsafe { libc::lseek(dir.as_raw_fd(), 0, libc::SEEK_SET) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut buf = vec![0u8; DIRENT_BUF];
+    loop {
+        let filled = loop {
+            // SAFETY: the kernel writes at most `buf.len()` bytes to `buf`, which is valid
+            // for writes of that many bytes and outlives the call.
+            let ret = unsafe {
+                libc::syscall(
+                    libc::SYS_getdents64,
+                    dir.as_raw_fd(),
+                    buf.as_mut_ptr(),
+                    buf.len(),
+                )
+            };
+            if let Ok(n) = usize::try_from(ret) {
+                break n.min(buf.len());
+            }
+            let err = io::Error::last_os_error();
+            if err.kind() != io::ErrorKind::Interrupted {
+                return Err(err);
+            }
+        };
+        if filled == 0 {
+            return Ok(());
+        }
+        let mut records = &buf[..filled];
+        while records.len() > NAME {
+            let reclen = usize::from(u16::from_ne_bytes([records[RECLEN], records[RECLEN + 1]]));
+            if reclen <= NAME || reclen > records.len() {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "malformed getdents64 record",
+                ));
+            }
+            let name = &records[NAME..reclen];
+            let name = name.split(|&b| b == 0).next().unwrap_or(name);
+            f(name, records[TYPE]);
+            records = &records[reclen..];
+        }
+    }
+}
+
+/// A lease's content before it has a name.
+enum NewLease<'a> {
+    /// An `O_TMPFILE` inode: it has no name until linked, so a killed plugin leaves nothing
+    /// behind and there is no temp name to remove afterwards.
+    Anonymous(File),
+    /// Where the filesystem has no `O_TMPFILE` or its inode cannot be linked.
+    Named(TempFile<'a>),
+}
+
+/// A named temp file that is unlinked on drop, so no error path leaves one behind; a killed
+/// process's leftover is removed by the next locked scan.
+struct TempFile<'a> {
+    dir: BorrowedFd<'a>,
+    name: CString,
+}
+
+impl Drop for TempFile<'_> {
+    fn drop(&mut self) {
+        // Best effort: a leftover is removed by the next locked scan anyway.
+        let _ = unlinkat(self.dir, &self.name);
+    }
+}
+
+/// `last_reserved_ip.0` as read under the lock, kept open so that recording the next
+/// allocation costs a `pwrite` instead of a second open.
+struct Hint {
+    file: Option<File>,
+    /// Bytes in the file when read (`u64::MAX` if unknown), which tells whether writing a
+    /// new value must also truncate.
+    len: u64,
+    ip: Option<Ipv4Addr>,
 }
 
 /// One directory entry whose name is an IPv4 address.
@@ -366,6 +538,294 @@ struct Entry {
     ip: Ipv4Addr,
     /// Directories occupy their IP's name but are not leases we can read or remove.
     is_dir: bool,
+}
+
+/// The store for the duration of one call: the directory fd that every file is reached
+/// through, and the `flock` on `<dir>/lock`, held until drop (closing the file releases it).
+struct Locked<'s> {
+    path: &'s Path,
+    dir: OwnedFd,
+    _lock: File,
+}
+
+impl Locked<'_> {
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.dir.as_fd()
+    }
+
+    fn io_err(&self, name: &str) -> impl FnOnce(io::Error) -> StoreError + use<> {
+        let path = self.path.join(name);
+        move |source| StoreError::Io { path, source }
+    }
+
+    /// The single directory pass every locked operation starts from. Removes temp files,
+    /// which is only safe because the lock excludes every writer that could own them.
+    fn scan(&self) -> Result<Vec<Entry>, StoreError> {
+        let mut entries = Vec::new();
+        let mut stale = Vec::new();
+        for_each_dirent(self.fd(), |name, d_type| {
+            let Ok(name) = std::str::from_utf8(name) else {
+                return;
+            };
+            if let Ok(ip) = name.parse::<Ipv4Addr>() {
+                let is_dir = match d_type {
+                    libc::DT_DIR => true,
+                    // Some filesystems leave the type out; rare, so the path walk is fine.
+                    libc::DT_UNKNOWN => fs::symlink_metadata(self.path.join(name))
+                        .is_ok_and(|m| m.file_type().is_dir()),
+                    _ => false,
+                };
+                entries.push(Entry { ip, is_dir });
+            } else if name.starts_with(TMP_PREFIX) {
+                stale.push(name.to_owned());
+            }
+        })
+        .map_err(io_err(self.path))?;
+        for name in stale {
+            if let Ok(name) = CString::new(name) {
+                // Best effort: a stale temp file costs only disk space.
+                let _ = unlinkat(self.fd(), &name);
+            }
+        }
+        Ok(entries)
+    }
+
+    /// `None` when the file is gone (nothing to report); other failures become
+    /// [`Owner::Garbage`] because one bad file must not block the whole store.
+    fn read_owner(&self, ip: Ipv4Addr) -> Option<Owner> {
+        // O_NONBLOCK: a FIFO under an IP's name must not hang a call that holds the lock.
+        let file = match openat(
+            self.fd(),
+            &ip_name(ip),
+            libc::O_RDONLY | libc::O_NONBLOCK,
+            0,
+        ) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
+            Err(_) => return Some(Owner::Garbage),
+        };
+        let mut buf = [0u8; MAX_LEASE_CONTENT + 1];
+        match read_into(&file, &mut buf) {
+            Ok(n) if n <= MAX_LEASE_CONTENT => Some(Owner::parse(&buf[..n])),
+            _ => Some(Owner::Garbage),
+        }
+    }
+
+    /// Sorted by IP so listings are stable.
+    fn read_leases(&self) -> Result<Vec<(Ipv4Addr, Owner)>, StoreError> {
+        let mut out: Vec<(Ipv4Addr, Owner)> = self
+            .scan()?
+            .into_iter()
+            .filter(|e| !e.is_dir)
+            .filter_map(|e| self.read_owner(e.ip).map(|o| (e.ip, o)))
+            .collect();
+        out.sort_unstable_by_key(|(ip, _)| *ip);
+        Ok(out)
+    }
+
+    /// `Ok(false)` if the file was already gone, which keeps release idempotent.
+    fn remove_lease(&self, ip: Ipv4Addr) -> Result<bool, StoreError> {
+        match unlinkat(self.fd(), &ip_name(ip)) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(self.io_err(&ip.to_string())(e)),
+        }
+    }
+
+    /// No fsync: it cost 1-8 ms per pod start, and it only guards against power loss,
+    /// after which every pod the lease could protect is dead too; an empty lease file left
+    /// by one is read as garbage and freed by GC.
+    fn new_lease(&self, content: &[u8]) -> Result<NewLease<'_>, StoreError> {
+        match openat(self.fd(), c".", libc::O_TMPFILE | libc::O_WRONLY, FILE_MODE) {
+            Ok(mut file) => {
+                file.write_all(content).map_err(io_err(self.path))?;
+                Ok(NewLease::Anonymous(file))
+            }
+            // EOPNOTSUPP: the filesystem has no O_TMPFILE; EISDIR: the kernel predates it
+            // (3.11) and took the flag for O_DIRECTORY; EINVAL: either, per open(2).
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)
+                ) =>
+            {
+                Ok(NewLease::Named(self.write_temp(content)?))
+            }
+            Err(e) => Err(io_err(self.path)(e)),
+        }
+    }
+
+    fn write_temp(&self, content: &[u8]) -> Result<TempFile<'_>, StoreError> {
+        let pid = std::process::id();
+        loop {
+            let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+            let name = format!("{TMP_PREFIX}{pid}-{n}");
+            let cname = CString::new(name.as_str()).unwrap_or_default();
+            let mut file = match openat(
+                self.fd(),
+                &cname,
+                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
+                FILE_MODE,
+            ) {
+                Ok(f) => f,
+                // A crashed process with our pid left this name (and its removal failed):
+                // just take the next number.
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(self.io_err(&name)(e)),
+            };
+            let temp = TempFile {
+                dir: self.fd(),
+                name: cname,
+            };
+            file.write_all(content).map_err(self.io_err(&name))?;
+            return Ok(temp);
+        }
+    }
+
+    /// Gives the new lease `ip`'s name, creating the file on first use and switching to a
+    /// named temp file if the anonymous one cannot be linked. `Ok(false)` if the name is
+    /// taken: link(2) never replaces a name, so an existing lease survives even a writer
+    /// that skipped the lock.
+    fn link_lease<'a>(
+        &'a self,
+        pending: &mut Option<NewLease<'a>>,
+        content: &[u8],
+        ip: Ipv4Addr,
+    ) -> Result<bool, StoreError> {
+        let lease = match pending.take() {
+            Some(lease) => lease,
+            None => self.new_lease(content)?,
+        };
+        let temp = match lease {
+            NewLease::Anonymous(file) => match self.link_anonymous(&file, ip)? {
+                Some(linked) => {
+                    *pending = Some(NewLease::Anonymous(file));
+                    return Ok(linked);
+                }
+                None => self.write_temp(content)?,
+            },
+            NewLease::Named(temp) => temp,
+        };
+        let linked = self.link_named(&temp, ip)?;
+        *pending = Some(NewLease::Named(temp));
+        Ok(linked)
+    }
+
+    /// `Ok(None)` if this process cannot name an anonymous file here at all (no capability
+    /// for `AT_EMPTY_PATH` and no `/proc`).
+    fn link_anonymous(&self, file: &File, ip: Ipv4Addr) -> Result<Option<bool>, StoreError> {
+        let name = ip_name(ip);
+        let denied_before = EMPTY_PATH_DENIED.load(Ordering::Relaxed);
+        let mut via_proc = denied_before;
+        loop {
+            let linked = match self.link_anonymous_via(file, &name, via_proc) {
+                Ok(()) => true,
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
+                // Refused AT_EMPTY_PATH reads as ENOENT; /proc needs no capability.
+                Err(e) if e.kind() == io::ErrorKind::NotFound && !via_proc => {
+                    via_proc = true;
+                    continue;
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(self.io_err(&ip.to_string())(e)),
+            };
+            if via_proc && !denied_before {
+                EMPTY_PATH_DENIED.store(true, Ordering::Relaxed);
+            }
+            return Ok(Some(linked));
+        }
+    }
+
+    fn link_anonymous_via(&self, file: &File, name: &CStr, via_proc: bool) -> io::Result<()> {
+        if via_proc {
+            let proc_path =
+                CString::new(format!("/proc/self/fd/{}", file.as_raw_fd())).unwrap_or_default();
+            linkat(
+                libc::AT_FDCWD,
+                &proc_path,
+                self.fd(),
+                name,
+                libc::AT_SYMLINK_FOLLOW,
+            )
+        } else {
+            linkat(file.as_raw_fd(), c"", self.fd(), name, libc::AT_EMPTY_PATH)
+        }
+    }
+
+    fn link_named(&self, temp: &TempFile<'_>, ip: Ipv4Addr) -> Result<bool, StoreError> {
+        match linkat(
+            self.fd().as_raw_fd(),
+            &temp.name,
+            self.fd(),
+            &ip_name(ip),
+            0,
+        ) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(self.io_err(&ip.to_string())(e)),
+        }
+    }
+
+    /// Missing or unparsable means "start from the beginning of the range", as in
+    /// host-local. Opened read-write so that [`Locked::write_hint`] can reuse it.
+    fn read_hint(&self) -> Hint {
+        let none = Hint {
+            file: None,
+            len: u64::MAX,
+            ip: None,
+        };
+        let (file, writable) = match openat(self.fd(), LAST_RESERVED_NAME, libc::O_RDWR, 0) {
+            Ok(file) => (file, true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return none,
+            // Not writable for us (say, made read-only by hand): still worth following.
+            Err(_) => match openat(self.fd(), LAST_RESERVED_NAME, libc::O_RDONLY, 0) {
+                Ok(file) => (file, false),
+                Err(_) => return none,
+            },
+        };
+        let mut buf = [0u8; MAX_HINT_CONTENT + 1];
+        let Ok(len) = read_into(&file, &mut buf) else {
+            return none;
+        };
+        let file = writable.then_some(file);
+        if len > MAX_HINT_CONTENT {
+            return Hint { file, ..none };
+        }
+        Hint {
+            file,
+            len: len as u64,
+            ip: std::str::from_utf8(&buf[..len])
+                .ok()
+                .and_then(|s| s.trim().parse().ok()),
+        }
+    }
+
+    /// Written in place: when a rename replaces a file, or O_TRUNC empties one, ext4 starts
+    /// writeback of the data right away (auto_da_alloc), which cost ~0.2 ms and at times
+    /// several ms per allocation. A value torn by a kill reads back as garbage or as some
+    /// other IP, both harmless for a round-robin hint, and errors are ignored: failing here
+    /// would strand a lease the caller never learns about.
+    fn write_hint(&self, hint: Hint, ip: Ipv4Addr) {
+        let text = ip.to_string();
+        let (file, old_len) = match hint.file {
+            Some(file) => (file, hint.len),
+            None => match openat(
+                self.fd(),
+                LAST_RESERVED_NAME,
+                libc::O_WRONLY | libc::O_CREAT,
+                FILE_MODE,
+            ) {
+                Ok(file) => (file, u64::MAX),
+                Err(_) => return,
+            },
+        };
+        let new_len = text.len() as u64;
+        // Cut the old tail rather than pad it with whitespace: host-local parses the file
+        // without trimming. Only a shorter IP needs the cut, so usually this is one pwrite.
+        if file.write_all_at(text.as_bytes(), 0).is_ok() && old_len > new_len {
+            let _ = file.set_len(new_len);
+        }
+    }
 }
 
 /// Leases of one network, kept in `<data_dir>/<network>/` in host-local's format.
@@ -388,21 +848,13 @@ impl LeaseStore {
             return Err(StoreError::BadNetworkName(network.to_owned()));
         }
         let dir = data_dir.join(network);
-        if let Err(e) = fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(&dir)
-        {
-            // "File exists" alone would not tell the operator what is wrong with the path.
-            if dir.exists() && !dir.is_dir() {
-                return Err(StoreError::Corrupt {
-                    path: dir,
-                    reason: "exists but is not a directory; the lease store needs a directory \
-                             here"
-                        .to_owned(),
-                });
-            }
-            return Err(io_err(&dir)(e));
+        // stat rather than mkdir: the directory exists on all but a node's first call, and
+        // mkdir would take the parent directory's lock for writing even then.
+        match fs::metadata(&dir) {
+            Ok(meta) if meta.is_dir() => {}
+            Ok(_) => return Err(not_a_directory(&dir)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => create_dir(&dir)?,
+            Err(e) => return Err(io_err(&dir)(e)),
         }
         Ok(LeaseStore {
             dir,
@@ -425,8 +877,8 @@ impl LeaseStore {
         ifname: &str,
     ) -> Result<Ipv4Addr, StoreError> {
         validate_owner(container_id, ifname)?;
-        let _lock = self.lock()?;
-        let entries = self.scan()?;
+        let locked = self.lock()?;
+        let entries = locked.scan()?;
 
         let mut taken: HashSet<u32> = HashSet::with_capacity(entries.len() + reserved.len() + 2);
         for entry in &entries {
@@ -435,7 +887,8 @@ impl LeaseStore {
             }
             taken.insert(u32::from(entry.ip));
             if !entry.is_dir
-                && read_owner(&self.lease_path(entry.ip))
+                && locked
+                    .read_owner(entry.ip)
                     .is_some_and(|o| o.is_exactly(container_id, ifname))
             {
                 return Ok(entry.ip);
@@ -459,13 +912,14 @@ impl LeaseStore {
         // Round-robin like host-local: resume after the last allocation so a just-released
         // IP is not handed to the next pod while stale state (conntrack, ARP caches, peers'
         // routes) may still point at the old one.
-        let first = match self.last_reserved() {
+        let hint = locked.read_hint();
+        let first = match hint.ip {
             Some(last) if range.contains(last) => (u64::from(u32::from(last) - start) + 1) % size,
             _ => 0,
         };
 
         let content = format!("{container_id}\r\n{ifname}");
-        let mut temp: Option<TempFile> = None;
+        let mut pending = None;
         // Every skipped candidate is a distinct member of `taken` or a name that link(2)
         // found occupied, so this stops after at most |taken| + |entries| + 1 steps even in
         // a huge range.
@@ -475,13 +929,9 @@ impl LeaseStore {
                 continue;
             }
             let ip = Ipv4Addr::from(candidate);
-            let tmp = match &temp {
-                Some(t) => t,
-                None => temp.insert(self.write_temp(content.as_bytes(), true)?),
-            };
-            if self.link_lease(&tmp.path, ip)? {
-                drop(temp);
-                self.set_last_reserved(ip);
+            if locked.link_lease(&mut pending, content.as_bytes(), ip)? {
+                drop(pending);
+                locked.write_hint(hint, ip);
                 return Ok(ip);
             }
         }
@@ -497,25 +947,24 @@ impl LeaseStore {
         hint: Option<Ipv4Addr>,
     ) -> Result<Vec<Ipv4Addr>, StoreError> {
         validate_owner(container_id, ifname)?;
-        let _lock = self.lock()?;
+        let locked = self.lock()?;
         // The hint spares reading every lease file on the common path; it is only trusted
         // if the file still names this owner, since prevResult may be stale.
-        if let Some(ip) = hint {
-            let path = self.lease_path(ip);
-            if read_owner(&path).is_some_and(|o| o.held_by(container_id, ifname))
-                && remove_lease(&path)?
-            {
-                return Ok(vec![ip]);
-            }
+        if let Some(ip) = hint
+            && locked
+                .read_owner(ip)
+                .is_some_and(|o| o.held_by(container_id, ifname))
+            && locked.remove_lease(ip)?
+        {
+            return Ok(vec![ip]);
         }
         let mut released = Vec::new();
-        for entry in self.scan()? {
-            if entry.is_dir {
-                continue;
-            }
-            let path = self.lease_path(entry.ip);
-            if read_owner(&path).is_some_and(|o| o.held_by(container_id, ifname))
-                && remove_lease(&path)?
+        for entry in locked.scan()? {
+            if !entry.is_dir
+                && locked
+                    .read_owner(entry.ip)
+                    .is_some_and(|o| o.held_by(container_id, ifname))
+                && locked.remove_lease(entry.ip)?
             {
                 released.push(entry.ip);
             }
@@ -526,8 +975,8 @@ impl LeaseStore {
 
     /// Taken under the lock so the listing is a consistent snapshot. Sorted by IP.
     pub fn leases(&self) -> Result<Vec<Lease>, StoreError> {
-        let _lock = self.lock()?;
         Ok(self
+            .lock()?
             .read_leases()?
             .into_iter()
             .map(|(ip, owner)| owner.into_lease(ip))
@@ -539,12 +988,12 @@ impl LeaseStore {
     /// with any interface, so a live container's IP is never freed for lack of an ifname.
     /// Garbage leases are always freed: no container can be shown to own them.
     pub fn gc(&self, keep: &HashSet<(String, String)>) -> Result<Vec<Lease>, StoreError> {
-        let _lock = self.lock()?;
+        let locked = self.lock()?;
         let keep_pairs: HashSet<(&str, &str)> =
             keep.iter().map(|(c, i)| (c.as_str(), i.as_str())).collect();
         let keep_ids: HashSet<&str> = keep.iter().map(|(c, _)| c.as_str()).collect();
         let mut released = Vec::new();
-        for (ip, owner) in self.read_leases()? {
+        for (ip, owner) in locked.read_leases()? {
             let kept = match &owner {
                 Owner::Known {
                     id,
@@ -553,7 +1002,7 @@ impl LeaseStore {
                 Owner::Known { id, ifname: None } => keep_ids.contains(id.as_str()),
                 Owner::Garbage => false,
             };
-            if !kept && remove_lease(&self.lease_path(ip))? {
+            if !kept && locked.remove_lease(ip)? {
                 released.push(owner.into_lease(ip));
             }
         }
@@ -562,129 +1011,49 @@ impl LeaseStore {
 
     /// Per call rather than per store: flock is per open file description, so opening the
     /// file each time makes threads of one process exclude each other too, and the lock is
-    /// never held between calls.
-    fn lock(&self) -> Result<LockGuard, StoreError> {
-        let path = self.dir.join(LOCK_FILE);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(FILE_MODE)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(&path)
-            .map_err(io_err(&path))?;
-        loop {
+    /// never held between calls. The directory fd is per call too, so that a directory
+    /// removed and recreated between calls is used rather than the deleted one.
+    fn lock(&self) -> Result<Locked<'_>, StoreError> {
+        let open_dir = || {
+            OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECTORY)
+                .open(&self.dir)
+        };
+        let dir = match open_dir() {
+            // Removed since `open`: recreate it, as `open` would have.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                create_dir(&self.dir)?;
+                open_dir()
+            }
+            other => other,
+        }
+        .map_err(io_err(&self.dir))?;
+        let dir = OwnedFd::from(dir);
+        let lock_err = |e| io_err(&self.dir.join(LOCK_FILE))(e);
+        // Without O_CREAT first: the file exists on all but the first call, and a creating
+        // open is the slower path in the kernel even when it finds the file.
+        let file = match openat(dir.as_fd(), LOCK_NAME, libc::O_RDWR, 0) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => openat(
+                dir.as_fd(),
+                LOCK_NAME,
+                libc::O_RDWR | libc::O_CREAT,
+                FILE_MODE,
+            ),
+            other => other,
+        }
+        .map_err(lock_err)?;
+        retry_eintr(|| {
             // SAFETY: the fd belongs to `file`, which outlives the call; flock has no
             // memory-safety preconditions.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
-                return Ok(LockGuard { _file: file });
-            }
-            let err = io::Error::last_os_error();
-            if err.kind() != io::ErrorKind::Interrupted {
-                return Err(io_err(&path)(err));
-            }
-        }
-    }
-
-    /// The single read_dir pass every locked operation starts from. Must be called with the
-    /// lock held: it deletes temp files, which is only safe when no writer can own them.
-    fn scan(&self) -> Result<Vec<Entry>, StoreError> {
-        let mut entries = Vec::new();
-        for dirent in fs::read_dir(&self.dir).map_err(io_err(&self.dir))? {
-            let dirent = dirent.map_err(io_err(&self.dir))?;
-            let name = dirent.file_name();
-            let Some(name) = name.to_str() else { continue };
-            if let Ok(ip) = name.parse::<Ipv4Addr>() {
-                // file_type() comes from the dirent on most filesystems: no extra syscall.
-                let is_dir = dirent.file_type().is_ok_and(|t| t.is_dir());
-                entries.push(Entry { ip, is_dir });
-            } else if name.starts_with(TMP_PREFIX) {
-                // Best effort: a stale temp file costs only disk space.
-                let _ = fs::remove_file(dirent.path());
-            }
-        }
-        Ok(entries)
-    }
-
-    /// Lock must be held. Sorted by IP so listings are stable.
-    fn read_leases(&self) -> Result<Vec<(Ipv4Addr, Owner)>, StoreError> {
-        let mut out: Vec<(Ipv4Addr, Owner)> = self
-            .scan()?
-            .into_iter()
-            .filter(|e| !e.is_dir)
-            .filter_map(|e| read_owner(&self.lease_path(e.ip)).map(|o| (e.ip, o)))
-            .collect();
-        out.sort_unstable_by_key(|(ip, _)| *ip);
-        Ok(out)
-    }
-
-    fn lease_path(&self, ip: Ipv4Addr) -> PathBuf {
-        self.dir.join(ip.to_string())
-    }
-
-    /// Lock must be held (the name is unique, but scan() would delete it otherwise).
-    /// `durable` fsyncs the content, so a lease linked from it survives a crash whole.
-    fn write_temp(&self, content: &[u8], durable: bool) -> Result<TempFile, StoreError> {
-        let pid = std::process::id();
-        loop {
-            let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-            let path = self.dir.join(format!("{TMP_PREFIX}{pid}-{n}"));
-            let mut file = match OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(FILE_MODE)
-                .custom_flags(libc::O_CLOEXEC)
-                .open(&path)
-            {
-                Ok(f) => f,
-                // A crashed process with our pid left this name (and its removal failed):
-                // just take the next number.
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(io_err(&path)(e)),
-            };
-            let temp = TempFile {
-                path,
-                consumed: false,
-            };
-            file.write_all(content).map_err(io_err(&temp.path))?;
-            if durable {
-                file.sync_all().map_err(io_err(&temp.path))?;
-            }
-            return Ok(temp);
-        }
-    }
-
-    /// `Ok(false)` if the IP's name is already taken: link(2) never replaces a name, so an
-    /// existing lease survives even a writer that skipped the lock.
-    fn link_lease(&self, temp: &Path, ip: Ipv4Addr) -> Result<bool, StoreError> {
-        let path = self.lease_path(ip);
-        match fs::hard_link(temp, &path) {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
-            Err(e) => Err(io_err(&path)(e)),
-        }
-    }
-
-    /// Missing or unparsable means "start from the beginning of the range", as in host-local.
-    fn last_reserved(&self) -> Option<Ipv4Addr> {
-        fs::read_to_string(self.dir.join(LAST_RESERVED_FILE))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
-    }
-
-    /// Errors are ignored and the file is not fsynced: it only steers round-robin, garbage
-    /// in it is tolerated, and failing here would strand a lease the caller never learns
-    /// about. The rename still keeps host-local from ever reading a torn value.
-    fn set_last_reserved(&self, ip: Ipv4Addr) {
-        let Ok(mut temp) = self.write_temp(ip.to_string().as_bytes(), false) else {
-            return;
-        };
-        if fs::rename(&temp.path, self.dir.join(LAST_RESERVED_FILE)).is_ok() {
-            temp.consumed = true;
-        }
+            unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) }
+        })
+        .map_err(lock_err)?;
+        Ok(Locked {
+            path: &self.dir,
+            dir,
+            _lock: file,
+        })
     }
 }
 
@@ -698,6 +1067,7 @@ mod tests {
     use tempfile::TempDir;
 
     const NONE: [Ipv4Addr; 0] = [];
+    const LAST_RESERVED_FILE: &str = "last_reserved_ip.0";
 
     fn ip(s: &str) -> Ipv4Addr {
         s.parse().unwrap()
@@ -719,6 +1089,16 @@ mod tests {
         let mut v: Vec<Ipv4Addr> = fs::read_dir(store.dir())
             .unwrap()
             .filter_map(|e| e.unwrap().file_name().to_str()?.parse().ok())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Every name in the store directory, sorted.
+    fn names(store: &LeaseStore) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(store.dir())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         v.sort();
         v
@@ -1369,16 +1749,246 @@ mod tests {
             ip("10.19.0.2")
         );
         assert_eq!(read(&store, "10.19.0.1"), "other\r\neth0");
-        // ...and one created behind the scan's back is refused by link(2).
+        // ...and one created behind the scan's back is refused by link(2), however the new
+        // lease's file was made.
         write(&store, "10.19.0.3", b"sneaky\r\neth0");
-        let _lock = store.lock().unwrap();
-        let temp = store.write_temp(b"me\r\neth1", true).unwrap();
-        assert!(!store.link_lease(&temp.path, ip("10.19.0.3")).unwrap());
-        assert_eq!(read(&store, "10.19.0.3"), "sneaky\r\neth0");
-        assert!(store.link_lease(&temp.path, ip("10.19.0.4")).unwrap());
+        let taken = ip("10.19.0.3");
+        let content = b"me\r\neth1";
+        let locked = store.lock().unwrap();
+        let mut linked = Vec::new();
+        // AT_EMPTY_PATH, then /proc/self/fd (what a process without the capability uses).
+        for (via_proc, free) in [(false, ip("10.19.0.4")), (true, ip("10.19.0.5"))] {
+            let NewLease::Anonymous(file) = locked.new_lease(content).unwrap() else {
+                eprintln!("no O_TMPFILE on this filesystem; only the fallback is tested");
+                break;
+            };
+            let err = locked
+                .link_anonymous_via(&file, &ip_name(taken), via_proc)
+                .unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::AlreadyExists, "{err}");
+            assert_eq!(read(&store, "10.19.0.3"), "sneaky\r\neth0");
+            locked
+                .link_anonymous_via(&file, &ip_name(free), via_proc)
+                .unwrap();
+            linked.push(free);
+        }
+        // The named temp file used where O_TMPFILE is unavailable.
+        let temp = locked.write_temp(content).unwrap();
+        assert!(!locked.link_named(&temp, taken).unwrap());
+        assert!(locked.link_named(&temp, ip("10.19.0.6")).unwrap());
         drop(temp);
-        assert_eq!(read(&store, "10.19.0.4"), "me\r\neth1");
+        linked.push(ip("10.19.0.6"));
+        // And the combination allocate uses.
+        let mut pending = None;
+        assert!(!locked.link_lease(&mut pending, content, taken).unwrap());
+        assert!(
+            locked
+                .link_lease(&mut pending, content, ip("10.19.0.7"))
+                .unwrap()
+        );
+        drop(pending);
+        linked.push(ip("10.19.0.7"));
+        drop(locked);
+
+        assert_eq!(read(&store, "10.19.0.3"), "sneaky\r\neth0");
+        for lease in linked {
+            let path = store.dir().join(lease.to_string());
+            assert_eq!(fs::read(&path).unwrap(), content, "{lease}");
+            let meta = fs::metadata(&path).unwrap();
+            assert_eq!(std::os::unix::fs::MetadataExt::nlink(&meta), 1, "{lease}");
+            assert_eq!(
+                std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
+                FILE_MODE,
+                "{lease}"
+            );
+        }
         assert!(tmp_files(&store).is_empty());
+    }
+
+    #[test]
+    fn allocate_links_through_proc_once_empty_path_was_refused() {
+        let (_tmp, store) = store();
+        let r = range("10.27.0.0/24");
+        // As after a refused AT_EMPTY_PATH; other tests may run meanwhile, and both ways
+        // of linking are correct for them.
+        EMPTY_PATH_DENIED.store(true, Ordering::Relaxed);
+        let got = store.allocate(&r, &[], "a", "eth0");
+        EMPTY_PATH_DENIED.store(false, Ordering::Relaxed);
+        assert_eq!(got.unwrap(), ip("10.27.0.1"));
+        assert_eq!(read(&store, "10.27.0.1"), "a\r\neth0");
+        assert_eq!(names(&store), ["10.27.0.1", LAST_RESERVED_FILE, LOCK_FILE]);
+    }
+
+    #[test]
+    fn unlinked_new_lease_leaves_nothing_behind() {
+        // What a SIGKILL between creating the lease's file and naming it leaves behind.
+        let (_tmp, store) = store();
+        let locked = store.lock().unwrap();
+        let before = names(&store);
+        let lease = locked.new_lease(b"c\r\neth0").unwrap();
+        if matches!(lease, NewLease::Anonymous(_)) {
+            assert_eq!(names(&store), before);
+        }
+        drop(lease);
+        drop(locked);
+        assert_eq!(names(&store), before);
+    }
+
+    #[test]
+    fn temp_left_by_killed_fallback_writer_is_removed_by_next_call() {
+        let (_tmp, store) = store();
+        let r = range("10.22.0.0/24");
+        for call in ["allocate", "release", "leases"] {
+            let locked = store.lock().unwrap();
+            // A SIGKILL runs no destructors.
+            std::mem::forget(locked.write_temp(b"half").unwrap());
+            drop(locked);
+            assert_eq!(tmp_files(&store).len(), 1, "{call}");
+            match call {
+                "allocate" => assert_eq!(
+                    store.allocate(&r, &[], "a", "eth0").unwrap(),
+                    ip("10.22.0.1")
+                ),
+                "release" => assert_eq!(store.release("x", "eth0", None).unwrap(), NONE),
+                _ => assert_eq!(store.leases().unwrap().len(), 1),
+            }
+            assert!(tmp_files(&store).is_empty(), "{call}");
+        }
+    }
+
+    #[test]
+    fn missing_lock_file_and_directory_are_recreated() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = LeaseStore::open(&tmp.path().join("a/b"), "net1").unwrap();
+        let lock = store.dir().join(LOCK_FILE);
+        assert!(!lock.exists());
+        let r = range("10.23.0.0/24");
+        assert_eq!(
+            store.allocate(&r, &[], "a", "eth0").unwrap(),
+            ip("10.23.0.1")
+        );
+        assert!(lock.is_file());
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&fs::metadata(&lock).unwrap().permissions())
+                & 0o777,
+            FILE_MODE
+        );
+        fs::remove_file(&lock).unwrap();
+        assert_eq!(
+            store.allocate(&r, &[], "b", "eth0").unwrap(),
+            ip("10.23.0.2")
+        );
+        assert!(lock.is_file());
+        // The whole tree removed after `open`, say by an operator cleaning up.
+        fs::remove_dir_all(tmp.path().join("a")).unwrap();
+        assert_eq!(store.release("a", "eth0", None).unwrap(), NONE);
+        assert!(store.dir().is_dir() && lock.is_file());
+        assert_eq!(
+            store.allocate(&r, &[], "c", "eth0").unwrap(),
+            ip("10.23.0.1")
+        );
+    }
+
+    #[test]
+    fn last_reserved_is_rewritten_in_place_to_exactly_the_new_ip() {
+        let r = range("10.24.0.0/16");
+        let oversized = "9".repeat(10_000);
+        for (old, want) in [
+            (None, "10.24.0.1"),
+            (Some("10.24.0.8"), "10.24.0.9"),
+            (Some("10.24.0.9"), "10.24.0.10"),
+            (Some("10.24.0.99\n"), "10.24.0.100"),
+            (Some("10.24.1.255"), "10.24.2.0"),
+            // Torn by a kill between overwriting "10.24.0.100" and truncating.
+            (Some("10.24.0.990"), "10.24.0.1"),
+            (Some("garbage longer than any IP address"), "10.24.0.1"),
+            (Some(oversized.as_str()), "10.24.0.1"),
+        ] {
+            let (_tmp, store) = store();
+            let path = store.dir().join(LAST_RESERVED_FILE);
+            if let Some(old) = old {
+                write(&store, LAST_RESERVED_FILE, old.as_bytes());
+            }
+            let inode =
+                old.map(|_| std::os::unix::fs::MetadataExt::ino(&fs::metadata(&path).unwrap()));
+            assert_eq!(
+                store.allocate(&r, &[], "a", "eth0").unwrap(),
+                ip(want),
+                "{old:?}"
+            );
+            assert_eq!(read(&store, LAST_RESERVED_FILE), want, "{old:?}");
+            let meta = fs::metadata(&path).unwrap();
+            if let Some(inode) = inode {
+                assert_eq!(std::os::unix::fs::MetadataExt::ino(&meta), inode, "{old:?}");
+            } else {
+                assert_eq!(
+                    std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
+                    FILE_MODE
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn unusable_last_reserved_does_not_fail_allocation() {
+        let (_tmp, store) = store();
+        fs::create_dir(store.dir().join(LAST_RESERVED_FILE)).unwrap();
+        let r = range("10.28.0.0/24");
+        assert_eq!(
+            store.allocate(&r, &[], "a", "eth0").unwrap(),
+            ip("10.28.0.1")
+        );
+        assert_eq!(
+            store.allocate(&r, &[], "b", "eth0").unwrap(),
+            ip("10.28.0.2")
+        );
+        assert!(store.dir().join(LAST_RESERVED_FILE).is_dir());
+    }
+
+    #[test]
+    fn listing_spans_several_getdents_calls() {
+        let (_tmp, store) = store();
+        // 2000 names take several DIRENT_BUF-sized reads.
+        for i in 0..2000 {
+            let name = format!("10.25.{}.{}", i / 250, i % 250 + 1);
+            write(&store, &name, b"x\r\neth0");
+        }
+        assert_eq!(store.leases().unwrap().len(), 2000);
+        let r = range("10.25.0.0/16");
+        assert_eq!(
+            store.allocate(&r, &[], "y", "eth0").unwrap(),
+            ip("10.25.0.251")
+        );
+        assert_eq!(store.release("x", "eth0", None).unwrap().len(), 2000);
+        assert_eq!(lease_files(&store), [ip("10.25.0.251")]);
+    }
+
+    #[test]
+    fn fifo_under_an_ip_name_does_not_hang_the_store() {
+        let (_tmp, store) = store();
+        let path = store.dir().join("10.26.0.1");
+        let cpath = CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: `cpath` is NUL-terminated and outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(cpath.as_ptr(), 0o600) }, 0);
+        let garbage = Lease {
+            ip: ip("10.26.0.1"),
+            container_id: String::new(),
+            ifname: String::new(),
+        };
+        assert_eq!(store.leases().unwrap(), std::slice::from_ref(&garbage));
+        let r = range("10.26.0.0/24");
+        assert_eq!(
+            store.allocate(&r, &[], "a", "eth0").unwrap(),
+            ip("10.26.0.2")
+        );
+        assert_eq!(store.gc(&keep(&[("a", "eth0")])).unwrap(), [garbage]);
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn c_names_match_the_layout() {
+        assert_eq!(LAST_RESERVED_NAME.to_str().unwrap(), LAST_RESERVED_FILE);
+        assert_eq!(LOCK_NAME.to_str().unwrap(), LOCK_FILE);
     }
 
     // ---- locking and concurrency ----
