@@ -220,7 +220,7 @@ impl Loop {
         if self.last_desired.as_ref() == Some(&want) && !actions.is_empty() {
             m.drift_repaired
                 .fetch_add(actions.len() as u64, Ordering::Relaxed);
-            tracing::warn!(changes = actions.len(), "repaired kernel drift");
+            tracing::warn!(changes = actions.len(), ?actions, "repaired kernel drift");
         }
         m.peers_programmed
             .store(peers.len() as u64, Ordering::Relaxed);

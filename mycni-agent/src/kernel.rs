@@ -343,7 +343,7 @@ impl Kernel {
             .set_address_family(AddressFamily::Inet)
             .execute();
         while let Some(m) = neighs.try_next().await.map_err(nl("listing neighbours"))? {
-            if m.header.ifindex != vxlan || m.header.state != NeighbourState::Permanent {
+            if m.header.ifindex != vxlan || !is_permanent(m.header.state) {
                 continue;
             }
             if let (Some(ip), Some(mac)) = neigh_ip_mac(&m) {
@@ -358,7 +358,7 @@ impl Kernel {
             .execute();
         while let Some(m) = fdb.try_next().await.map_err(nl("listing FDB"))? {
             if m.header.ifindex != vxlan
-                || m.header.state != NeighbourState::Permanent
+                || !is_permanent(m.header.state)
                 || !m.header.flags.contains(NeighbourFlags::Own)
             {
                 continue;
@@ -505,12 +505,28 @@ fn route_msg(c: Cidr, gw: Option<Ipv4Addr>, oif: u32) -> RouteMessage {
     b.build()
 }
 
+/// NUD_PERMANENT, alone or combined: a new vxlan FDB entry reports
+/// PERMANENT|NOARP, which the enum only has as `Other(0xc0)`.
+fn is_permanent(state: NeighbourState) -> bool {
+    const NUD_PERMANENT: u16 = 0x80;
+    match state {
+        NeighbourState::Permanent => true,
+        NeighbourState::Other(v) => v & NUD_PERMANENT != 0,
+        _ => false,
+    }
+}
+
 fn neigh_ip_mac(m: &NeighbourMessage) -> (Option<Ipv4Addr>, Option<Mac>) {
     let mut ip = None;
     let mut mac = None;
     for a in &m.attributes {
         match a {
             NeighbourAttribute::Destination(NeighbourAddress::Inet(d)) => ip = Some(*d),
+            // In AF_BRIDGE (FDB) messages the parser cannot tell the
+            // destination's family and leaves the raw bytes.
+            NeighbourAttribute::Destination(NeighbourAddress::Other(b)) if b.len() == 4 => {
+                ip = Some(Ipv4Addr::new(b[0], b[1], b[2], b[3]));
+            }
             NeighbourAttribute::LinkLayerAddress(l) if l.len() == 6 => {
                 let mut x = [0u8; 6];
                 x.copy_from_slice(l);

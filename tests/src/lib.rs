@@ -11,8 +11,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::{Context, Result, bail};
 
+pub mod apiserver;
 pub mod cni;
 pub mod cri;
+pub mod lab;
 
 /// Runs a command to completion; a non-zero exit is an error with its stderr.
 pub fn sh(program: &str, args: &[&str]) -> Result<String> {
@@ -79,20 +81,27 @@ impl NetNs {
     /// Runs `f` on a fresh OS thread that has entered this namespace, so the
     /// caller's thread (and any async runtime) never changes namespace.
     pub fn run_in<T: Send, F: FnOnce() -> T + Send>(&self, f: F) -> Result<T> {
-        let file = File::open(self.path()).with_context(|| format!("open {}", self.name))?;
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                // SAFETY: setns on this thread only; the fd is valid for the call.
-                let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-                if rc != 0 {
-                    bail!("setns {}: {}", self.name, std::io::Error::last_os_error());
-                }
-                Ok(f())
-            })
-            .join()
-            .map_err(|_| anyhow::anyhow!("thread in {} panicked", self.name))?
-        })
+        in_netns(&self.name, f)
     }
+}
+
+/// Runs `f` on a fresh OS thread inside the named namespace. Sockets and
+/// threads `f` creates belong to that namespace.
+pub fn in_netns<T: Send, F: FnOnce() -> T + Send>(name: &str, f: F) -> Result<T> {
+    let path = Path::new("/run/netns").join(name);
+    let file = File::open(&path).with_context(|| format!("open {}", path.display()))?;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: setns on this thread only; the fd is valid for the call.
+            let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+            if rc != 0 {
+                bail!("setns {name}: {}", std::io::Error::last_os_error());
+            }
+            Ok(f())
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("thread in {name} panicked"))?
+    })
 }
 
 impl Drop for NetNs {

@@ -58,9 +58,9 @@ enum Command {
     #[command(subcommand)]
     Bench(BenchCmd),
     /// The local multi-node lab: node network namespaces running the real
-    /// agent and plugin against a Kubernetes API fixture.
-    #[command(subcommand)]
-    Lab(lab::LabCmd),
+    /// agent and plugin against a Kubernetes API fixture. Without a
+    /// subcommand: up, then the connectivity test.
+    Lab(lab::LabArgs),
 }
 
 #[derive(Subcommand)]

@@ -1,0 +1,70 @@
+//! `mycni-apiserver`: the Kubernetes API fixture for Nodes
+//! (`mycni_tests::apiserver`) as a standalone process, for the lab.
+//!
+//! ```text
+//! mycni-apiserver [--listen ADDR] [--kubeconfig PATH] [--node NAME[=PODCIDR]]...
+//! ```
+//!
+//! It serves plain HTTP on ADDR (default 127.0.0.1:6443), writes a kubeconfig
+//! for it if asked, creates the given Nodes, prints `listening on URL` and
+//! runs until killed. Besides the Kubernetes API it answers
+//! `POST /_fixture/compact`, `POST /_fixture/outage?seconds=N` (listener and
+//! every connection closed for N seconds) and `GET /_fixture/counters`.
+//! It is a test fixture, not an API server.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use mycni_tests::apiserver::{ApiServer, node};
+
+const USAGE: &str =
+    "usage: mycni-apiserver [--listen ADDR] [--kubeconfig PATH] [--node NAME[=PODCIDR]]...";
+
+fn main() -> Result<()> {
+    let mut listen: SocketAddr = "127.0.0.1:6443".parse()?;
+    let mut kubeconfig: Option<PathBuf> = None;
+    let mut nodes: Vec<(String, Option<String>)> = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = |flag: &str| {
+            args.next()
+                .with_context(|| format!("{flag} needs a value\n{USAGE}"))
+        };
+        match arg.as_str() {
+            "--listen" => {
+                let v = value("--listen")?;
+                listen = v.parse().with_context(|| format!("bad address {v:?}"))?;
+            }
+            "--kubeconfig" => kubeconfig = Some(PathBuf::from(value("--kubeconfig")?)),
+            "--node" => {
+                let v = value("--node")?;
+                match v.split_once('=') {
+                    Some((n, c)) => nodes.push((n.to_string(), Some(c.to_string()))),
+                    None => nodes.push((v, None)),
+                }
+            }
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return Ok(());
+            }
+            other => bail!("unknown argument {other:?}\n{USAGE}"),
+        }
+    }
+    let server = ApiServer::start(listen)?;
+    for (name, cidr) in &nodes {
+        server
+            .create_node(node(name, cidr.as_deref()))
+            .with_context(|| format!("create node {name}"))?;
+    }
+    if let Some(path) = &kubeconfig {
+        server.write_kubeconfig(path)?;
+    }
+    let mut out = std::io::stdout();
+    writeln!(out, "listening on {}", server.url())?;
+    out.flush()?;
+    loop {
+        std::thread::park();
+    }
+}
