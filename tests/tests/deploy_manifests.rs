@@ -1702,3 +1702,45 @@ fn dockerfile_checks_catch_their_breakage() {
         );
     }
 }
+
+/// The agent binary this suite was built with (cargo builds every
+/// workspace binary before the tests run).
+fn built_agent() -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    // target/<profile>/deps/<test> -> target/<profile>/mycni-agent
+    exe.parent()
+        .and_then(Path::parent)
+        .map(|d| d.join("mycni-agent"))
+        .unwrap_or_default()
+}
+
+#[test]
+fn every_container_command_parses_with_the_built_agent() {
+    // A flag the DaemonSet passes but the agent does not know would crash-loop
+    // every node; clap rejects unknown flags before it looks at --help.
+    let d = load();
+    let p = pod(&d).unwrap_or_else(|e| panic!("{e}"));
+    let bin = built_agent();
+    assert!(bin.exists(), "{} not built: run via `cargo xtask test`", bin.display());
+    let mut checked = 0;
+    for c in all_containers(p) {
+        let argv = argv(c);
+        if argv.first() != Some(&AGENT_BIN) {
+            continue;
+        }
+        let out = std::process::Command::new(&bin)
+            .args(&argv[1..])
+            .arg("--help")
+            .output()
+            .unwrap_or_else(|e| panic!("running {}: {e}", bin.display()));
+        assert!(
+            out.status.success(),
+            "container {}: `{}` is rejected by the agent: {}",
+            c.name,
+            argv.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 2, "install-cni and the agent both run {AGENT_BIN}");
+}
