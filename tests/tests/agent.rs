@@ -422,3 +422,70 @@ fn api_outage_keeps_the_datapath_and_recovers() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn pod_traffic_leaving_the_cluster_is_masqueraded_and_uninstall_cleans_up() -> Result<()> {
+    use std::io::{Read, Write};
+    let t = lab(1, 1)?;
+    let l = &t.0;
+    let pod = l.pods()?.into_iter().next().context("a pod")?;
+    // A server outside the cluster CIDR: the underlay bridge address.
+    let listener = mycni_tests::in_netns(&l.spec.underlay_ns(), || {
+        std::net::TcpListener::bind("192.168.77.1:7001")
+    })??;
+    let server = std::thread::spawn(move || -> Result<std::net::SocketAddr> {
+        let (mut c, peer) = listener.accept()?;
+        let mut buf = [0u8; 6];
+        c.read_exact(&mut buf)?;
+        c.write_all(&buf)?;
+        Ok(peer)
+    });
+    mycni_tests::sh(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &pod.ns,
+            &l.spec.bins.lab.to_string_lossy(),
+            "tcp-probe",
+            "192.168.77.1:7001",
+        ],
+    )?;
+    let peer = server
+        .join()
+        .map_err(|_| anyhow::anyhow!("server panicked"))??;
+    assert_eq!(
+        peer.ip().to_string(),
+        "192.168.77.11",
+        "pod {} was not masqueraded",
+        pod.ip
+    );
+
+    // uninstall removes what run installed (the agent is stopped first, as
+    // the documented procedure does).
+    let ns = l.spec.node_name(1);
+    l.stop_agent(1);
+    let dir = l.spec.node_dir(1);
+    let p = |s: &str| dir.join(s).to_string_lossy().into_owned();
+    mycni_tests::sh(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &ns,
+            &l.spec.bins.agent.to_string_lossy(),
+            "uninstall",
+            "--cni-conf-dir",
+            &p("net.d"),
+            "--state-dir",
+            &p("run"),
+            "--proc-sys",
+            "/proc/sys",
+        ],
+    )?;
+    let tables = mycni_tests::sh("ip", &["netns", "exec", &ns, "nft", "list", "tables"])?;
+    assert!(!tables.contains("mycni"), "{tables}");
+    assert!(mycni_tests::sh("ip", &["-n", &ns, "link", "show", "vxlan.1"]).is_err());
+    assert!(!dir.join("net.d/00-mycni.conflist").exists());
+    Ok(())
+}
