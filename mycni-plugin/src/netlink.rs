@@ -152,15 +152,15 @@ impl Nl {
 
     /// Creates the veth pair with the peer made directly inside the pod
     /// namespace, so no interface ever appears half-placed on the host.
-    /// Returns the host end's index; on failure nothing is left behind.
+    /// Returns the host end; it is left down and without its alias (the
+    /// kernel ignores IFLA_IFALIAS on RTM_NEWLINK): `mark_up` sets both.
     pub async fn add_veth(
         &self,
         host: &str,
         peer: &str,
         pod_netns: &File,
         mtu: u32,
-        alias: &str,
-    ) -> Result<u32> {
+    ) -> Result<Link> {
         let peer_msg = LinkMessageBuilder::<LinkUnspec>::new()
             .name(peer.to_string())
             .mtu(mtu)
@@ -176,21 +176,19 @@ impl Nl {
             .execute()
             .await
             .map_err(|e| kernel(&format!("creating veth {host} <-> {peer}"), e))?;
-        // The kernel ignores IFLA_IFALIAS on RTM_NEWLINK; it takes it on a set.
-        let link = self.link_by_name(host).await?.ok_or_else(|| {
+        self.link_by_name(host).await?.ok_or_else(|| {
             CniError::new(Code::Kernel, format!("veth {host} vanished after creation"))
-        })?;
-        let set_alias = self
-            .handle
+        })
+    }
+
+    /// Sets the owner alias and brings the link up in one request.
+    pub async fn mark_up(&self, index: u32, alias: &str) -> Result<()> {
+        self.handle
             .link()
-            .set(LinkUnspec::new_with_index(link.index).alias(alias).build())
+            .set(LinkUnspec::new_with_index(index).alias(alias).up().build())
             .execute()
-            .await;
-        if let Err(e) = set_alias {
-            let _ = self.del_link(link.index).await;
-            return Err(kernel(&format!("setting alias on {host}"), e));
-        }
-        Ok(link.index)
+            .await
+            .map_err(|e| kernel(&format!("marking link {index} and setting it up"), e))
     }
 
     pub async fn set_up(&self, index: u32) -> Result<()> {

@@ -128,10 +128,20 @@ pub fn add(conf: &NetConf, env: &Env) -> Result<CniResult> {
                     ));
                     host.del_link(stale.index).await?;
                 }
+                // Our name but no mark: an ADD killed between creating the
+                // veth and marking it (the kernel takes the alias only after
+                // creation). The name is this pod's, so it is this pod's.
+                None if stale.alias.is_none() => {
+                    log::warn(&format!("removing unmarked host veth {host_name} left by an interrupted ADD"));
+                    host.del_link(stale.index).await?;
+                }
                 None => {
                     return Err(CniError::new(
                         Code::Kernel,
-                        format!("host interface {host_name} exists and was not made by mycni; refusing to touch it"),
+                        format!(
+                            "host interface {host_name} exists with alias {:?}, so it was not made by mycni; refusing to touch it",
+                            stale.alias.as_deref().unwrap_or_default()
+                        ),
                     ));
                 }
             }
@@ -168,23 +178,17 @@ async fn add_steps(
     undo.push(Undo::Ipam);
     fault("ipam")?;
     let alias = alias(&conf.name, &env.container_id, &env.ifname);
-    let index = host
-        .add_veth(host_name, &env.ifname, netns, conf.mtu, &alias)
+    let host_link = host
+        .add_veth(host_name, &env.ifname, netns, conf.mtu)
         .await?;
-    undo.push(Undo::Link(index));
+    undo.push(Undo::Link(host_link.index));
     fault("veth")?;
-    let host_link = host.link_by_name(host_name).await?.ok_or_else(|| {
-        CniError::new(
-            Code::Kernel,
-            format!("veth {host_name} vanished after creation"),
-        )
-    })?;
     // proxy_arp answers a pod that still ARPs for 169.254.1.1 (e.g. after
     // flushing its neighbours); proxy_delay=0 makes that answer immediate
     // instead of up to 0.8 s late.
     write_sysctl(&sysctl_path(host_name, "proxy_arp"), "1")?;
     write_sysctl(&sysctl_path(host_name, "proxy_delay"), "0")?;
-    host.set_up(host_link.index).await?;
+    host.mark_up(host_link.index, &alias).await?;
     fault("host")?;
 
     let pod_link = pod.link_by_name(&env.ifname).await?.ok_or_else(|| {
@@ -195,16 +199,21 @@ async fn add_steps(
     })?;
     pod.add_addr32(pod_link.index, ip.address).await?;
     pod.set_up(pod_link.index).await?;
-    // The static neighbour saves the first packet an ARP round trip and works
-    // even where proxy ARP would not answer (no host route to 169.254.1.1).
-    pod.add_permanent_neigh(pod_link.index, GATEWAY, &host_link.mac)
-        .await?;
-    pod.add_route(GATEWAY, 32, None, pod_link.index).await?;
-    pod.add_route(Ipv4Addr::UNSPECIFIED, 0, Some(GATEWAY), pod_link.index)
-        .await?;
+    // Independent of each other once eth0 is up: in flight together, and
+    // with the host route on the other socket. The static neighbour saves
+    // the first packet an ARP round trip and works even where proxy ARP
+    // would not answer (no host route to 169.254.1.1).
+    let (neigh, gw_route, default_route, host_route) = futures::join!(
+        pod.add_permanent_neigh(pod_link.index, GATEWAY, &host_link.mac),
+        pod.add_route(GATEWAY, 32, None, pod_link.index),
+        pod.add_route(Ipv4Addr::UNSPECIFIED, 0, Some(GATEWAY), pod_link.index),
+        host.add_route(ip.address, 32, None, host_link.index),
+    );
+    neigh?;
+    gw_route?;
+    default_route?;
     fault("pod")?;
-    host.add_route(ip.address, 32, None, host_link.index)
-        .await?;
+    host_route?;
     fault("host-route")?;
 
     Ok(CniResult {

@@ -762,3 +762,65 @@ fn chained_with_portmap_bandwidth_tuning() -> Result<()> {
     assert_eq!(node.snapshot()?, before);
     Ok(())
 }
+
+#[test]
+fn leftover_of_a_killed_add_is_replaced_but_foreign_interfaces_are_not() -> Result<()> {
+    let node = node()?;
+    let conf = node.conf("1.0.0", "10.244.12.0/24");
+    let pod = NetNs::new("pod")?;
+    let path = netns_path(&pod);
+    let c = call("c1", &path, K8S_ARGS);
+    let add = node.run("mycni", "ADD", &c, &conf)?;
+    assert!(add.ok, "{}", add.stdout);
+    let name = add.json["interfaces"][0]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(node.run("mycni", "DEL", &c, &conf)?.ok);
+
+    // An ADD SIGKILLed right after creating the veth leaves it unmarked.
+    node.ns.exec(
+        "ip",
+        &[
+            "link",
+            "add",
+            &name,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "leftover-p",
+        ],
+    )?;
+    let add = node.run("mycni", "ADD", &c, &conf)?;
+    assert!(add.ok, "unmarked leftover blocked ADD: {}", add.stdout);
+    assert!(
+        node.ns.exec("ip", &["link", "show", "leftover-p"]).is_err(),
+        "leftover not removed"
+    );
+    assert!(node.run("mycni", "DEL", &c, &conf)?.ok);
+
+    // Somebody else's interface under that name is never touched.
+    node.ns.exec(
+        "ip",
+        &[
+            "link",
+            "add",
+            &name,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "foreign-p",
+        ],
+    )?;
+    node.ns.exec(
+        "ip",
+        &["link", "set", &name, "alias", "owned by someone else"],
+    )?;
+    let before = node.snapshot()?;
+    let add = node.run("mycni", "ADD", &c, &conf)?;
+    assert_eq!(add.code(), Some(100), "{}", add.stdout);
+    assert_eq!(node.snapshot()?, before);
+    Ok(())
+}
