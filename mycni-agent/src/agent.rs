@@ -80,6 +80,10 @@ pub async fn kube_client(kubeconfig: Option<&Path>) -> Result<kube::Client> {
             .await
             .context("no kubeconfig and not in a cluster")?,
     };
+    // Fail a dead connection attempt fast and retry, rather than hang 30 s.
+    let mut config = config;
+    config.connect_timeout = Some(Duration::from_secs(5));
+    config.write_timeout = Some(Duration::from_secs(10));
     Ok(kube::Client::try_from(config)?)
 }
 
@@ -178,12 +182,20 @@ struct Loop {
     cluster: Cidr,
     metrics: Arc<Metrics>,
     last_desired: Option<OverlayState>,
+    /// What the kernel held after the last good pass. Event passes diff
+    /// against it instead of dumping 3 entries per peer again (15-20 ms at
+    /// 5,000 peers); the periodic pass always dumps, so drift is still
+    /// found within one resync period.
+    kernel_cache: Option<OverlayState>,
 }
 
 impl Loop {
-    async fn pass(&mut self, nodes: &[Arc<Node>]) -> Result<()> {
+    async fn pass(&mut self, nodes: &[Arc<Node>], full: bool) -> Result<()> {
         let started = Instant::now();
         let (index, recreated) = self.kernel.ensure_vxlan(&self.vx).await?;
+        if recreated || full {
+            self.kernel_cache = None;
+        }
         if recreated {
             tracing::warn!(device = %self.vx.name, "VXLAN device was missing or wrong and has been recreated");
         }
@@ -203,9 +215,16 @@ impl Loop {
             *r = by_reason;
         }
         let want = reconcile::desired(&peers);
-        let have = self.kernel.dump(index).await?;
+        let mut have = match self.kernel_cache.take() {
+            Some(c) => c,
+            None => self.kernel.dump(index).await?,
+        };
         let actions = reconcile::diff(&want, &have);
         let failed = self.kernel.apply(index, &actions).await;
+        if failed == 0 {
+            reconcile::apply(&mut have, &actions);
+            self.kernel_cache = Some(have);
+        }
         if !actions.is_empty() {
             tracing::info!(
                 changes = actions.len(),
@@ -217,7 +236,7 @@ impl Loop {
         let m = &self.metrics;
         m.kernel_actions
             .fetch_add(actions.len() as u64, Ordering::Relaxed);
-        if self.last_desired.as_ref() == Some(&want) && !actions.is_empty() {
+        if full && self.last_desired.as_ref() == Some(&want) && !actions.is_empty() {
             m.drift_repaired
                 .fetch_add(actions.len() as u64, Ordering::Relaxed);
             tracing::warn!(changes = actions.len(), ?actions, "repaired kernel drift");
@@ -265,7 +284,10 @@ pub async fn run(
 
 async fn run_inner(cfg: &Config, metrics: Arc<Metrics>) -> Result<()> {
     let client = kube_client(cfg.kubeconfig.as_deref()).await?;
-    let node_name = resolve_node_name(cfg, &client).await?;
+    let node_name = retry("finding this node's name", || {
+        resolve_node_name(cfg, &client)
+    })
+    .await;
     let nodes: Api<Node> = Api::all(client.clone());
     metrics.set_not_ready(format!("waiting for Node {node_name} to have spec.podCIDR"));
 
@@ -323,10 +345,11 @@ async fn run_inner(cfg: &Config, metrics: Arc<Metrics>) -> Result<()> {
         ANNOTATION_VTEP_MAC: format_mac(&mac),
         ANNOTATION_HOST_IP: underlay.ip.to_string(),
     }}});
-    nodes
-        .patch(&node_name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .context("publishing VTEP annotations on own Node")?;
+    let (pp, merge) = (PatchParams::default(), Patch::Merge(&patch));
+    retry("publishing VTEP annotations on own Node", || {
+        nodes.patch(&node_name, &pp, &merge)
+    })
+    .await;
 
     let (reader, writer) = reflector::store::<Node>();
     let changed = Arc::new(Notify::new());
@@ -334,14 +357,27 @@ async fn run_inner(cfg: &Config, metrics: Arc<Metrics>) -> Result<()> {
     let watch_metrics = metrics.clone();
     let synced = Arc::new(Notify::new());
     let watch_synced = synced.clone();
+    let watch_reader = reader.clone();
     tokio::spawn(async move {
-        let stream = watcher(Api::<Node>::all(client), watcher::Config::default())
-            .default_backoff()
-            .reflect(writer);
+        // Small pages bound the list's peak memory; stripping every Node to
+        // what the overlay reads keeps the cache at ~1 KB a Node instead of
+        // the ~40 KB a kubelet-maintained Node weighs (managedFields, status
+        // images): 5,000 real Nodes would otherwise cost ~250 MB.
+        let stream = watcher(
+            Api::<Node>::all(client),
+            watcher::Config::default().page_size(100),
+        )
+        .default_backoff()
+        .modify(strip_node)
+        .reflect(writer);
         tokio::pin!(stream);
         while let Some(ev) = stream.next().await {
             match ev {
                 Ok(watcher::Event::InitDone) => {
+                    tracing::info!(
+                        nodes = watch_reader.state().len(),
+                        "initial Node list complete"
+                    );
                     watch_metrics.api_reachable.store(true, Ordering::Relaxed);
                     watch_synced.notify_one();
                     watch_changed.notify_one();
@@ -369,13 +405,15 @@ async fn run_inner(cfg: &Config, metrics: Arc<Metrics>) -> Result<()> {
         cluster: cfg.cluster_cidr,
         metrics: metrics.clone(),
         last_desired: None,
+        kernel_cache: None,
     };
     let mut handed_over = false;
     let mut tick = tokio::time::interval(cfg.resync);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut full = true;
     loop {
         let snapshot = reader.state();
-        match lp.pass(&snapshot).await {
+        match lp.pass(&snapshot, full).await {
             Ok(()) if !handed_over || !cfg.cni_conf_dir.join(CONFLIST_NAME).exists() => {
                 // The conflist goes out only once the overlay is up and peers
                 // are programmed: the runtime starts pods as soon as it sees it.
@@ -410,10 +448,55 @@ async fn run_inner(cfg: &Config, metrics: Arc<Metrics>) -> Result<()> {
                 metrics.reconcile_errors.fetch_add(1, Ordering::Relaxed);
             }
         }
-        tokio::select! {
-            () = changed.notified() => {}
-            _ = tick.tick() => {}
+        full = tokio::select! {
+            () = changed.notified() => false,
+            _ = tick.tick() => true,
+        };
+    }
+}
+
+/// Retries an API call until it succeeds, with capped exponential backoff:
+/// an API server that is briefly away at start must not crash-loop every
+/// node's agent.
+async fn retry<T, E, F>(what: &str, mut f: impl FnMut() -> F) -> T
+where
+    E: std::fmt::Display,
+    F: std::future::Future<Output = std::result::Result<T, E>>,
+{
+    let mut delay = Duration::from_millis(200);
+    loop {
+        // A request that gets no answer (a half-dead pooled connection) must
+        // not stall start-up: give up on it and retry on a fresh one.
+        match tokio::time::timeout(Duration::from_secs(5), f()).await {
+            Ok(Ok(v)) => return v,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, retry_in = ?delay, "{what} failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(10));
+            }
+            Err(_) => {
+                tracing::warn!(retry_in = ?delay, "{what}: no answer within 5 s; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(10));
+            }
         }
+    }
+}
+
+/// Drops everything the agent does not read from a Node before it is cached.
+pub fn strip_node(n: &mut Node) {
+    n.metadata.managed_fields = None;
+    n.metadata.labels = None;
+    n.metadata.owner_references = None;
+    n.metadata.finalizers = None;
+    if let Some(a) = n.metadata.annotations.as_mut() {
+        a.retain(|k, _| k.starts_with("mycni.dev/"));
+    }
+    n.status = None;
+    if let Some(spec) = n.spec.as_mut() {
+        spec.taints = None;
+        spec.config_source = None;
+        spec.provider_id = None;
     }
 }
 

@@ -385,6 +385,7 @@ impl Lab {
             Duration::from_secs(30),
             || ready.exists(),
         )
+        .map_err(|e| e.context(self.agent_log_tails()))
     }
 
     /// The runtime's part: plugin ADD with the network from the agent's conflist.

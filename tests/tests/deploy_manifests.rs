@@ -1721,7 +1721,11 @@ fn every_container_command_parses_with_the_built_agent() {
     let d = load();
     let p = pod(&d).unwrap_or_else(|e| panic!("{e}"));
     let bin = built_agent();
-    assert!(bin.exists(), "{} not built: run via `cargo xtask test`", bin.display());
+    assert!(
+        bin.exists(),
+        "{} not built: run via `cargo xtask test`",
+        bin.display()
+    );
     let mut checked = 0;
     for c in all_containers(p) {
         let argv = argv(c);

@@ -72,6 +72,14 @@ enum BenchCmd {
         #[arg(long, default_value_t = 200)]
         runs: usize,
     },
+    /// Node agent convergence with N peer Nodes in a 1-node lab: list
+    /// complete -> routes, neighbours and FDB programmed, per-event latency,
+    /// peak RSS, against `ip -batch` programming the same entries.
+    Agent {
+        /// Peer Nodes to create.
+        #[arg(long, default_value_t = 5000)]
+        nodes: usize,
+    },
 }
 
 fn main() -> ExitCode {
@@ -81,6 +89,7 @@ fn main() -> ExitCode {
         Command::BuildEbpf { release } => build_ebpf(release).map(|_| ()),
         Command::Test { args } => test(&args),
         Command::Bench(BenchCmd::Plugin { runs }) => bench_plugin(runs),
+        Command::Bench(BenchCmd::Agent { nodes }) => bench_agent(nodes),
         Command::Lab(cmd) => lab::run(cmd),
     };
     match result {
@@ -205,5 +214,27 @@ fn bench_plugin(runs: usize) -> Result<()> {
         .arg("plugin")
         .arg(root.join("target/release/mycni"))
         .arg(runs.to_string())
+        .run()
+}
+
+fn bench_agent(nodes: usize) -> Result<()> {
+    let root = workspace_root();
+    setup::run()?;
+    Cmd::new("cargo")
+        .args(["build", "--release", "--locked"])
+        .args([
+            "--package",
+            "mycni-agent",
+            "--package",
+            "mycni-tests",
+            "--bins",
+        ])
+        .toolchain(HOST_TOOLCHAIN)
+        .cwd(&root)
+        .run()?;
+    Cmd::new(&root.join("target/release/mycni-bench").to_string_lossy())
+        .arg("agent")
+        .arg(root.join("target/release"))
+        .arg(nodes.to_string())
         .run()
 }
