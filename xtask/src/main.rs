@@ -179,6 +179,14 @@ fn test(extra: &[String]) -> Result<()> {
         )
         .cwd(&root)
         .run()?;
+    // The lab and deploy tests run mycni-agent and mycni as processes; cargo
+    // builds another package's binaries only for that package's own tests.
+    eprintln!("xtask: building the binaries the end-to-end tests run");
+    Cmd::new("cargo")
+        .args(["build", "--workspace", "--exclude", "mycni-ebpf", "--bins", "--locked"])
+        .toolchain(HOST_TOOLCHAIN)
+        .cwd(&root)
+        .run()?;
     eprintln!("xtask: cargo test");
     Cmd::new("cargo")
         .args(["test", "--workspace", "--exclude", "mycni-ebpf", "--locked"])
