@@ -197,7 +197,22 @@ impl Lab {
         let u = self.spec.underlay_ns();
         sh("ip", &["netns", "add", &u])?;
         ns_exec(&u, "ip", &["link", "set", "lo", "up"])?;
-        ns_exec(&u, "ip", &["link", "add", "br0", "type", "bridge"])?;
+        // A fixed address: a bridge without one takes its lowest port's MAC,
+        // which changes as nodes are added, and a node that resolved the old
+        // one loses the API server until its neighbour entry expires.
+        ns_exec(
+            &u,
+            "ip",
+            &[
+                "link",
+                "add",
+                "br0",
+                "address",
+                "02:00:c0:a8:4d:01",
+                "type",
+                "bridge",
+            ],
+        )?;
         ns_exec(
             &u,
             "ip",

@@ -183,7 +183,14 @@ fn test(extra: &[String]) -> Result<()> {
     // builds another package's binaries only for that package's own tests.
     eprintln!("xtask: building the binaries the end-to-end tests run");
     Cmd::new("cargo")
-        .args(["build", "--workspace", "--exclude", "mycni-ebpf", "--bins", "--locked"])
+        .args([
+            "build",
+            "--workspace",
+            "--exclude",
+            "mycni-ebpf",
+            "--bins",
+            "--locked",
+        ])
         .toolchain(HOST_TOOLCHAIN)
         .cwd(&root)
         .run()?;

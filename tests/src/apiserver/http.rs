@@ -2,6 +2,7 @@
 //! the server-side table kubectl prints.
 
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -144,6 +145,7 @@ fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
 /// Entry point for every request.
 pub(crate) async fn handle(
     shared: Arc<Shared>,
+    peer: SocketAddr,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     let (parts, body) = req.into_parts();
@@ -232,7 +234,7 @@ pub(crate) async fn handle(
     let resp = result.unwrap_or_else(|e| error(&e));
     if shared.log {
         eprintln!(
-            "mycni-apiserver: {} {} -> {}",
+            "mycni-apiserver: {peer} {} {} -> {}",
             parts.method,
             parts.uri,
             resp.status().as_u16()

@@ -65,7 +65,7 @@ pub(crate) struct Shared {
     addr: SocketAddr,
     connections: AtomicUsize,
     bookmark_interval: Duration,
-    /// Print every request to stderr (`MYCNI_APISERVER_LOG=1`).
+    /// Print every connection and request to stderr (`MYCNI_APISERVER_LOG=1`).
     log: bool,
 }
 
@@ -179,8 +179,8 @@ async fn accept_loop(
     let _gone = gone;
     let listener = listener;
     loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
             Err(_) => {
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
@@ -191,15 +191,25 @@ async fn accept_loop(
         let guard = ConnectionGuard(shared.clone());
         let mut generation = generation.clone();
         let svc_shared = shared.clone();
+        let log = shared.log;
+        if log {
+            eprintln!("mycni-apiserver: {peer} connected");
+        }
         tokio::spawn(async move {
             let _guard = guard;
-            let service = service_fn(move |req| http::handle(svc_shared.clone(), req));
+            let service = service_fn(move |req| http::handle(svc_shared.clone(), peer, req));
             let conn = http1::Builder::new()
                 .timer(TokioTimer::new())
                 .serve_connection(TokioIo::new(stream), service);
-            tokio::select! {
-                _ = conn => {}
-                _ = generation.changed() => {}
+            // Logged so a client's unanswered request can be told apart: a
+            // request that never reached this socket ends its keep-alive
+            // connection with hyper's 30 s header read timeout.
+            let end = tokio::select! {
+                r = conn => r.map_or_else(|e| format!("closed: {e}"), |()| "closed".to_string()),
+                _ = generation.changed() => "closed by the fixture (outage or drop)".to_string(),
+            };
+            if log {
+                eprintln!("mycni-apiserver: {peer} {end}");
             }
         });
     }
