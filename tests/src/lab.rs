@@ -246,6 +246,21 @@ impl Lab {
                 || conflist.exists(),
             )?;
         }
+        // Up means converged: every node routes to every other node's pods
+        // before any pod exists, so the first packet of a test never races
+        // an agent that has not seen a late peer yet.
+        for i in 1..=s.nodes {
+            let ns = s.node_name(i);
+            wait_for(
+                &format!("{ns} to program its {} peers", s.nodes - 1),
+                Duration::from_secs(30),
+                || {
+                    sh("ip", &["-n", &ns, "route", "show", "proto", "110"])
+                        .map(|r| r.lines().count() == s.nodes - 1)
+                        .unwrap_or(false)
+                },
+            )?;
+        }
         let mut pods = Vec::new();
         for i in 1..=s.nodes {
             for j in 1..=s.pods {
