@@ -17,6 +17,7 @@ use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::Notify;
 
+use crate::fastpath::{FastPath, Mode};
 use crate::kernel::{Kernel, VxlanSpec};
 use crate::metrics::Metrics;
 use crate::peers::{
@@ -48,6 +49,9 @@ pub struct Config {
     /// keeps leases, and its log file (None: the plugin's defaults).
     pub ipam_data_dir: Option<PathBuf>,
     pub plugin_log_file: Option<PathBuf>,
+    pub datapath: Mode,
+    /// Where maps, programs and links are pinned (`<bpffs>/mycni`).
+    pub pin_dir: PathBuf,
 }
 
 pub const CONFLIST_NAME: &str = "00-mycni.conflist";
@@ -187,6 +191,7 @@ struct Loop {
     /// 5,000 peers); the periodic pass always dumps, so drift is still
     /// found within one resync period.
     kernel_cache: Option<OverlayState>,
+    fast: FastPath,
 }
 
 impl Loop {
@@ -223,6 +228,18 @@ impl Loop {
         let failed = self.kernel.apply(index, &actions).await;
         if failed == 0 {
             reconcile::apply(&mut have, &actions);
+            if self.fast.active() {
+                // Pods change only through the plugin: read them on full
+                // passes, not on every Node event.
+                let pods = if full {
+                    Some(self.kernel.pod_endpoints().await?)
+                } else {
+                    None
+                };
+                self.fast
+                    .sync(index, self.vx.mac, &have, pods.as_ref())
+                    .context("syncing the eBPF maps")?;
+            }
             self.kernel_cache = Some(have);
         }
         if !actions.is_empty() {
@@ -335,6 +352,13 @@ async fn run_inner(cfg: &Config, metrics: Arc<Metrics>) -> Result<()> {
     };
     tracing::info!(node = %node_name, pod_cidr = %own_cidr, underlay = %underlay.name, host_ip = %underlay.ip, vtep_mac = %format_mac(&mac), mtu = vx.mtu, "bringing the overlay up");
     kernel.ensure_vxlan(&vx).await?;
+    let fast = FastPath::start(
+        cfg.datapath,
+        crate::ebpf::embedded_object(),
+        &cfg.pin_dir,
+        &cfg.proc_sys,
+        metrics.clone(),
+    );
     set_sysctl(&cfg.proc_sys, "net.ipv4.ip_forward", "1")?;
     if cfg.masquerade {
         crate::masq::install(cfg.cluster_cidr).context("installing masquerade rules")?;
@@ -406,6 +430,7 @@ async fn run_inner(cfg: &Config, metrics: Arc<Metrics>) -> Result<()> {
         metrics: metrics.clone(),
         last_desired: None,
         kernel_cache: None,
+        fast,
     };
     let mut handed_over = false;
     let mut tick = tokio::time::interval(cfg.resync);
@@ -429,8 +454,9 @@ async fn run_inner(cfg: &Config, metrics: Arc<Metrics>) -> Result<()> {
                     handed_over = true;
                 }
                 metrics.set_ready(format!(
-                    "overlay up, {} peers",
-                    metrics.peers_programmed.load(Ordering::Relaxed)
+                    "overlay up, {} peers; {}",
+                    metrics.peers_programmed.load(Ordering::Relaxed),
+                    lp.fast.describe()
                 ));
             }
             Ok(()) => {
@@ -439,8 +465,9 @@ async fn run_inner(cfg: &Config, metrics: Arc<Metrics>) -> Result<()> {
                     write_atomic(&cfg.state_dir.join("ready"), b"ready\n")?;
                 }
                 metrics.set_ready(format!(
-                    "overlay up, {} peers",
-                    metrics.peers_programmed.load(Ordering::Relaxed)
+                    "overlay up, {} peers; {}",
+                    metrics.peers_programmed.load(Ordering::Relaxed),
+                    lp.fast.describe()
                 ));
             }
             Err(e) => {

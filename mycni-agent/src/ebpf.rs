@@ -8,11 +8,18 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use aya::maps::{MapData, PerCpuArray};
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use aya::maps::lpm_trie::Key;
+use aya::maps::{Array, HashMap, LpmTrie, MapData, PerCpuArray};
 use aya::programs::links::{FdLink, LinkError, PinnedLink};
 use aya::programs::{LinkOrder, SchedClassifier, TcAttach, TcAttachType};
 use aya::{Ebpf, EbpfLoader};
-use mycni_common::{COUNTERS_MAP, Path as DpPath, PathCounter};
+use mycni_common::{
+    CONFIG_MAP, COUNTERS_MAP, DpConfig, LOCAL_MAP, LocalEndpoint, Path as DpPath, PathCounter,
+    REMOTE_MAP, RemoteNode,
+};
 use thiserror::Error;
 
 /// The object `cargo xtask build-ebpf --release` produced when the agent was
@@ -20,11 +27,31 @@ use thiserror::Error;
 static EMBEDDED_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/mycni-ebpf.o"));
 
+/// The two programs, by the interface they run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Prog {
+    /// Ingress of every pod's host-side veth.
+    FromPod,
+    /// Ingress of `vxlan.1`.
+    FromVxlan,
+}
+
+impl Prog {
+    pub const ALL: [Prog; 2] = [Prog::FromPod, Prog::FromVxlan];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Prog::FromPod => "mycni_from_pod",
+            Prog::FromVxlan => "mycni_from_vxlan",
+        }
+    }
+}
+
 /// Program attached on ingress of every pod's host-side veth.
 pub const PROG_FROM_POD: &str = "mycni_from_pod";
 
 /// Every map the object declares, pinned by these names.
-pub const MAPS: &[&str] = &[COUNTERS_MAP];
+pub const MAPS: &[&str] = &[COUNTERS_MAP, CONFIG_MAP, REMOTE_MAP, LOCAL_MAP];
 
 #[derive(Debug, Error)]
 pub enum DatapathError {
@@ -36,6 +63,8 @@ pub enum DatapathError {
     PinDir { path: PathBuf, source: io::Error },
     #[error("loading the eBPF object failed: {0}")]
     Load(#[from] aya::EbpfError),
+    #[error("cannot list {path}: {source}")]
+    ListPins { path: PathBuf, source: io::Error },
     #[error("program {0} is missing from the eBPF object")]
     MissingProgram(&'static str),
     #[error("program {name}: {source}")]
@@ -86,49 +115,65 @@ impl Datapath {
             loader.map_pin_path(name, path.as_path());
         }
         let mut bpf = loader.load(object)?;
-        let prog: &mut SchedClassifier = bpf
-            .program_mut(PROG_FROM_POD)
-            .ok_or(DatapathError::MissingProgram(PROG_FROM_POD))?
-            .try_into()
-            .map_err(|source| DatapathError::Program {
-                name: PROG_FROM_POD,
+        for p in Prog::ALL {
+            let prog: &mut SchedClassifier = bpf
+                .program_mut(p.name())
+                .ok_or(DatapathError::MissingProgram(p.name()))?
+                .try_into()
+                .map_err(|source| DatapathError::Program {
+                    name: p.name(),
+                    source,
+                })?;
+            prog.load().map_err(|source| DatapathError::Program {
+                name: p.name(),
                 source,
             })?;
-        prog.load().map_err(|source| DatapathError::Program {
-            name: PROG_FROM_POD,
-            source,
-        })?;
+        }
         Ok(Self {
             bpf,
             pin_dir: pin_dir.to_path_buf(),
         })
     }
 
-    /// Where the pinned link of `ifindex`'s from-pod program lives.
-    pub fn link_pin_path(&self, ifindex: u32) -> PathBuf {
-        self.pin_dir
-            .join("links")
-            .join(format!("{PROG_FROM_POD}_{ifindex}"))
+    /// Where the pinned link of `prog` on `ifindex` lives.
+    pub fn link_pin_path(&self, prog: Prog, ifindex: u32) -> PathBuf {
+        link_pin_path(&self.pin_dir, prog, ifindex)
     }
 
-    /// Attaches the from-pod program on ingress of `ifindex` (in the calling
-    /// thread's network namespace) over TCX and pins the link, so the program
-    /// stays attached when the agent exits. A link already pinned for this
-    /// interface gets the new program swapped in atomically.
+    /// Attaches the from-pod program on ingress of `ifindex`; see [`Self::attach`].
     pub fn attach_from_pod(&mut self, ifindex: u32) -> Result<(), DatapathError> {
-        let pin = self.link_pin_path(ifindex);
+        self.attach(Prog::FromPod, ifindex).map(|_| ())
+    }
+
+    /// Attaches `prog` on ingress of `ifindex` (in the calling thread's
+    /// network namespace) over TCX and pins the link, so the program stays
+    /// attached when the agent exits. A link already pinned for this
+    /// interface gets the new program swapped in atomically: no packet sees
+    /// the hook empty. Returns whether the attachment is new.
+    pub fn attach(&mut self, p: Prog, ifindex: u32) -> Result<bool, DatapathError> {
+        let pin = self.link_pin_path(p, ifindex);
         let prog: &mut SchedClassifier = self
             .bpf
-            .program_mut(PROG_FROM_POD)
-            .ok_or(DatapathError::MissingProgram(PROG_FROM_POD))?
+            .program_mut(p.name())
+            .ok_or(DatapathError::MissingProgram(p.name()))?
             .try_into()
             .map_err(|source| DatapathError::Program {
-                name: PROG_FROM_POD,
+                name: p.name(),
                 source,
             })?;
         let prog_err = |source| DatapathError::Program {
-            name: PROG_FROM_POD,
+            name: p.name(),
             source,
+        };
+        let fresh_attach = |prog: &mut SchedClassifier| {
+            prog.attach(
+                ifindex,
+                TcAttach::Tcx {
+                    attach_type: TcAttachType::Ingress,
+                    order: LinkOrder::default(),
+                },
+            )
+            .map_err(prog_err)
         };
         let (link_id, fresh) = match PinnedLink::from_pin(&pin) {
             Ok(old) => {
@@ -138,19 +183,19 @@ impl Datapath {
                         path: pin.clone(),
                         source,
                     })?;
-                (prog.attach_to_link(link).map_err(prog_err)?, false)
+                match prog.attach_to_link(link) {
+                    Ok(id) => (id, false),
+                    Err(e) => {
+                        // The pinned link outlived its interface (defunct):
+                        // drop the pin and attach afresh.
+                        tracing::warn!(path = %pin.display(), error = %e, "pinned link unusable; attaching afresh");
+                        let _ = std::fs::remove_file(&pin);
+                        (fresh_attach(prog)?, true)
+                    }
+                }
             }
             Err(LinkError::SyscallError(e)) if e.io_error.kind() == io::ErrorKind::NotFound => {
-                let id = prog
-                    .attach(
-                        ifindex,
-                        TcAttach::Tcx {
-                            attach_type: TcAttachType::Ingress,
-                            order: LinkOrder::default(),
-                        },
-                    )
-                    .map_err(prog_err)?;
-                (id, true)
+                (fresh_attach(prog)?, true)
             }
             Err(source) => return Err(DatapathError::Link { path: pin, source }),
         };
@@ -166,26 +211,218 @@ impl Datapath {
         }
         // A replaced link stays pinned at the same path: dropping our handle
         // leaves the attachment in place.
-        Ok(())
+        Ok(fresh)
     }
+}
+
+pub fn link_pin_path(pin_dir: &Path, prog: Prog, ifindex: u32) -> PathBuf {
+    pin_dir
+        .join("links")
+        .join(format!("{}_{ifindex}", prog.name()))
+}
+
+/// The links pinned under `pin_dir`: what is attached, whoever attached it.
+pub fn pinned_links(pin_dir: &Path) -> Result<Vec<(Prog, u32)>, DatapathError> {
+    let dir = pin_dir.join("links");
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(vec![]),
+        Err(source) => return Err(DatapathError::ListPins { path: dir, source }),
+    };
+    let mut out = vec![];
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        for p in Prog::ALL {
+            if let Some(ifindex) = name
+                .strip_prefix(p.name())
+                .and_then(|r| r.strip_prefix('_'))
+                .and_then(|r| r.parse().ok())
+            {
+                out.push((p, ifindex));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Detaches `prog` from `ifindex` by removing its pinned link (the last
+/// reference: TCX detaches it). Absent is fine.
+pub fn detach(pin_dir: &Path, prog: Prog, ifindex: u32) -> Result<(), DatapathError> {
+    let pin = link_pin_path(pin_dir, prog, ifindex);
+    match PinnedLink::from_pin(&pin) {
+        Ok(link) => {
+            let fd = link.unpin().map_err(|e| DatapathError::Link {
+                path: pin.clone(),
+                source: LinkError::SyscallError(aya::sys::SyscallError {
+                    call: "unlink",
+                    io_error: e,
+                }),
+            })?;
+            drop(fd);
+            Ok(())
+        }
+        Err(LinkError::SyscallError(e)) if e.io_error.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(source) => {
+            // Not a link (or unreadable): remove the file so it cannot be
+            // mistaken for one again.
+            let _ = std::fs::remove_file(&pin);
+            Err(DatapathError::Link { path: pin, source })
+        }
+    }
+}
+
+/// Everything mycni pinned: links first (detaching every program), then the
+/// maps. What `--datapath kernel` does; the kernel path carries on alone.
+pub fn detach_all(pin_dir: &Path) -> Result<usize, DatapathError> {
+    let links = pinned_links(pin_dir)?;
+    let n = links.len();
+    for (p, ifindex) in links {
+        detach(pin_dir, p, ifindex)?;
+    }
+    for m in MAPS {
+        let _ = std::fs::remove_file(pin_dir.join(m));
+    }
+    let _ = std::fs::remove_dir(pin_dir.join("links"));
+    Ok(n)
+}
+
+fn open_map(pin_dir: &Path, name: &'static str) -> Result<aya::maps::Map, DatapathError> {
+    let path = pin_dir.join(name);
+    let data = MapData::from_pin(&path).map_err(|source| DatapathError::Map {
+        name,
+        path: path.clone(),
+        source,
+    })?;
+    Ok(match name {
+        COUNTERS_MAP => aya::maps::Map::PerCpuArray(data),
+        CONFIG_MAP => aya::maps::Map::Array(data),
+        REMOTE_MAP => aya::maps::Map::LpmTrie(data),
+        _ => aya::maps::Map::HashMap(data),
+    })
+}
+
+fn map_err(pin_dir: &Path, name: &'static str) -> impl Fn(aya::maps::MapError) -> DatapathError {
+    let path = pin_dir.join(name);
+    move |source| DatapathError::Map {
+        name,
+        path: path.clone(),
+        source,
+    }
+}
+
+pub fn read_config(pin_dir: &Path) -> Result<DpConfig, DatapathError> {
+    let e = map_err(pin_dir, CONFIG_MAP);
+    let a: Array<MapData, DpConfig> = open_map(pin_dir, CONFIG_MAP)?.try_into().map_err(&e)?;
+    a.get(&0, 0).map_err(e)
+}
+
+pub fn write_config(pin_dir: &Path, cfg: &DpConfig) -> Result<(), DatapathError> {
+    let e = map_err(pin_dir, CONFIG_MAP);
+    let mut a: Array<MapData, DpConfig> = open_map(pin_dir, CONFIG_MAP)?.try_into().map_err(&e)?;
+    if a.get(&0, 0).ok().as_ref() != Some(cfg) {
+        a.set(0, cfg, 0).map_err(e)?;
+    }
+    Ok(())
+}
+
+/// What a sync changed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SyncStats {
+    pub set: usize,
+    pub removed: usize,
+    pub total: usize,
+}
+
+pub fn read_remote(pin_dir: &Path) -> Result<BTreeMap<(Ipv4Addr, u8), RemoteNode>, DatapathError> {
+    let e = map_err(pin_dir, REMOTE_MAP);
+    let t: LpmTrie<MapData, [u8; 4], RemoteNode> =
+        open_map(pin_dir, REMOTE_MAP)?.try_into().map_err(&e)?;
+    let mut out = BTreeMap::new();
+    for kv in t.iter() {
+        let (k, v) = kv.map_err(&e)?;
+        out.insert((Ipv4Addr::from(k.data()), k.prefix_len() as u8), v);
+    }
+    Ok(out)
+}
+
+/// Makes `mycni_remote` hold exactly `want` (podCIDR -> peer).
+pub fn sync_remote(
+    pin_dir: &Path,
+    want: &BTreeMap<(Ipv4Addr, u8), RemoteNode>,
+) -> Result<SyncStats, DatapathError> {
+    let have = read_remote(pin_dir)?;
+    let e = map_err(pin_dir, REMOTE_MAP);
+    let mut t: LpmTrie<MapData, [u8; 4], RemoteNode> =
+        open_map(pin_dir, REMOTE_MAP)?.try_into().map_err(&e)?;
+    let mut st = SyncStats {
+        total: want.len(),
+        ..Default::default()
+    };
+    for k in have.keys().filter(|k| !want.contains_key(k)) {
+        t.remove(&Key::new(u32::from(k.1), k.0.octets()))
+            .map_err(&e)?;
+        st.removed += 1;
+    }
+    for (k, v) in want {
+        if have.get(k) != Some(v) {
+            t.insert(&Key::new(u32::from(k.1), k.0.octets()), v, 0)
+                .map_err(&e)?;
+            st.set += 1;
+        }
+    }
+    Ok(st)
+}
+
+pub fn read_local(pin_dir: &Path) -> Result<BTreeMap<Ipv4Addr, LocalEndpoint>, DatapathError> {
+    let e = map_err(pin_dir, LOCAL_MAP);
+    let h: HashMap<MapData, [u8; 4], LocalEndpoint> =
+        open_map(pin_dir, LOCAL_MAP)?.try_into().map_err(&e)?;
+    let mut out = BTreeMap::new();
+    for kv in h.iter() {
+        let (k, v) = kv.map_err(&e)?;
+        out.insert(Ipv4Addr::from(k), v);
+    }
+    Ok(out)
+}
+
+/// Makes `mycni_local` hold exactly `want` (pod IP -> endpoint).
+pub fn sync_local(
+    pin_dir: &Path,
+    want: &BTreeMap<Ipv4Addr, LocalEndpoint>,
+) -> Result<SyncStats, DatapathError> {
+    let have = read_local(pin_dir)?;
+    let e = map_err(pin_dir, LOCAL_MAP);
+    let mut h: HashMap<MapData, [u8; 4], LocalEndpoint> =
+        open_map(pin_dir, LOCAL_MAP)?.try_into().map_err(&e)?;
+    let mut st = SyncStats {
+        total: want.len(),
+        ..Default::default()
+    };
+    for k in have.keys().filter(|k| !want.contains_key(k)) {
+        h.remove(&k.octets()).map_err(&e)?;
+        st.removed += 1;
+    }
+    for (k, v) in want {
+        if have.get(k) != Some(v) {
+            h.insert(&k.octets(), v, 0).map_err(&e)?;
+            st.set += 1;
+        }
+    }
+    Ok(st)
 }
 
 /// Sums the per-CPU counters of the map pinned under `pin_dir`, one entry per
 /// path, in `Path::ALL` order. Works while no agent runs (what `inspect` and
 /// tests use).
 pub fn read_counters(pin_dir: &Path) -> Result<Vec<(DpPath, PathCounter)>, DatapathError> {
-    let path = pin_dir.join(COUNTERS_MAP);
-    let map_err = |source| DatapathError::Map {
-        name: COUNTERS_MAP,
-        path: path.clone(),
-        source,
-    };
-    let data = MapData::from_pin(&path).map_err(map_err)?;
-    let map = aya::maps::Map::PerCpuArray(data);
-    let counters: PerCpuArray<MapData, PathCounter> = map.try_into().map_err(map_err)?;
+    let e = map_err(pin_dir, COUNTERS_MAP);
+    let counters: PerCpuArray<MapData, PathCounter> =
+        open_map(pin_dir, COUNTERS_MAP)?.try_into().map_err(&e)?;
     let mut out = Vec::with_capacity(DpPath::ALL.len());
     for p in DpPath::ALL {
-        let per_cpu = counters.get(&(p as u32), 0).map_err(map_err)?;
+        let per_cpu = counters.get(&(p as u32), 0).map_err(&e)?;
         let sum = per_cpu
             .iter()
             .fold(PathCounter::default(), |acc, c| PathCounter {

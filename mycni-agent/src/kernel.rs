@@ -2,6 +2,7 @@
 //! and FDB entries it owns on it. Thin on purpose; what to change is decided
 //! by `reconcile`.
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 
 use futures::{StreamExt, TryStreamExt, stream};
@@ -25,6 +26,10 @@ use crate::reconcile::{Action, OverlayState};
 /// Route protocol number marking the agent's routes (the plugin uses 0x6d),
 /// so a restarted agent finds its stale routes and nobody else's.
 pub const RTPROT_MYCNI_AGENT: u8 = 0x6e;
+/// Route protocol number of the plugin's per-pod host routes.
+pub const RTPROT_MYCNI_PLUGIN: u8 = 0x6d;
+/// Prefix of the alias the plugin sets on every host-side veth it owns.
+pub const VETH_ALIAS_PREFIX: &str = "mycni:";
 /// Requests in flight at once when applying a diff: enough to hide the
 /// per-request round trip, few enough not to overrun the socket buffer.
 const CONCURRENCY: usize = 64;
@@ -118,6 +123,16 @@ fn facts(m: LinkMessage) -> LinkFacts {
         }
     }
     f
+}
+
+/// A pod on this node, as the fast path needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PodEndpoint {
+    /// The host-side veth.
+    pub ifindex: u32,
+    pub host_mac: Mac,
+    /// The pod's eth0.
+    pub pod_mac: Mac,
 }
 
 pub struct Kernel {
@@ -481,6 +496,99 @@ impl Kernel {
                 }
             }
         }
+    }
+
+    /// The pods on this node as the kernel holds them: every /32 host route
+    /// the plugin installed, through a host veth the plugin marked, with the
+    /// veth's MAC and the MAC of its peer (the pod's eth0), read through the
+    /// peer's netns id. Entries the kernel cannot fully back are left out.
+    pub async fn pod_endpoints(&self) -> Result<BTreeMap<Ipv4Addr, PodEndpoint>, KernelError> {
+        struct Veth {
+            mac: Mac,
+            peer: Option<(u32, i32)>,
+        }
+        let mut veths: BTreeMap<u32, Veth> = BTreeMap::new();
+        let mut links = self.handle.link().get().execute();
+        while let Some(m) = links.try_next().await.map_err(nl("listing links"))? {
+            let (mut alias, mut mac, mut peer_index, mut nsid) = (false, None, None, None);
+            for a in &m.attributes {
+                match a {
+                    LinkAttribute::IfAlias(x) => alias = x.starts_with(VETH_ALIAS_PREFIX),
+                    LinkAttribute::Address(a) if a.len() == 6 => {
+                        let mut x = [0u8; 6];
+                        x.copy_from_slice(a);
+                        mac = Some(x);
+                    }
+                    LinkAttribute::Link(i) => peer_index = Some(*i),
+                    LinkAttribute::LinkNetNsId(n) => nsid = Some(*n),
+                    _ => {}
+                }
+            }
+            if let (true, Some(mac)) = (alias, mac) {
+                veths.insert(
+                    m.header.index,
+                    Veth {
+                        mac,
+                        peer: peer_index.zip(nsid),
+                    },
+                );
+            }
+        }
+        let mut out = BTreeMap::new();
+        let req = RouteMessageBuilder::<Ipv4Addr>::new().build();
+        let mut routes = self.handle.route().get(req).execute();
+        let mut pods = vec![];
+        while let Some(m) = routes.try_next().await.map_err(nl("listing routes"))? {
+            if m.header.protocol != RouteProtocol::Other(RTPROT_MYCNI_PLUGIN)
+                || m.header.destination_prefix_length != 32
+            {
+                continue;
+            }
+            let (mut dst, mut oif) = (None, None);
+            for a in &m.attributes {
+                match a {
+                    RouteAttribute::Destination(RouteAddress::Inet(d)) => dst = Some(*d),
+                    RouteAttribute::Oif(i) => oif = Some(*i),
+                    _ => {}
+                }
+            }
+            if let (Some(ip), Some(oif)) = (dst, oif) {
+                pods.push((ip, oif));
+            }
+        }
+        for (ip, oif) in pods {
+            let Some(v) = veths.get(&oif) else { continue };
+            let Some((peer, nsid)) = v.peer else { continue };
+            let mut req = self.handle.link().get().match_index(peer);
+            req.message_mut()
+                .attributes
+                .push(LinkAttribute::IfNetnsId(nsid));
+            let pod_mac = match req.execute().try_next().await {
+                Ok(Some(m)) => m.attributes.iter().find_map(|a| match a {
+                    LinkAttribute::Address(a) if a.len() == 6 => {
+                        let mut x = [0u8; 6];
+                        x.copy_from_slice(a);
+                        Some(x)
+                    }
+                    _ => None,
+                }),
+                // The pod's netns is going away: no endpoint.
+                Ok(None) => None,
+                Err(e) if errno(&e) == libc::ENODEV || errno(&e) == libc::EINVAL => None,
+                Err(e) => return Err(nl(format!("looking up the peer of link {oif}"))(e)),
+            };
+            if let Some(pod_mac) = pod_mac {
+                out.insert(
+                    ip,
+                    PodEndpoint {
+                        ifindex: oif,
+                        host_mac: v.mac,
+                        pod_mac,
+                    },
+                );
+            }
+        }
+        Ok(out)
     }
 
     pub async fn del_link(&self, index: u32) -> Result<(), KernelError> {

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use mycni_agent::agent::{self, Config};
+use mycni_agent::fastpath::Mode;
 use mycni_agent::metrics::Metrics;
 use mycni_agent::peers::Cidr;
 
@@ -92,11 +93,11 @@ struct RunArgs {
     /// bpffs mount; pinned maps and links live under <bpffs>/mycni.
     #[arg(long, env = "MYCNI_BPFFS", default_value = "/sys/fs/bpf")]
     bpffs: PathBuf,
-    /// `ebpf`: tc fast path with the kernel as fallback; `kernel`: routes,
-    /// ARP and FDB only. The fast path is not built yet, so `ebpf` runs the
-    /// kernel path and says so.
-    #[arg(long, env = "MYCNI_DATAPATH", default_value = "ebpf", value_parser = ["ebpf", "kernel"])]
-    datapath: String,
+    /// `ebpf`: the tc fast path, with the kernel's routes, ARP and FDB as
+    /// the fallback (used alone if the programs cannot load); `kernel`:
+    /// routes, ARP and FDB only, and anything mycni attached is detached.
+    #[arg(long, env = "MYCNI_DATAPATH", default_value = "ebpf")]
+    datapath: Mode,
     /// Lease directory for the plugin's built-in IPAM, put into the conflist
     /// (default: the plugin's /var/lib/cni/networks).
     #[arg(long)]
@@ -149,6 +150,8 @@ impl RunArgs {
             masquerade: self.masquerade,
             ipam_data_dir: self.ipam_data_dir,
             plugin_log_file: self.plugin_log_file,
+            datapath: self.datapath,
+            pin_dir: self.bpffs.join("mycni"),
         })
     }
 }
@@ -187,9 +190,6 @@ fn main() -> Result<()> {
 }
 
 fn run(rt: &tokio::runtime::Runtime, args: RunArgs) -> Result<()> {
-    if args.datapath == "ebpf" {
-        tracing::warn!(bpffs = %args.bpffs.display(), "--datapath ebpf: the tc fast path is not part of this build yet; running the kernel datapath");
-    }
     let cfg = args.config()?;
     let metrics = Arc::new(Metrics::default());
     rt.block_on(agent::run(cfg, metrics, async {

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -26,6 +27,13 @@ pub struct Metrics {
     pub ready: AtomicBool,
     pub ready_detail: Mutex<String>,
     pub api_reachable: AtomicBool,
+    /// The fast path is loaded and maintained.
+    pub datapath_ebpf: AtomicBool,
+    pub ebpf_load_failures: AtomicU64,
+    /// Where the counters are pinned (read at scrape time).
+    pub pin_dir: Mutex<Option<PathBuf>>,
+    pub dp_local: AtomicU64,
+    pub dp_remote: AtomicU64,
 }
 
 impl Metrics {
@@ -119,6 +127,47 @@ impl Metrics {
             "gauge",
             u64::from(self.api_reachable.load(Ordering::Relaxed)),
         );
+        g(
+            &mut out,
+            "mycni_datapath_ebpf",
+            "1 while the eBPF fast path runs; 0 on the kernel path (see /readyz for why).",
+            "gauge",
+            u64::from(self.datapath_ebpf.load(Ordering::Relaxed)),
+        );
+        g(
+            &mut out,
+            "mycni_ebpf_load_failures_total",
+            "Failed loads of the eBPF programs (the node then runs the kernel path).",
+            "counter",
+            self.ebpf_load_failures.load(Ordering::Relaxed),
+        );
+        out.push_str("# HELP mycni_datapath_entries Entries in the fast path's maps.\n# TYPE mycni_datapath_entries gauge\n");
+        out.push_str(&format!(
+            "mycni_datapath_entries{{map=\"local\"}} {}\nmycni_datapath_entries{{map=\"remote\"}} {}\n",
+            self.dp_local.load(Ordering::Relaxed),
+            self.dp_remote.load(Ordering::Relaxed)
+        ));
+        let pin = self.pin_dir.lock().ok().and_then(|p| p.clone());
+        if let Some(Ok(counters)) = pin.map(|p| crate::ebpf::read_counters(&p)) {
+            out.push_str("# HELP mycni_datapath_packets_total Packets seen by the tc programs, by the path they took or why they were left to the kernel.\n# TYPE mycni_datapath_packets_total counter\n");
+            for (path, c) in &counters {
+                out.push_str(&format!(
+                    "mycni_datapath_packets_total{{path=\"{}\",fast=\"{}\"}} {}\n",
+                    path.name(),
+                    path.is_fast(),
+                    c.packets
+                ));
+            }
+            out.push_str("# HELP mycni_datapath_bytes_total Bytes seen by the tc programs, by path.\n# TYPE mycni_datapath_bytes_total counter\n");
+            for (path, c) in &counters {
+                out.push_str(&format!(
+                    "mycni_datapath_bytes_total{{path=\"{}\",fast=\"{}\"}} {}\n",
+                    path.name(),
+                    path.is_fast(),
+                    c.bytes
+                ));
+            }
+        }
         out
     }
 }

@@ -67,6 +67,14 @@ impl Spec {
     pub fn kubeconfig(&self) -> PathBuf {
         self.root.join("kubeconfig")
     }
+    /// The lab's own bpffs: each node pins under `<bpffs>/node<i>/mycni`.
+    /// Not /sys/fs/bpf: `ip netns exec` remounts /sys, hiding it.
+    pub fn bpffs(&self) -> PathBuf {
+        self.root.join("bpffs")
+    }
+    pub fn pin_dir(&self, i: usize) -> PathBuf {
+        self.bpffs().join(format!("node{i}/mycni"))
+    }
     fn pods_file(&self) -> PathBuf {
         self.root.join("pods.json")
     }
@@ -194,6 +202,9 @@ impl Lab {
     }
 
     fn build(&mut self) -> Result<()> {
+        let bpffs = self.spec.bpffs();
+        std::fs::create_dir_all(&bpffs)?;
+        sh("mount", &["-t", "bpf", "bpf", &bpffs.to_string_lossy()])?;
         let u = self.spec.underlay_ns();
         sh("ip", &["netns", "add", &u])?;
         ns_exec(&u, "ip", &["link", "set", "lo", "up"])?;
@@ -389,6 +400,11 @@ impl Lab {
             "/proc/sys".into(),
             "--metrics-addr".into(),
             format!("{}:{METRICS_PORT}", node_ip(i)),
+            "--bpffs".into(),
+            s.bpffs()
+                .join(format!("node{i}"))
+                .to_string_lossy()
+                .into_owned(),
         ];
         args.extend(s.agent_args.iter().cloned());
         spawn_daemon(
@@ -622,6 +638,8 @@ impl Lab {
         self.api = None;
         stop_pidfile(&s.root.join("apiserver.pid"));
         let _ = sh("ip", &["netns", "del", &s.underlay_ns()]);
+        // Pins go with the mount; programs and maps with their last user.
+        let _ = Command::new("umount").arg(s.bpffs()).output();
         let _ = std::fs::remove_dir_all(&s.root);
     }
 }

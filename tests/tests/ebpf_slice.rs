@@ -35,9 +35,9 @@ fn ping_is_counted_in_pinned_map() -> anyhow::Result<()> {
             .map(|(_, c)| *c)
             .unwrap_or_default()
     };
-    // Echo requests are IPv4 with no fast-path entry: exactly 5, 98 bytes each
+    // Echo requests are IPv4 and no agent wrote the config: exactly 5, 98 bytes each
     // (14 Ethernet + 20 IP + 8 ICMP + 56 payload).
-    let icmp = get(Path::KernelUnknownDest);
+    let icmp = get(Path::KernelNoConfig);
     assert_eq!(icmp.packets, 5, "counters: {counters:?}");
     assert_eq!(icmp.bytes, 5 * 98, "counters: {counters:?}");
     assert_eq!(get(Path::FastRemote).packets, 0);
@@ -78,7 +78,7 @@ fn reattach_swaps_program_in_pinned_link() -> anyhow::Result<()> {
     let counters = read_counters(bpffs.path())?;
     let icmp = counters
         .iter()
-        .find(|(p, _)| *p == Path::KernelUnknownDest)
+        .find(|(p, _)| *p == Path::KernelNoConfig)
         .map(|(_, c)| c.packets);
     assert_eq!(icmp, Some(4), "counters: {counters:?}");
     Ok(())

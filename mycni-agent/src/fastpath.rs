@@ -1,0 +1,304 @@
+//! The fast path's life in the agent: load the programs (or say why not),
+//! keep the maps an exact mirror of what the kernel holds, attach to
+//! `vxlan.1` and every pod veth, detach from what is gone.
+//!
+//! The agent, not the plugin, attaches to new pod veths: it is the single
+//! writer of the maps, it already reconciles against kernel state, and the
+//! plugin stays free of aya and of bpffs (its ADD path stays ~4 ms). A new
+//! pod runs on the kernel path until the next full pass (`--resync`, 2 s),
+//! which is correct, just slower.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use anyhow::{Context, Result};
+use mycni_common::{DpConfig, LocalEndpoint, RemoteNode};
+
+use crate::ebpf::{self, Datapath, DatapathError, Prog};
+use crate::kernel::PodEndpoint;
+use crate::metrics::Metrics;
+use crate::peers::Mac;
+use crate::reconcile::OverlayState;
+
+/// `--datapath`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Ebpf,
+    Kernel,
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "ebpf" => Ok(Mode::Ebpf),
+            "kernel" => Ok(Mode::Kernel),
+            _ => Err(format!("unknown datapath {s:?} (ebpf, kernel)")),
+        }
+    }
+}
+
+pub struct FastPath {
+    pin_dir: PathBuf,
+    dp: Option<Datapath>,
+    /// Why the node runs on the kernel path (None while the fast path runs).
+    why_not: Option<String>,
+    /// Attachments this process made or adopted (swapped its program into).
+    attached: BTreeSet<(Prog, u32)>,
+    /// What this process last wrote to `mycni_remote`; event passes diff
+    /// against it, full passes re-read the map to catch drift.
+    remote_written: Option<BTreeMap<(Ipv4Addr, u8), RemoteNode>>,
+    local: BTreeMap<Ipv4Addr, LocalEndpoint>,
+    proc_sys: PathBuf,
+    metrics: Arc<Metrics>,
+}
+
+impl FastPath {
+    /// Loads the programs for `Mode::Ebpf`, or detaches everything mycni
+    /// attached for `Mode::Kernel`. Never fails: a node that cannot run the
+    /// fast path runs the kernel path, and says why in logs, readiness
+    /// detail and metrics.
+    pub fn start(
+        mode: Mode,
+        object: Option<&[u8]>,
+        pin_dir: &Path,
+        proc_sys: &Path,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let mut fp = FastPath {
+            pin_dir: pin_dir.to_path_buf(),
+            dp: None,
+            why_not: None,
+            attached: BTreeSet::new(),
+            remote_written: None,
+            local: BTreeMap::new(),
+            proc_sys: proc_sys.to_path_buf(),
+            metrics,
+        };
+        let why = match (mode, object) {
+            (Mode::Kernel, _) => "--datapath kernel".to_owned(),
+            (Mode::Ebpf, None) => {
+                "this agent was built without the eBPF object (cargo xtask build-ebpf --release)"
+                    .to_owned()
+            }
+            (Mode::Ebpf, Some(obj)) => match load(obj, pin_dir) {
+                Ok(dp) => {
+                    fp.dp = Some(dp);
+                    if let Err(e) = fp.prepare_conntrack() {
+                        tracing::warn!(error = %format!("{e:#}"), "cannot set conntrack sysctls; TCP flows closed after fast-pathed data may be seen as INVALID");
+                    }
+                    tracing::info!(pin_dir = %pin_dir.display(), "eBPF fast path loaded");
+                    fp.metrics.datapath_ebpf.store(true, Ordering::Relaxed);
+                    if let Ok(mut p) = fp.metrics.pin_dir.lock() {
+                        *p = Some(pin_dir.to_path_buf());
+                    }
+                    return fp;
+                }
+                Err(e) => {
+                    fp.metrics
+                        .ebpf_load_failures
+                        .fetch_add(1, Ordering::Relaxed);
+                    // aya's error carries the verifier log when there is one.
+                    tracing::error!(error = %e, "cannot load the eBPF fast path; running the kernel path");
+                    format!("eBPF load failed: {}", first_line(&e.to_string()))
+                }
+            },
+        };
+        // Programs a previous agent left attached would keep forwarding from
+        // maps nobody maintains any more: the kernel path must be alone.
+        match ebpf::detach_all(pin_dir) {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(links = n, "detached the fast path left by a previous agent"),
+            Err(e) => tracing::warn!(error = %e, "cannot detach previous fast-path programs"),
+        }
+        tracing::info!(reason = %why, "datapath: kernel (routes, ARP, FDB)");
+        fp.why_not = Some(why);
+        fp
+    }
+
+    pub fn active(&self) -> bool {
+        self.dp.is_some()
+    }
+
+    /// One phrase for readiness detail.
+    pub fn describe(&self) -> String {
+        match &self.why_not {
+            None => format!(
+                "datapath ebpf ({} local pods, {} remote podCIDRs)",
+                self.local.len(),
+                self.remote_written.as_ref().map_or(0, BTreeMap::len)
+            ),
+            Some(why) => format!("datapath kernel: {why}"),
+        }
+    }
+
+    /// A fast-pathed TCP flow's packets bypass conntrack's window tracking,
+    /// so the FIN or RST the kernel sees at the end lies beyond the window it
+    /// last saw; with strict tracking it is INVALID, and kube-proxy drops
+    /// INVALID in FORWARD: the connection could not close. The kernel's own
+    /// flowtable fast path marks offloaded connections liberal for the same
+    /// reason; a tc program cannot set that per-connection flag, so the
+    /// node-wide sysctls do it (kube-proxy's --conntrack-tcp-be-liberal sets
+    /// the first). Left set when switching to the kernel path: flows
+    /// fast-pathed until then still have stale windows.
+    fn prepare_conntrack(&self) -> Result<()> {
+        for key in [
+            "net/netfilter/nf_conntrack_tcp_be_liberal",
+            "net/netfilter/nf_conntrack_tcp_ignore_invalid_rst",
+        ] {
+            let p = self.proc_sys.join(key);
+            std::fs::write(&p, "1").with_context(|| format!("writing 1 to {}", p.display()))?;
+        }
+        Ok(())
+    }
+
+    /// Brings maps and attachments in line with the kernel. `overlay` is what
+    /// the kernel holds on `vxlan.1` after this pass; `pods` (read on full
+    /// passes) the pods the plugin set up.
+    pub fn sync(
+        &mut self,
+        vxlan: u32,
+        vtep_mac: Mac,
+        overlay: &OverlayState,
+        pods: Option<&BTreeMap<Ipv4Addr, PodEndpoint>>,
+    ) -> Result<(), DatapathError> {
+        let Some(dp) = self.dp.as_mut() else {
+            return Ok(());
+        };
+        let pin = self.pin_dir.clone();
+        // The timeouts the kernel itself would renew these flows with.
+        let cfg = DpConfig {
+            vxlan_ifindex: vxlan,
+            tcp_timeout_ms: read_ms(
+                &self.proc_sys,
+                "net/netfilter/nf_conntrack_tcp_timeout_established",
+            ),
+            udp_timeout_ms: read_ms(
+                &self.proc_sys,
+                "net/netfilter/nf_conntrack_udp_timeout_stream",
+            ),
+            vtep_mac,
+            _pad: [0; 2],
+        };
+        ebpf::write_config(&pin, &cfg)?;
+
+        // Only what the kernel backs: a route whose gateway has a neighbour
+        // whose MAC has an FDB entry.
+        let remote: BTreeMap<(Ipv4Addr, u8), RemoteNode> = overlay
+            .routes
+            .iter()
+            .filter_map(|(cidr, gw)| {
+                let mac = overlay.neighbours.get(gw)?;
+                let host = overlay.fdb.get(mac)?;
+                Some((
+                    (cidr.addr, cidr.prefix),
+                    RemoteNode {
+                        vtep_mac: *mac,
+                        _pad: [0; 2],
+                        host_ip: u32::from_ne_bytes(host.octets()),
+                    },
+                ))
+            })
+            .collect();
+        let full = pods.is_some();
+        if full || self.remote_written.as_ref() != Some(&remote) {
+            let st = ebpf::sync_remote(&pin, &remote)?;
+            if full && self.remote_written.as_ref() == Some(&remote) && st.set + st.removed > 0 {
+                tracing::warn!(
+                    set = st.set,
+                    removed = st.removed,
+                    "repaired drift in mycni_remote"
+                );
+            }
+            self.remote_written = Some(remote);
+        }
+
+        if let Some(pods) = pods {
+            let local: BTreeMap<Ipv4Addr, LocalEndpoint> = pods
+                .iter()
+                .map(|(ip, p)| {
+                    (
+                        *ip,
+                        LocalEndpoint {
+                            ifindex: p.ifindex,
+                            pod_mac: p.pod_mac,
+                            host_mac: p.host_mac,
+                        },
+                    )
+                })
+                .collect();
+            let st = ebpf::sync_local(&pin, &local)?;
+            if st.set + st.removed > 0 {
+                tracing::info!(
+                    set = st.set,
+                    removed = st.removed,
+                    pods = local.len(),
+                    "synced mycni_local"
+                );
+            }
+            self.local = local;
+
+            let want: BTreeSet<(Prog, u32)> = std::iter::once((Prog::FromVxlan, vxlan))
+                .chain(pods.values().map(|p| (Prog::FromPod, p.ifindex)))
+                .collect();
+            for &(p, ifindex) in want.difference(&self.attached.clone()) {
+                match dp.attach(p, ifindex) {
+                    Ok(fresh) => {
+                        tracing::debug!(prog = p.name(), ifindex, fresh, "attached");
+                        self.attached.insert((p, ifindex));
+                    }
+                    // The veth may be going away under us; the next pass retries.
+                    Err(e) => tracing::warn!(prog = p.name(), ifindex, error = %e, "cannot attach"),
+                }
+            }
+            for (p, ifindex) in ebpf::pinned_links(&pin)? {
+                if !want.contains(&(p, ifindex)) {
+                    ebpf::detach(&pin, p, ifindex)?;
+                    self.attached.remove(&(p, ifindex));
+                    tracing::info!(prog = p.name(), ifindex, "detached from a gone interface");
+                }
+            }
+            self.attached.retain(|a| want.contains(a));
+        }
+        let m = &self.metrics;
+        m.dp_local.store(self.local.len() as u64, Ordering::Relaxed);
+        m.dp_remote.store(
+            self.remote_written.as_ref().map_or(0, BTreeMap::len) as u64,
+            Ordering::Relaxed,
+        );
+        Ok(())
+    }
+}
+
+/// A sysctl in seconds, as milliseconds; 0 (no renewal) when unreadable.
+fn read_ms(proc_sys: &Path, key: &str) -> u32 {
+    std::fs::read_to_string(proc_sys.join(key))
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .map_or(0, |secs| secs.saturating_mul(1000))
+}
+
+/// Loads the object; when pinned maps from an older layout block the load,
+/// moves them aside and loads once more with fresh maps. Links keep running
+/// the old programs (with the old maps) until the first sync swaps the new
+/// ones in, after filling the new maps: forwarding never stops.
+fn load(object: &[u8], pin_dir: &Path) -> Result<Datapath, DatapathError> {
+    match Datapath::load(object, pin_dir) {
+        Ok(dp) => Ok(dp),
+        Err(DatapathError::Load(e)) if ebpf::MAPS.iter().any(|m| pin_dir.join(m).exists()) => {
+            tracing::warn!(error = %e, "cannot reuse the pinned maps (layout changed?); rebuilding them");
+            for m in ebpf::MAPS {
+                let _ = std::fs::remove_file(pin_dir.join(m));
+            }
+            Datapath::load(object, pin_dir)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or(s)
+}
