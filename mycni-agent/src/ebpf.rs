@@ -135,6 +135,25 @@ impl Datapath {
         })
     }
 
+    /// The loaded program's fd, e.g. for BPF_PROG_TEST_RUN in tests.
+    pub fn program_fd(&self, p: Prog) -> Result<std::os::fd::BorrowedFd<'_>, DatapathError> {
+        use std::os::fd::AsFd;
+        let prog: &SchedClassifier = self
+            .bpf
+            .program(p.name())
+            .ok_or(DatapathError::MissingProgram(p.name()))?
+            .try_into()
+            .map_err(|source| DatapathError::Program {
+                name: p.name(),
+                source,
+            })?;
+        let fd = prog.fd().map_err(|source| DatapathError::Program {
+            name: p.name(),
+            source,
+        })?;
+        Ok(fd.as_fd())
+    }
+
     /// Where the pinned link of `prog` on `ifindex` lives.
     pub fn link_pin_path(&self, prog: Prog, ifindex: u32) -> PathBuf {
         link_pin_path(&self.pin_dir, prog, ifindex)
