@@ -330,6 +330,58 @@ impl Lab {
         in_netns(&self.spec.underlay_ns(), || http_get(&addr, "/metrics"))?
     }
 
+    /// A node's fast-path counters (packets per path name, e.g.
+    /// `fast_remote`), read from its metrics endpoint.
+    pub fn counters(&self, i: usize) -> Result<std::collections::BTreeMap<String, u64>> {
+        let m = self.metrics(i)?;
+        let mut out = std::collections::BTreeMap::new();
+        for line in m.lines() {
+            let Some(rest) = line.strip_prefix("mycni_datapath_packets_total{path=\"") else {
+                continue;
+            };
+            let name = rest.split('"').next().unwrap_or_default().to_string();
+            let n = rest
+                .rsplit(' ')
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            out.insert(name, n);
+        }
+        Ok(out)
+    }
+
+    /// Restarts every agent with `--datapath mode` (`ebpf` or `kernel`) and
+    /// waits until each is ready again and reports that datapath.
+    pub fn set_datapath(&mut self, mode: &str) -> Result<()> {
+        let args = &mut self.spec.agent_args;
+        if let Some(k) = args.iter().position(|a| a == "--datapath") {
+            args.drain(k..(k + 2).min(args.len()));
+        }
+        args.extend(["--datapath".to_string(), mode.to_string()]);
+        for i in 1..=self.spec.nodes {
+            self.restart_agent(i)?;
+        }
+        for i in 1..=self.spec.nodes {
+            wait_for(
+                &format!("node {i} to run the {mode} datapath"),
+                Duration::from_secs(30),
+                || {
+                    self.metrics(i)
+                        .map(|m| {
+                            m.lines().any(|l| {
+                                l == format!(
+                                    "mycni_datapath_ebpf {}",
+                                    u8::from(mode == "ebpf")
+                                )
+                            })
+                        })
+                        .unwrap_or(false)
+                },
+            )?;
+        }
+        Ok(())
+    }
+
     fn add_node(&self, i: usize) -> Result<()> {
         let s = &self.spec;
         let ns = s.node_name(i);
