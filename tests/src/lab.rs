@@ -278,6 +278,23 @@ impl Lab {
                 pods.push(self.add_pod(i, j)?);
             }
         }
+        // With the fast path on, up also means every pod's veth is attached
+        // (the agent picks new pods up on its next full pass).
+        for i in 1..=s.nodes {
+            let want = format!("mycni_datapath_entries{{map=\"local\"}} {}", s.pods);
+            wait_for(
+                &format!("{} to attach its pods", s.node_name(i)),
+                Duration::from_secs(30),
+                || {
+                    self.metrics(i)
+                        .map(|m| {
+                            m.lines().any(|l| l == "mycni_datapath_ebpf 0")
+                                || m.lines().any(|l| l == want)
+                        })
+                        .unwrap_or(false)
+                },
+            )?;
+        }
         let listing: Vec<Value> = pods
             .iter()
             .map(|p| json!({"node": p.node, "index": p.index, "ns": p.ns, "ip": p.ip.to_string()}))
@@ -369,10 +386,7 @@ impl Lab {
                     self.metrics(i)
                         .map(|m| {
                             m.lines().any(|l| {
-                                l == format!(
-                                    "mycni_datapath_ebpf {}",
-                                    u8::from(mode == "ebpf")
-                                )
+                                l == format!("mycni_datapath_ebpf {}", u8::from(mode == "ebpf"))
                             })
                         })
                         .unwrap_or(false)

@@ -3,14 +3,12 @@
 //! between pods on different nodes survives restarting the agents on both
 //! ends with no reset.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use mycni_tests::in_netns;
 use mycni_tests::lab::ECHO_PORT;
 
 mod common;
@@ -29,31 +27,7 @@ fn three_nodes_two_pods_all_reachable_and_streams_survive_agent_restarts() -> Re
     let src = pods.iter().find(|p| p.node == 1).context("pod on node 1")?;
     let dst = pods.iter().find(|p| p.node == 2).context("pod on node 2")?;
     let stop = Arc::new(AtomicBool::new(false));
-    let stop2 = stop.clone();
-    let addr = SocketAddr::from((dst.ip, ECHO_PORT));
-    let ns = src.ns.clone();
-    // A steady echo stream from node 1's pod to node 2's: any reset or
-    // stall shows up as an error or as the longest gap between round trips.
-    let stream = std::thread::spawn(move || -> Result<(u64, Duration)> {
-        in_netns(&ns, move || -> Result<(u64, Duration)> {
-            let mut c = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-            c.set_read_timeout(Some(Duration::from_secs(10)))?;
-            let buf = [0x5au8; 1024];
-            let mut back = [0u8; 1024];
-            let (mut rounds, mut longest) = (0u64, Duration::ZERO);
-            let mut last = Instant::now();
-            while !stop2.load(Ordering::Relaxed) {
-                c.write_all(&buf)?;
-                c.read_exact(&mut back)?;
-                anyhow::ensure!(back == buf, "corrupted echo");
-                rounds += 1;
-                longest = longest.max(last.elapsed());
-                last = Instant::now();
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Ok((rounds, longest))
-        })?
-    });
+    let stream = common::echo_stream(&src.ns, SocketAddr::from((dst.ip, ECHO_PORT)), stop.clone());
     std::thread::sleep(Duration::from_millis(500));
     l.restart_agent(1)?;
     l.restart_agent(2)?;

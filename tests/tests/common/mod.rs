@@ -1,8 +1,15 @@
 //! What the lab-based tests share: the binaries and a lab torn down on drop.
 
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
+use mycni_tests::in_netns;
 use mycni_tests::lab::{Bins, Lab, Spec};
 use mycni_tests::unique;
 
@@ -47,4 +54,35 @@ pub fn lab(nodes: usize, pods: usize) -> Result<TestLab> {
         agent_args: vec!["--resync".into(), "1s".into()],
         in_process_api: true,
     })?))
+}
+
+/// A steady echo stream from the pod netns `ns` to `addr` until `stop`:
+/// any reset or stall shows up as an error or as the longest gap between
+/// round trips. Returns (round trips, longest gap).
+pub fn echo_stream(
+    ns: &str,
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+) -> JoinHandle<Result<(u64, Duration)>> {
+    let ns = ns.to_string();
+    std::thread::spawn(move || -> Result<(u64, Duration)> {
+        in_netns(&ns, move || -> Result<(u64, Duration)> {
+            let mut c = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+            c.set_read_timeout(Some(Duration::from_secs(10)))?;
+            let buf = [0x5au8; 1024];
+            let mut back = [0u8; 1024];
+            let (mut rounds, mut longest) = (0u64, Duration::ZERO);
+            let mut last = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                c.write_all(&buf)?;
+                c.read_exact(&mut back)?;
+                anyhow::ensure!(back == buf, "corrupted echo");
+                rounds += 1;
+                longest = longest.max(last.elapsed());
+                last = Instant::now();
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Ok((rounds, longest))
+        })?
+    })
 }

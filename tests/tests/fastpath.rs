@@ -1,0 +1,302 @@
+//! The eBPF fast path in the lab (2 nodes x 2 pods, real agents, real
+//! kernel): the same connectivity as the kernel path; an established stream
+//! almost entirely fast-pathed while its SYN and FIN are not; kube-proxy-like
+//! Services (DNAT plus the INVALID drop) that still work because their flows
+//! stay on the kernel path; and streams that survive detaching every program
+//! and restarting the agent.
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use mycni_tests::lab::{ECHO_PORT, Lab, Pod};
+use mycni_tests::sh;
+use serde_json::Value;
+
+mod common;
+
+fn ns_sh(ns: &str, cmd: &str, args: &[&str]) -> Result<String> {
+    let mut full = vec!["netns", "exec", ns, cmd];
+    full.extend_from_slice(args);
+    sh("ip", &full)
+}
+
+fn delta(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>, k: &str) -> u64 {
+    after.get(k).copied().unwrap_or(0) - before.get(k).copied().unwrap_or(0)
+}
+
+fn kernel_total(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> u64 {
+    after
+        .keys()
+        .filter(|k| k.starts_with("kernel_"))
+        .map(|k| delta(after, before, k))
+        .sum()
+}
+
+/// Runs one iperf3 test from `client` to `target` against a one-shot
+/// iperf3 server on `server_port` in `server`'s netns, and returns the
+/// bytes the receiver got.
+fn iperf3(
+    server: &Pod,
+    server_port: u16,
+    client: &Pod,
+    target: SocketAddr,
+    how: &[&str],
+) -> Result<u64> {
+    ns_sh(
+        &server.ns,
+        "iperf3",
+        &["-s", "-D", "-1", "-p", &server_port.to_string()],
+    )?;
+    std::thread::sleep(Duration::from_millis(300));
+    let (ip, port) = (target.ip().to_string(), target.port().to_string());
+    let mut args = vec!["-c", ip.as_str(), "-p", port.as_str(), "-J"];
+    args.extend_from_slice(how);
+    let out = ns_sh(&client.ns, "iperf3", &args)?;
+    let v: Value = serde_json::from_str(&out).context("iperf3 -J output")?;
+    ensure!(v.get("error").is_none(), "iperf3 failed: {}", v["error"]);
+    v["end"]["sum_received"]["bytes"]
+        .as_u64()
+        .context("no received bytes in iperf3 output")
+}
+
+fn pods_by_node(l: &Lab) -> Result<(Pod, Pod, Pod)> {
+    let pods = l.pods()?;
+    let on = |n: usize, j: usize| {
+        pods.iter()
+            .find(|p| p.node == n && p.index == j)
+            .cloned()
+            .with_context(|| format!("no pod {j} on node {n}"))
+    };
+    Ok((on(1, 1)?, on(1, 2)?, on(2, 1)?))
+}
+
+/// Packets kube-proxy's INVALID rule dropped on node `i`.
+fn invalid_drops(l: &Lab, i: usize) -> Result<u64> {
+    let out = ns_sh(
+        &l.spec.node_name(i),
+        "iptables",
+        &["-L", "FORWARD", "-v", "-x", "-n"],
+    )?;
+    Ok(out
+        .lines()
+        .filter(|line| line.contains("ctstate INVALID"))
+        .filter_map(|line| line.split_whitespace().next()?.parse::<u64>().ok())
+        .sum())
+}
+
+/// kube-proxy's part on every node: `vip:port` DNATed to `backend`, and
+/// INVALID dropped in FORWARD.
+fn add_service(l: &Lab, vip: &str, port: u16, backend: SocketAddr) -> Result<()> {
+    for i in 1..=l.spec.nodes {
+        let ns = l.spec.node_name(i);
+        ns_sh(
+            &ns,
+            "iptables",
+            &[
+                "-t",
+                "nat",
+                "-A",
+                "PREROUTING",
+                "-d",
+                vip,
+                "-p",
+                "tcp",
+                "--dport",
+                &port.to_string(),
+                "-j",
+                "DNAT",
+                "--to-destination",
+                &backend.to_string(),
+            ],
+        )?;
+        let rules = ns_sh(&ns, "iptables", &["-S", "FORWARD"])?;
+        if !rules.contains("INVALID") {
+            ns_sh(
+                &ns,
+                "iptables",
+                &[
+                    "-I",
+                    "FORWARD",
+                    "-m",
+                    "conntrack",
+                    "--ctstate",
+                    "INVALID",
+                    "-j",
+                    "DROP",
+                ],
+            )?;
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn fast_path_forwards_established_flows_and_leaves_control_and_nat_to_the_kernel() -> Result<()> {
+    let mut t = common::lab(2, 2)?;
+    let l = &mut t.0;
+    let (a, a2, b) = pods_by_node(l)?;
+
+    let (fast_table, failed) = l.matrix()?;
+    assert_eq!(
+        failed, 0,
+        "unreachable pairs on the fast path:\n{fast_table}"
+    );
+    let c = l.counters(1)?;
+    for k in ["fast_remote", "fast_local", "fast_decap"] {
+        assert!(c.get(k).copied().unwrap_or(0) > 0, "{k} never used: {c:?}");
+    }
+
+    // An established stream takes the fast path; its SYN and FIN do not.
+    let (b1, b2) = (l.counters(1)?, l.counters(2)?);
+    let bytes = iperf3(&b, 5201, &a, SocketAddr::from((b.ip, 5201)), &["-t", "2"])?;
+    let (a1, a2c) = (l.counters(1)?, l.counters(2)?);
+    let fast = delta(&a1, &b1, "fast_remote");
+    let slow = kernel_total(&a1, &b1);
+    let share = fast as f64 / (fast + slow).max(1) as f64;
+    eprintln!(
+        "iperf3 {bytes} bytes; node1 from-pod: {fast} fast, {slow} kernel ({:.2}% fast); node2: {} fast_decap, {} kernel_tcp_control",
+        share * 100.0,
+        delta(&a2c, &b2, "fast_decap"),
+        delta(&a2c, &b2, "kernel_tcp_control"),
+    );
+    assert!(share >= 0.95, "only {:.2}% fast: {a1:?}", share * 100.0);
+    // SYN and FIN of iperf3's control and data connections: the client's on
+    // node 1, the server's SYN-ACKs and FINs on node 2.
+    assert!(delta(&a1, &b1, "kernel_tcp_control") >= 4, "{a1:?}");
+    assert!(delta(&a2c, &b2, "kernel_tcp_control") >= 4, "{a2c:?}");
+
+    // Services: one backend on the other node, one on the client's node.
+    let cases = [
+        ("remote backend", "10.96.0.10", b.clone()),
+        ("local backend", "10.96.0.11", a2.clone()),
+    ];
+    for (what, vip, backend) in &cases {
+        add_service(l, vip, 80, SocketAddr::from((backend.ip, ECHO_PORT)))?;
+        add_service(l, vip, 81, SocketAddr::from((backend.ip, 5202)))?;
+        let before = l.counters(1)?;
+        let addr = format!("{vip}:80");
+        for _ in 0..5 {
+            ns_sh(
+                &a.ns,
+                &l.spec.bins.lab.to_string_lossy(),
+                &["tcp-probe", &addr],
+            )
+            .with_context(|| format!("Service connection to {addr} ({what})"))?;
+        }
+        let moved = iperf3(
+            backend,
+            5202,
+            &a,
+            SocketAddr::from((vip.parse::<Ipv4Addr>()?, 81)),
+            &["-n", "300M"],
+        )
+        .with_context(|| format!("300 MB through the Service ({what})"))?;
+        let after = l.counters(1)?;
+        let nat = delta(&after, &before, "kernel_nat");
+        eprintln!(
+            "Service {vip} ({what}): {moved} bytes; node1 kernel_nat +{nat}, kernel_unknown_dest +{}, fast +{}",
+            delta(&after, &before, "kernel_unknown_dest"),
+            delta(&after, &before, "fast_remote")
+                + delta(&after, &before, "fast_local")
+                + delta(&after, &before, "fast_decap"),
+        );
+        assert!(moved >= 300 << 20, "{what}: only {moved} bytes arrived");
+        // The backend's replies meet the client node's NATed conntrack entry
+        // and are left to the kernel to un-NAT.
+        assert!(
+            nat > 1000,
+            "{what}: replies not kept on the kernel path: {after:?}"
+        );
+    }
+    for i in 1..=2 {
+        assert_eq!(invalid_drops(l, i)?, 0, "INVALID drops on node {i}");
+    }
+
+    // The kernel path alone gives the same matrix.
+    l.set_datapath("kernel")?;
+    let (kernel_table, failed) = l.matrix()?;
+    assert_eq!(
+        failed, 0,
+        "unreachable pairs on the kernel path:\n{kernel_table}"
+    );
+    assert_eq!(fast_table, kernel_table);
+    Ok(())
+}
+
+#[test]
+fn streams_survive_detaching_every_program_and_restarting_the_agent() -> Result<()> {
+    let mut t = common::lab(2, 1)?;
+    let l = &mut t.0;
+    let pods = l.pods()?;
+    let src = pods.iter().find(|p| p.node == 1).context("pod on node 1")?;
+    let dst = pods.iter().find(|p| p.node == 2).context("pod on node 2")?;
+    for i in 1..=2 {
+        ns_sh(
+            &l.spec.node_name(i),
+            "iptables",
+            &[
+                "-I",
+                "FORWARD",
+                "-m",
+                "conntrack",
+                "--ctstate",
+                "INVALID",
+                "-j",
+                "DROP",
+            ],
+        )?;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let stream = common::echo_stream(&src.ns, SocketAddr::from((dst.ip, ECHO_PORT)), stop.clone());
+    let fast_now = |l: &Lab| -> u64 {
+        l.counters(1)
+            .map_or(0, |c| c.get("fast_remote").copied().unwrap_or(0))
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let f0 = fast_now(l);
+    std::thread::sleep(Duration::from_millis(500));
+    ensure!(fast_now(l) > f0, "the stream is not on the fast path");
+
+    // Every program detached: the kernel path carries the stream on.
+    l.set_datapath("kernel")?;
+    std::thread::sleep(Duration::from_millis(500));
+    // Back to the fast path: a fresh load picks the stream up again.
+    l.set_datapath("ebpf")?;
+    std::thread::sleep(Duration::from_millis(500));
+    let f1 = fast_now(l);
+    std::thread::sleep(Duration::from_millis(500));
+    ensure!(
+        fast_now(l) > f1,
+        "the fast path did not resume after re-enabling it"
+    );
+
+    // An agent restart swaps the program in place: forwarding never stops.
+    l.restart_agent(1)?;
+    l.restart_agent(2)?;
+    std::thread::sleep(Duration::from_millis(500));
+    let f2 = fast_now(l);
+    std::thread::sleep(Duration::from_millis(500));
+    ensure!(
+        fast_now(l) > f2,
+        "the fast path did not resume after the restart"
+    );
+
+    stop.store(true, Ordering::Relaxed);
+    let (rounds, longest) = stream
+        .join()
+        .map_err(|_| anyhow::anyhow!("stream thread panicked"))??;
+    eprintln!(
+        "stream across detach, re-attach and agent restarts: {rounds} round trips, longest gap {} ms",
+        longest.as_millis()
+    );
+    assert!(rounds > 200, "only {rounds} round trips");
+    assert!(longest < Duration::from_secs(1), "gap of {longest:?}");
+    for i in 1..=2 {
+        assert_eq!(invalid_drops(l, i)?, 0, "INVALID drops on node {i}");
+    }
+    Ok(())
+}
