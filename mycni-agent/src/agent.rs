@@ -552,6 +552,10 @@ pub async fn uninstall(cfg: &Config) -> Result<()> {
     let _ = std::fs::remove_file(cfg.cni_conf_dir.join(CONFLIST_NAME));
     let _ = std::fs::remove_file(cfg.state_dir.join("ready"));
     crate::masq::uninstall()?;
+    match crate::ebpf::detach_all(&cfg.pin_dir) {
+        Ok(n) => tracing::info!(links = n, "detached the fast path"),
+        Err(e) => tracing::warn!(error = %e, "cannot detach the fast path"),
+    }
     let kernel = Kernel::new()?;
     if let Some(l) = kernel.link(&cfg.vxlan_name).await? {
         kernel.del_link(l.index).await?;
