@@ -7,6 +7,7 @@
 pub mod agent;
 pub mod ebpf;
 pub mod fastpath;
+pub mod inspect;
 pub mod kernel;
 pub mod masq;
 pub mod metrics;

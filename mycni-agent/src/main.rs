@@ -36,7 +36,14 @@ enum Cmd {
         #[arg(long, default_value = "/host/opt/cni/bin")]
         dst_dir: PathBuf,
     },
-    /// Remove the conflist, ready marker, masquerade rules and the VXLAN device.
+    /// Print the fast path's pinned state: attachments, peers, local
+    /// endpoints and counters (works while the agent is down).
+    Inspect {
+        /// bpffs mount; the state lives under <bpffs>/mycni.
+        #[arg(long, env = "MYCNI_BPFFS", default_value = "/sys/fs/bpf")]
+        bpffs: PathBuf,
+    },
+    /// Remove the conflist, ready marker, masquerade rules, the fast path and the VXLAN device.
     Uninstall(RunArgs),
 }
 
@@ -183,6 +190,10 @@ fn main() -> Result<()> {
         .build()?;
     match cli.cmd {
         Some(Cmd::InstallCni { src, dst_dir }) => install_cni(&src, &dst_dir),
+        Some(Cmd::Inspect { bpffs }) => {
+            print!("{}", mycni_agent::inspect::render(&bpffs.join("mycni"))?);
+            Ok(())
+        }
         Some(Cmd::Uninstall(args)) => rt.block_on(agent::uninstall(&args.config()?)),
         Some(Cmd::Run(args)) => run(&rt, args),
         None => run(&rt, cli.run),

@@ -1,0 +1,141 @@
+//! `mycni-agent inspect`: the fast path's pinned state in human form. Reads
+//! bpffs directly, so it works with the agent down and from `kubectl exec`.
+
+use std::fmt::Write as _;
+use std::net::Ipv4Addr;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+use crate::ebpf::{self, Prog};
+use crate::peers::format_mac;
+
+fn ifname(index: u32) -> String {
+    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: buf has IF_NAMESIZE bytes, as if_indextoname requires.
+    let p = unsafe { libc::if_indextoname(index, buf.as_mut_ptr()) };
+    if p.is_null() {
+        return "(gone)".to_owned();
+    }
+    // SAFETY: on success the kernel wrote a NUL-terminated name into buf.
+    unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn human(n: u64) -> String {
+    match n {
+        0..1_000 => n.to_string(),
+        1_000..1_000_000 => format!("{:.1}k", n as f64 / 1e3),
+        1_000_000..1_000_000_000 => format!("{:.1}M", n as f64 / 1e6),
+        _ => format!("{:.1}G", n as f64 / 1e9),
+    }
+}
+
+/// Renders everything pinned under `pin_dir`.
+pub fn render(pin_dir: &Path) -> Result<String> {
+    let mut o = String::new();
+    let cfg = match ebpf::read_config(pin_dir) {
+        Ok(c) => c,
+        Err(e) => {
+            return Ok(format!(
+                "no fast path pinned at {} ({e}): the node runs the kernel path, or the agent has not started\n",
+                pin_dir.display()
+            ));
+        }
+    };
+    writeln!(o, "fast path pinned at {}", pin_dir.display())?;
+    writeln!(
+        o,
+        "  vxlan: {} (ifindex {}), VTEP MAC {}",
+        ifname(cfg.vxlan_ifindex),
+        cfg.vxlan_ifindex,
+        format_mac(&cfg.vtep_mac)
+    )?;
+    writeln!(
+        o,
+        "  conntrack renewal: tcp {} s, udp {} s",
+        cfg.tcp_timeout_ms / 1000,
+        cfg.udp_timeout_ms / 1000
+    )?;
+
+    let links = ebpf::pinned_links(pin_dir)?;
+    writeln!(o, "\nattached ({}):", links.len())?;
+    for (p, ifindex) in &links {
+        let hook = match p {
+            Prog::FromPod => "pod veth ingress",
+            Prog::FromVxlan => "vxlan ingress",
+        };
+        writeln!(
+            o,
+            "  {:<18} {:<16} ifindex {:<6} {hook}",
+            p.name(),
+            ifname(*ifindex),
+            ifindex
+        )?;
+    }
+
+    let remote = ebpf::read_remote(pin_dir).context("reading mycni_remote")?;
+    writeln!(o, "\npeers: remote podCIDRs ({}):", remote.len())?;
+    for ((addr, prefix), r) in &remote {
+        let host = Ipv4Addr::from(r.host_ip.to_ne_bytes());
+        writeln!(
+            o,
+            "  {:<18} -> VTEP {}  host {}",
+            format!("{addr}/{prefix}"),
+            format_mac(&r.vtep_mac),
+            host
+        )?;
+    }
+
+    let local = ebpf::read_local(pin_dir).context("reading mycni_local")?;
+    writeln!(o, "\nlocal endpoints ({}):", local.len())?;
+    for (ip, ep) in &local {
+        writeln!(
+            o,
+            "  {:<15} veth {:<16} ifindex {:<6} pod MAC {}  gateway MAC {}",
+            ip.to_string(),
+            ifname(ep.ifindex),
+            ep.ifindex,
+            format_mac(&ep.pod_mac),
+            format_mac(&ep.host_mac)
+        )?;
+    }
+
+    let counters = ebpf::read_counters(pin_dir)?;
+    let total: u64 = counters.iter().map(|(_, c)| c.packets).sum();
+    let fast: u64 = counters
+        .iter()
+        .filter(|(p, _)| p.is_fast())
+        .map(|(_, c)| c.packets)
+        .sum();
+    writeln!(
+        o,
+        "\ncounters (since the maps were created): {} packets, {:.1}% fast",
+        human(total),
+        if total == 0 {
+            0.0
+        } else {
+            fast as f64 * 100.0 / total as f64
+        }
+    )?;
+    writeln!(o, "  {:<30} {:>10} {:>10}", "path", "packets", "bytes")?;
+    let mut hidden = 0;
+    for (p, c) in counters {
+        if c.packets == 0 && !p.is_fast() {
+            hidden += 1;
+            continue;
+        }
+        writeln!(
+            o,
+            "  {:<30} {:>10} {:>10}",
+            p.name(),
+            human(c.packets),
+            human(c.bytes)
+        )?;
+    }
+    if hidden > 0 {
+        writeln!(o, "  ({hidden} fallback reasons with no packets not shown)")?;
+    }
+    Ok(o)
+}
