@@ -50,6 +50,8 @@ pub struct Config {
     pub ipam_data_dir: Option<PathBuf>,
     pub plugin_log_file: Option<PathBuf>,
     pub datapath: Mode,
+    /// Enable the programs' aya-log output (every packet; debugging only).
+    pub ebpf_log: bool,
     /// Where maps, programs and links are pinned (`<bpffs>/mycni`).
     pub pin_dir: PathBuf,
 }
@@ -355,6 +357,7 @@ async fn run_inner(cfg: &Config, metrics: Arc<Metrics>) -> Result<()> {
     let fast = FastPath::start(
         cfg.datapath,
         crate::ebpf::embedded_object(),
+        cfg.ebpf_log,
         &cfg.pin_dir,
         &cfg.proc_sys,
         metrics.clone(),

@@ -103,6 +103,14 @@ impl Datapath {
     /// counters and forwarding state survive an agent restart) and pinning
     /// the ones that are not.
     pub fn load(object: &[u8], pin_dir: &Path) -> Result<Self, DatapathError> {
+        Self::load_with_log(object, pin_dir, false)
+    }
+
+    /// [`Self::load`], with the programs' aya-log statements enabled at
+    /// debug level when `log` is set (read them with [`Self::take_logger`]).
+    /// Disabled, the level is a load-time 0 and the verifier prunes the
+    /// logging code from the hot path.
+    pub fn load_with_log(object: &[u8], pin_dir: &Path, log: bool) -> Result<Self, DatapathError> {
         for dir in [pin_dir.to_path_buf(), pin_dir.join("links")] {
             std::fs::create_dir_all(&dir).map_err(|source| DatapathError::PinDir {
                 path: dir.clone(),
@@ -110,6 +118,8 @@ impl Datapath {
             })?;
         }
         let mut loader = EbpfLoader::new();
+        let level: u8 = if log { aya_log::Level::Debug as u8 } else { 0 };
+        loader.override_global(aya_log::LEVEL, &level, true);
         let paths: Vec<(&str, PathBuf)> = MAPS.iter().map(|m| (*m, pin_dir.join(m))).collect();
         for (name, path) in &paths {
             loader.map_pin_path(name, path.as_path());
@@ -133,6 +143,12 @@ impl Datapath {
             bpf,
             pin_dir: pin_dir.to_path_buf(),
         })
+    }
+
+    /// The reader of the programs' log records (once; None after that or
+    /// when the object has no log map).
+    pub fn take_logger(&mut self) -> Option<aya_log::EbpfLogger<&'static dyn log::Log>> {
+        aya_log::EbpfLogger::init(&mut self.bpf).ok()
     }
 
     /// The loaded program's fd, e.g. for BPF_PROG_TEST_RUN in tests.

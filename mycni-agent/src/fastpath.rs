@@ -64,6 +64,7 @@ impl FastPath {
     pub fn start(
         mode: Mode,
         object: Option<&[u8]>,
+        log: bool,
         pin_dir: &Path,
         proc_sys: &Path,
         metrics: Arc<Metrics>,
@@ -84,8 +85,11 @@ impl FastPath {
                 "this agent was built without the eBPF object (cargo xtask build-ebpf --release)"
                     .to_owned()
             }
-            (Mode::Ebpf, Some(obj)) => match load(obj, pin_dir) {
-                Ok(dp) => {
+            (Mode::Ebpf, Some(obj)) => match load(obj, pin_dir, log) {
+                Ok(mut dp) => {
+                    if log {
+                        spawn_log_reader(&mut dp);
+                    }
                     fp.dp = Some(dp);
                     if let Err(e) = fp.prepare_conntrack() {
                         tracing::warn!(error = %format!("{e:#}"), "cannot set conntrack sysctls; TCP flows closed after fast-pathed data may be seen as INVALID");
@@ -285,18 +289,51 @@ fn read_ms(proc_sys: &Path, key: &str) -> u32 {
 /// moves them aside and loads once more with fresh maps. Links keep running
 /// the old programs (with the old maps) until the first sync swaps the new
 /// ones in, after filling the new maps: forwarding never stops.
-fn load(object: &[u8], pin_dir: &Path) -> Result<Datapath, DatapathError> {
-    match Datapath::load(object, pin_dir) {
+fn load(object: &[u8], pin_dir: &Path, log: bool) -> Result<Datapath, DatapathError> {
+    match Datapath::load_with_log(object, pin_dir, log) {
         Ok(dp) => Ok(dp),
         Err(DatapathError::Load(e)) if ebpf::MAPS.iter().any(|m| pin_dir.join(m).exists()) => {
             tracing::warn!(error = %e, "cannot reuse the pinned maps (layout changed?); rebuilding them");
             for m in ebpf::MAPS {
                 let _ = std::fs::remove_file(pin_dir.join(m));
             }
-            Datapath::load(object, pin_dir)
+            Datapath::load_with_log(object, pin_dir, log)
         }
         Err(e) => Err(e),
     }
+}
+
+/// Forwards the programs' aya-log records (--ebpf-log) to the agent's log.
+/// Every packet logs a line: for debugging only.
+fn spawn_log_reader(dp: &mut Datapath) {
+    let Some(logger) = dp.take_logger() else {
+        tracing::warn!("--ebpf-log: the eBPF object has no log map");
+        return;
+    };
+    tracing::warn!(
+        "--ebpf-log: every packet the fast path sees is logged at debug level (MYCNI_LOG=debug); not for production"
+    );
+    tokio::spawn(async move {
+        // SAFETY: the logger owns the ring buffer's fd and keeps it open
+        // for as long as the AsyncFd owns the logger.
+        let registered = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE)
+        };
+        let mut fd = match registered {
+            Ok(fd) => fd,
+            Err(e) => {
+                tracing::warn!(error = %e.into_parts().1, "cannot poll the eBPF log ring buffer");
+                return;
+            }
+        };
+        loop {
+            let Ok(mut guard) = fd.readable_mut().await else {
+                return;
+            };
+            guard.get_inner_mut().flush();
+            guard.clear_ready();
+        }
+    });
 }
 
 fn first_line(s: &str) -> &str {

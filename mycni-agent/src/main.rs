@@ -105,6 +105,11 @@ struct RunArgs {
     /// routes, ARP and FDB only, and anything mycni attached is detached.
     #[arg(long, env = "MYCNI_DATAPATH", default_value = "ebpf")]
     datapath: Mode,
+    /// Log every packet the tc programs see (aya-log, at debug level; also
+    /// set MYCNI_LOG=debug). Costs a ring-buffer write per packet: for
+    /// debugging only. Off, the logging code is pruned at load time.
+    #[arg(long, env = "MYCNI_EBPF_LOG")]
+    ebpf_log: bool,
     /// Lease directory for the plugin's built-in IPAM, put into the conflist
     /// (default: the plugin's /var/lib/cni/networks).
     #[arg(long)]
@@ -158,6 +163,7 @@ impl RunArgs {
             ipam_data_dir: self.ipam_data_dir,
             plugin_log_file: self.plugin_log_file,
             datapath: self.datapath,
+            ebpf_log: self.ebpf_log,
             pin_dir: self.bpffs.join("mycni"),
         })
     }

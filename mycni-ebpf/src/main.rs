@@ -29,6 +29,7 @@ use aya_ebpf::{
     macros::{btf_map, classifier},
     programs::TcContext,
 };
+use aya_log_ebpf::debug;
 use mycni_common::{
     DpConfig, LOCAL_MAX, LocalEndpoint, Path, PathCounter, REMOTE_MAX, RemoteNode, TCX_NEXT,
 };
@@ -81,6 +82,7 @@ unsafe extern "C" {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
 enum From {
     Pod,
     Vxlan,
@@ -116,6 +118,12 @@ fn run(ctx: &TcContext, from: From) -> i32 {
     let len = ctx.len();
     let (path, verdict) = forward(ctx, from);
     count(path, len);
+    // Off unless the agent runs with --ebpf-log: AYA_LOG_LEVEL is then a
+    // load-time 0 and the verifier prunes this call from the hot path.
+    debug!(
+        ctx,
+        "from {} path {} len {} verdict {}", from as u32, path as u32, len, verdict
+    );
     verdict
 }
 
