@@ -59,7 +59,10 @@ pub fn lab(nodes: usize, pods: usize) -> Result<TestLab> {
 /// A steady echo stream from the pod netns `ns` to `addr` until `stop`:
 /// any reset or stall shows up as an error or as the longest gap between
 /// round trips. Returns (round trips, longest gap).
-#[allow(dead_code, reason = "not every test binary that includes common streams")]
+#[allow(
+    dead_code,
+    reason = "not every test binary that includes common streams"
+)]
 pub fn echo_stream(
     ns: &str,
     addr: SocketAddr,
