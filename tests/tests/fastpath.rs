@@ -255,7 +255,8 @@ fn fast_path_forwards_established_flows_and_leaves_control_and_nat_to_the_kernel
 }
 
 #[test]
-fn streams_survive_detaching_every_program_and_restarting_the_agent() -> Result<()> {
+fn streams_survive_detaching_every_program_and_restarting_the_agent_and_maps_stay_kernel_backed()
+-> Result<()> {
     let mut t = common::lab(2, 1)?;
     let l = &mut t.0;
     let pods = l.pods()?;
@@ -310,6 +311,93 @@ fn streams_survive_detaching_every_program_and_restarting_the_agent() -> Result<
     ensure!(
         fast_now(l) > f2,
         "the fast path did not resume after the restart"
+    );
+
+    // Entries the kernel does not back are removed by the next full pass.
+    let pin = l.spec.pin_dir(1);
+    let map = |m: &str| pin.join(m).to_string_lossy().into_owned();
+    sh(
+        "bpftool",
+        &[
+            "map",
+            "update",
+            "pinned",
+            &map("mycni_local"),
+            "key",
+            "10",
+            "244",
+            "1",
+            "99",
+            "value",
+            "1",
+            "0",
+            "0",
+            "0",
+            "2",
+            "0",
+            "0",
+            "0",
+            "0",
+            "1",
+            "2",
+            "0",
+            "0",
+            "0",
+            "0",
+            "2",
+        ],
+    )?;
+    sh(
+        "bpftool",
+        &[
+            "map",
+            "update",
+            "pinned",
+            &map("mycni_remote"),
+            "key",
+            "24",
+            "0",
+            "0",
+            "0",
+            "10",
+            "244",
+            "9",
+            "0",
+            "value",
+            "2",
+            "0",
+            "0",
+            "0",
+            "0",
+            "9",
+            "0",
+            "0",
+            "1",
+            "2",
+            "3",
+            "4",
+        ],
+    )?;
+    let dump = |m: &str| sh("bpftool", &["-j", "map", "dump", "pinned", &map(m)]);
+    ensure!(
+        dump("mycni_local")?.contains("99"),
+        "bogus local entry not written"
+    );
+    let t0 = std::time::Instant::now();
+    loop {
+        let (local, remote) = (dump("mycni_local")?, dump("mycni_remote")?);
+        if !local.contains("[10,244,1,99]") && !remote.contains("[10,244,9,0]") {
+            break;
+        }
+        ensure!(
+            t0.elapsed() < Duration::from_secs(5),
+            "unbacked map entries survive: {local} {remote}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!(
+        "unbacked map entries removed after {} ms",
+        t0.elapsed().as_millis()
     );
 
     stop.store(true, Ordering::Relaxed);
