@@ -52,6 +52,8 @@ pub struct Config {
     pub datapath: Mode,
     /// Enable the programs' aya-log output (every packet; debugging only).
     pub ebpf_log: bool,
+    /// Load this eBPF object instead of the embedded one.
+    pub ebpf_object: Option<PathBuf>,
     /// Where maps, programs and links are pinned (`<bpffs>/mycni`).
     pub pin_dir: PathBuf,
 }
@@ -354,9 +356,15 @@ async fn run_inner(cfg: &Config, metrics: Arc<Metrics>) -> Result<()> {
     };
     tracing::info!(node = %node_name, pod_cidr = %own_cidr, underlay = %underlay.name, host_ip = %underlay.ip, vtep_mac = %format_mac(&mac), mtu = vx.mtu, "bringing the overlay up");
     kernel.ensure_vxlan(&vx).await?;
+    let object = match &cfg.ebpf_object {
+        Some(p) => Some(
+            std::fs::read(p).with_context(|| format!("reading --ebpf-object {}", p.display()))?,
+        ),
+        None => crate::ebpf::embedded_object().map(<[u8]>::to_vec),
+    };
     let fast = FastPath::start(
         cfg.datapath,
-        crate::ebpf::embedded_object(),
+        object.as_deref(),
         cfg.ebpf_log,
         &cfg.pin_dir,
         &cfg.proc_sys,

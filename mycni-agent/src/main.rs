@@ -110,6 +110,9 @@ struct RunArgs {
     /// debugging only. Off, the logging code is pruned at load time.
     #[arg(long, env = "MYCNI_EBPF_LOG")]
     ebpf_log: bool,
+    /// Load this eBPF object instead of the one built into the agent.
+    #[arg(long, env = "MYCNI_EBPF_OBJECT")]
+    ebpf_object: Option<PathBuf>,
     /// Lease directory for the plugin's built-in IPAM, put into the conflist
     /// (default: the plugin's /var/lib/cni/networks).
     #[arg(long)]
@@ -164,6 +167,7 @@ impl RunArgs {
             plugin_log_file: self.plugin_log_file,
             datapath: self.datapath,
             ebpf_log: self.ebpf_log,
+            ebpf_object: self.ebpf_object,
             pin_dir: self.bpffs.join("mycni"),
         })
     }

@@ -415,3 +415,51 @@ fn streams_survive_detaching_every_program_and_restarting_the_agent_and_maps_sta
     }
     Ok(())
 }
+
+#[test]
+fn a_program_the_kernel_rejects_leaves_a_working_kernel_path_and_says_why() -> Result<()> {
+    // The real object with its license changed: the verifier refuses its
+    // GPL-only helpers and kfuncs, as it would refuse any program it cannot
+    // accept on some kernel.
+    let object = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../target/ebpf/bpfel-unknown-none/release/mycni-ebpf"
+    ))
+    .context("the eBPF object (run via `cargo xtask test`)")?;
+    let lic = b"Dual MIT/GPL\0";
+    let at = object
+        .windows(lic.len())
+        .position(|w| w == lic)
+        .context("no license string in the object")?;
+    let mut bad = object.clone();
+    bad[at..at + lic.len()].copy_from_slice(b"Proprietary!\0");
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("rejected.o");
+    std::fs::write(&path, &bad)?;
+
+    let t = common::lab_with(2, 1, &["--ebpf-object", &path.to_string_lossy()])?;
+    let l = &t.0;
+    let (table, failed) = l.matrix()?;
+    assert_eq!(
+        failed, 0,
+        "kernel path incomplete after a failed load:\n{table}"
+    );
+    let m = l.metrics(1)?;
+    assert!(m.lines().any(|x| x == "mycni_datapath_ebpf 0"), "{m}");
+    assert!(
+        m.lines().any(|x| x == "mycni_ebpf_load_failures_total 1"),
+        "{m}"
+    );
+    let status = l.status()?;
+    assert!(
+        status.contains("datapath kernel: eBPF load failed"),
+        "{status}"
+    );
+    let log = std::fs::read_to_string(l.spec.node_dir(1).join("agent.log"))?;
+    assert!(
+        log.contains("GPL"),
+        "the agent's log lacks the verifier's reason:\n{log}"
+    );
+    eprintln!("{status}");
+    Ok(())
+}

@@ -35,6 +35,11 @@ impl Drop for TestLab {
 
 /// A lab with the API fixture in this process and a 1 s resync.
 pub fn lab(nodes: usize, pods: usize) -> Result<TestLab> {
+    lab_with(nodes, pods, &[])
+}
+
+/// [`lab`], with extra arguments for every agent.
+pub fn lab_with(nodes: usize, pods: usize, agent_args: &[&str]) -> Result<TestLab> {
     let b = bins();
     if !b.agent.exists() || !b.plugin.exists() {
         bail!(
@@ -51,7 +56,11 @@ pub fn lab(nodes: usize, pods: usize) -> Result<TestLab> {
         pods,
         root,
         bins: b,
-        agent_args: vec!["--resync".into(), "1s".into()],
+        agent_args: ["--resync", "1s"]
+            .iter()
+            .chain(agent_args)
+            .map(|a| a.to_string())
+            .collect(),
         in_process_api: true,
     })?))
 }

@@ -1,0 +1,1068 @@
+//! The tc programs of `mycni-ebpf`, verdict by verdict: the real kernel runs
+//! the real verified object (`BPF_PROG_TEST_RUN`) on packets made here, and
+//! every case checks the verdict, the packet the program hands back and that
+//! exactly one counter moved, by one packet and the packet's length.
+//!
+//! Each test gets its own network namespace and bpffs. `BPF_PROG_TEST_RUN`
+//! builds the skb in the calling thread's namespace, so the program's
+//! conntrack lookup sees that namespace's table; the "established" flows are
+//! therefore real connections opened there over loopback (conntrack made
+//! active by an nftables rule), and the packets under test carry their exact
+//! tuples.
+//!
+//! Topology the maps describe: this node holds pods A (10.244.1.5) and B
+//! (10.244.1.9); a peer node holds 10.244.2.0/24, with pod R (10.244.2.7).
+//! All three addresses live on the namespace's loopback so real flows
+//! between them exist.
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::Path as FsPath;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use mycni_agent::ebpf::{
+    Datapath, Prog, embedded_object, read_counters, sync_local, sync_remote, write_config,
+};
+use mycni_common::{DpConfig, LocalEndpoint, Path, PathCounter, RemoteNode, TCX_NEXT};
+use mycni_tests::testrun::{Outcome, run_skb};
+use mycni_tests::{BpfFs, NetNs};
+
+const TC_ACT_REDIRECT: i32 = 7;
+
+const POD_A: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 5);
+const POD_B: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 9);
+const POD_R: Ipv4Addr = Ipv4Addr::new(10, 244, 2, 7);
+/// In no map: neither a pod here nor in a peer's podCIDR.
+const UNKNOWN: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
+/// Service IPs, DNATed (in the namespace's OUTPUT hook) to pods R and B.
+const SVC_TO_R: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+const SVC_TO_B: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 11);
+const SERVER_PORT: u16 = 7777;
+
+const VXLAN_IFINDEX: u32 = 1000;
+const VTEP_MAC: [u8; 6] = [0x02, 0x00, 0x00, 0x00, 0x01, 0x01];
+const PEER_VTEP_MAC: [u8; 6] = [0x02, 0x00, 0x00, 0x00, 0x02, 0x01];
+const POD_A_MAC: [u8; 6] = [0x02, 0xaa, 0x00, 0x00, 0x00, 0x05];
+const HOST_A_MAC: [u8; 6] = [0x02, 0xee, 0x00, 0x00, 0x00, 0x05];
+const POD_B_MAC: [u8; 6] = [0x02, 0xaa, 0x00, 0x00, 0x00, 0x09];
+const HOST_B_MAC: [u8; 6] = [0x02, 0xee, 0x00, 0x00, 0x00, 0x09];
+
+const ETH_P_IP: u16 = 0x0800;
+const ETH_P_ARP: u16 = 0x0806;
+const ETH_P_IPV6: u16 = 0x86dd;
+const ETH_P_8021Q: u16 = 0x8100;
+const IPPROTO_ICMP: u8 = 1;
+const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
+const FIN: u8 = 0x01;
+const SYN: u8 = 0x02;
+const RST: u8 = 0x04;
+const PSH: u8 = 0x08;
+const ACK: u8 = 0x10;
+/// Offsets in an Ethernet frame carrying IPv4.
+const IP: usize = 14;
+const TTL: usize = IP + 8;
+const CSUM: usize = IP + 10;
+
+fn config() -> DpConfig {
+    DpConfig {
+        vxlan_ifindex: VXLAN_IFINDEX,
+        tcp_timeout_ms: 432_000_000,
+        udp_timeout_ms: 120_000,
+        vtep_mac: VTEP_MAC,
+        _pad: [0; 2],
+    }
+}
+
+fn remote_map() -> BTreeMap<(Ipv4Addr, u8), RemoteNode> {
+    let peer = RemoteNode {
+        vtep_mac: PEER_VTEP_MAC,
+        _pad: [0; 2],
+        host_ip: u32::from_ne_bytes([192, 168, 0, 2]),
+    };
+    BTreeMap::from([((Ipv4Addr::new(10, 244, 2, 0), 24), peer)])
+}
+
+fn local_map() -> BTreeMap<Ipv4Addr, LocalEndpoint> {
+    BTreeMap::from([
+        (
+            POD_A,
+            LocalEndpoint {
+                ifindex: 101,
+                pod_mac: POD_A_MAC,
+                host_mac: HOST_A_MAC,
+            },
+        ),
+        (
+            POD_B,
+            LocalEndpoint {
+                ifindex: 102,
+                pod_mac: POD_B_MAC,
+                host_mac: HOST_B_MAC,
+            },
+        ),
+    ])
+}
+
+// ---------------------------------------------------------------------------
+// The node: a namespace with conntrack on, a bpffs, the loaded programs.
+
+struct Node {
+    // Dropped in this order: the namespace, then the bpffs mount.
+    ns: NetNs,
+    bpffs: BpfFs,
+}
+
+impl Node {
+    fn new(tag: &str) -> Result<Self> {
+        let node = Self {
+            ns: NetNs::new(tag)?,
+            bpffs: BpfFs::new()?,
+        };
+        for ip in [POD_A, POD_B, POD_R] {
+            node.ns
+                .exec("ip", &["addr", "add", &format!("{ip}/32"), "dev", "lo"])?;
+        }
+        // Any rule matching on ct state makes conntrack track this namespace.
+        node.ns.exec(
+            "nft",
+            &["add table ip mycni_t; \
+               add chain ip mycni_t out { type filter hook output priority 0; }; \
+               add rule ip mycni_t out ct state established accept"],
+        )?;
+        Ok(node)
+    }
+
+    /// Also DNATs the Service IPs, like kube-proxy, to pods R and B.
+    fn with_services(self) -> Result<Self> {
+        self.ns
+            .exec("ip", &["route", "add", "10.96.0.0/16", "dev", "lo"])?;
+        self.ns.exec(
+            "nft",
+            &[&format!(
+                "add table ip mycni_nat; \
+                 add chain ip mycni_nat out {{ type nat hook output priority -100; }}; \
+                 add rule ip mycni_nat out ip daddr {SVC_TO_R} tcp dport 80 dnat to {POD_R}:{SERVER_PORT}; \
+                 add rule ip mycni_nat out ip daddr {SVC_TO_B} tcp dport 80 dnat to {POD_B}:{SERVER_PORT}"
+            )],
+        )?;
+        Ok(self)
+    }
+
+    /// Runs `f` on a thread inside the namespace, with the programs loaded
+    /// and the remote and local maps filled (the config is left to `f`).
+    fn run<T: Send>(&self, f: impl FnOnce(&Dp) -> Result<T> + Send) -> Result<T> {
+        let object = embedded_object().context(
+            "agent built without eBPF object: run `cargo xtask build-ebpf --release` first",
+        )?;
+        let pin = self.bpffs.path();
+        self.ns.run_in(|| {
+            let dp = Datapath::load(object, pin)?;
+            sync_remote(pin, &remote_map())?;
+            sync_local(pin, &local_map())?;
+            f(&Dp { dp, pin })
+        })?
+    }
+}
+
+/// The loaded programs; lives on the thread inside the namespace.
+struct Dp<'a> {
+    dp: Datapath,
+    pin: &'a FsPath,
+}
+
+impl Dp<'_> {
+    fn configure(&self, cfg: &DpConfig) -> Result<()> {
+        Ok(write_config(self.pin, cfg)?)
+    }
+
+    fn counters(&self) -> Result<Vec<(Path, PathCounter)>> {
+        Ok(read_counters(self.pin)?)
+    }
+
+    /// Runs `prog` once on `pkt` and returns the path it was counted under,
+    /// checking it was counted exactly once, with the packet's length, and
+    /// that the program stayed within what it may do to a packet.
+    fn run(&self, prog: Prog, pkt: &[u8]) -> Result<(Path, Outcome)> {
+        self.try_run(prog, pkt)?
+            .with_context(|| format!("BPF_PROG_TEST_RUN refused {}", hex(pkt)))
+    }
+
+    /// [`Self::run`], or `None` when `BPF_PROG_TEST_RUN` refused to build an
+    /// skb from the frame (see [`test_run_accepts`]) and so ran nothing.
+    fn try_run(&self, prog: Prog, pkt: &[u8]) -> Result<Option<(Path, Outcome)>> {
+        let before = self.counters()?;
+        let out = match run_skb(self.dp.program_fd(prog)?, pkt) {
+            Ok(out) => out,
+            Err(_) if !test_run_accepts(pkt) => {
+                ensure!(self.counters()? == before, "a refused run was counted");
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        let after = self.counters()?;
+        let moved: Vec<(Path, u64, u64)> = before
+            .iter()
+            .zip(&after)
+            .filter(|((_, b), (_, a))| a != b)
+            .map(|((p, b), (_, a))| (*p, a.packets - b.packets, a.bytes - b.bytes))
+            .collect();
+        let [(path, packets, bytes)] = moved[..] else {
+            bail!(
+                "{}: expected exactly one counter to move, got {moved:?}\n  in: {}",
+                prog.name(),
+                hex(pkt)
+            );
+        };
+        ensure!(
+            (packets, bytes) == (1, pkt.len() as u64),
+            "{}: {} moved by {packets} packets / {bytes} bytes, expected 1 / {}",
+            prog.name(),
+            path.name(),
+            pkt.len()
+        );
+        match out.retval {
+            TCX_NEXT => ensure!(
+                !path.is_fast() && out.data == pkt,
+                "{}: TCX_NEXT under {} changed the packet\n  in:  {}\n  out: {}",
+                prog.name(),
+                path.name(),
+                hex(pkt),
+                hex(&out.data)
+            ),
+            TC_ACT_REDIRECT => {
+                ensure!(path.is_fast(), "redirect counted under {}", path.name());
+                ensure_only_forwarding_rewrite(pkt, &out.data)?;
+            }
+            other => bail!("{}: unexpected verdict {other}", prog.name()),
+        }
+        Ok(Some((path, out)))
+    }
+
+    /// A packet the program must leave to the kernel, untouched, under `want`
+    /// (or that this kernel refuses to test-run at all; see [`test_run_accepts`]).
+    fn kernel(&self, what: &str, prog: Prog, pkt: &[u8], want: Path) -> Result<()> {
+        let run = self.try_run(prog, pkt).with_context(|| what.to_string())?;
+        let Some((path, out)) = run else {
+            eprintln!(
+                "--  {:<16} {what:<48} refused by BPF_PROG_TEST_RUN",
+                prog.name()
+            );
+            return Ok(());
+        };
+        ensure!(
+            path == want && out.retval == TCX_NEXT,
+            "{what}: {} counted under {} with verdict {}, expected {} with {TCX_NEXT}\n  in: {}",
+            prog.name(),
+            path.name(),
+            out.retval,
+            want.name(),
+            hex(pkt)
+        );
+        eprintln!("ok  {:<16} {what:<48} -> {}", prog.name(), path.name());
+        Ok(())
+    }
+
+    /// A packet the program must forward under `want`, as a router would:
+    /// new MACs, TTL one less, a valid checksum, nothing else changed.
+    fn fast(
+        &self,
+        what: &str,
+        prog: Prog,
+        pkt: &[u8],
+        want: Path,
+        macs: ([u8; 6], [u8; 6]),
+    ) -> Result<()> {
+        let (path, out) = self.run(prog, pkt).with_context(|| what.to_string())?;
+        ensure!(
+            path == want && out.retval == TC_ACT_REDIRECT,
+            "{what}: {} counted under {} with verdict {}, expected {} with {TC_ACT_REDIRECT}\n  in: {}",
+            prog.name(),
+            path.name(),
+            out.retval,
+            want.name(),
+            hex(pkt)
+        );
+        let mut expected = pkt.to_vec();
+        expected[..6].copy_from_slice(&macs.0);
+        expected[6..12].copy_from_slice(&macs.1);
+        expected[TTL] -= 1;
+        set_ip_csum(&mut expected);
+        ensure!(
+            ip_csum_ok(&out.data),
+            "{what}: invalid IP checksum in {}",
+            hex(&out.data)
+        );
+        ensure!(
+            out.data == expected,
+            "{what}: rewritten packet differs\n  want: {}\n  got:  {}",
+            hex(&expected),
+            hex(&out.data)
+        );
+        eprintln!("ok  {:<16} {what:<48} -> {}", prog.name(), path.name());
+        Ok(())
+    }
+}
+
+/// Whether `BPF_PROG_TEST_RUN` builds an skb from `frame`. Linux 6.18 wants
+/// an Ethernet header, and behind an IPv4 (IPv6) ethertype a
+/// whole fixed IPv4 (IPv6) header; it refuses the rest with `EINVAL` before
+/// running anything, so a frame cut inside the IPv4 header cannot be tried
+/// on it. Frames this says yes to must run; the others may (older and newer
+/// kernels differ), and then the usual checks apply.
+fn test_run_accepts(frame: &[u8]) -> bool {
+    let l3 = match frame.get(12..14) {
+        Some([0x08, 0x00]) => 20,
+        Some([0x86, 0xdd]) => 40,
+        _ => 0,
+    };
+    frame.len() >= 14 + l3
+}
+
+/// What a redirected packet may differ in: the MACs, the TTL (one less) and
+/// the IP checksum, which stays exactly as valid or invalid as it was.
+fn ensure_only_forwarding_rewrite(pkt: &[u8], out: &[u8]) -> Result<()> {
+    ensure!(out.len() == pkt.len(), "redirect changed the length");
+    for (i, (a, b)) in pkt.iter().zip(out).enumerate() {
+        ensure!(
+            a == b || i < 12 || i == TTL || i == CSUM || i == CSUM + 1,
+            "redirect changed byte {i}\n  in:  {}\n  out: {}",
+            hex(pkt),
+            hex(out)
+        );
+    }
+    ensure!(out[TTL] == pkt[TTL].wrapping_sub(1), "TTL not decremented");
+    ensure!(
+        ip_csum_ok(out) == ip_csum_ok(pkt),
+        "checksum validity changed"
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Packets.
+
+/// Ones' complement sum over `data`, folded and inverted (RFC 1071).
+fn csum(data: &[u8]) -> u16 {
+    let mut sum: u32 = data
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+fn ip_hlen(frame: &[u8]) -> usize {
+    usize::from(frame[IP] & 0x0f) * 4
+}
+
+/// Sets the header checksum; a no-op on a frame too short for the header.
+fn set_ip_csum(frame: &mut [u8]) {
+    let end = IP + ip_hlen(frame).max(20);
+    if frame.len() < end {
+        return;
+    }
+    frame[CSUM..CSUM + 2].fill(0);
+    let c = csum(&frame[IP..end]);
+    frame[CSUM..CSUM + 2].copy_from_slice(&c.to_be_bytes());
+}
+
+fn ip_csum_ok(frame: &[u8]) -> bool {
+    let end = IP + ip_hlen(frame).max(20);
+    frame.len() >= end && csum(&frame[IP..end]) == 0
+}
+
+fn eth(dst: [u8; 6], src: [u8; 6], ethertype: u16, payload: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(14 + payload.len());
+    f.extend_from_slice(&dst);
+    f.extend_from_slice(&src);
+    f.extend_from_slice(&ethertype.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// A frame from pod A to its gateway (A's host-side veth).
+fn from_a(ip: &[u8]) -> Vec<u8> {
+    eth(HOST_A_MAC, POD_A_MAC, ETH_P_IP, ip)
+}
+
+fn from_b(ip: &[u8]) -> Vec<u8> {
+    eth(HOST_B_MAC, POD_B_MAC, ETH_P_IP, ip)
+}
+
+/// A frame as `vxlan.1` decapsulates it: peer VTEP to this node's VTEP.
+fn from_peer(ip: &[u8]) -> Vec<u8> {
+    eth(VTEP_MAC, PEER_VTEP_MAC, ETH_P_IP, ip)
+}
+
+/// An IPv4 packet: TTL 64, DF, valid header checksum.
+fn ipv4(proto: u8, src: Ipv4Addr, dst: Ipv4Addr, options: &[u8], l4: &[u8]) -> Vec<u8> {
+    assert_eq!(options.len() % 4, 0);
+    let hlen = 20 + options.len();
+    let tot = u16::try_from(hlen + l4.len()).expect("packet fits");
+    let mut p = vec![0x40 | (hlen / 4) as u8, 0];
+    p.extend_from_slice(&tot.to_be_bytes());
+    p.extend_from_slice(&[0x1c, 0x46, 0x40, 0x00, 64, proto, 0, 0]);
+    p.extend_from_slice(&src.octets());
+    p.extend_from_slice(&dst.octets());
+    p.extend_from_slice(options);
+    let c = csum(&p);
+    p[10..12].copy_from_slice(&c.to_be_bytes());
+    p.extend_from_slice(l4);
+    p
+}
+
+/// The L4 checksum over the IPv4 pseudo-header and `l4`.
+fn l4_csum(proto: u8, src: Ipv4Addr, dst: Ipv4Addr, l4: &[u8]) -> u16 {
+    let mut buf = Vec::with_capacity(12 + l4.len());
+    buf.extend_from_slice(&src.octets());
+    buf.extend_from_slice(&dst.octets());
+    buf.extend_from_slice(&[0, proto]);
+    buf.extend_from_slice(&u16::try_from(l4.len()).expect("fits").to_be_bytes());
+    buf.extend_from_slice(l4);
+    csum(&buf)
+}
+
+/// A flow's direction: source and destination address and port.
+#[derive(Debug, Clone, Copy)]
+struct Flow {
+    src: SocketAddrV4,
+    dst: SocketAddrV4,
+}
+
+impl Flow {
+    fn rev(self) -> Self {
+        Self {
+            src: self.dst,
+            dst: self.src,
+        }
+    }
+
+    fn to(self, dst: Ipv4Addr) -> Self {
+        Self {
+            dst: SocketAddrV4::new(dst, self.dst.port()),
+            ..self
+        }
+    }
+}
+
+/// An IPv4 packet with a 20-byte TCP header and `payload`.
+fn tcp(flow: Flow, flags: u8, payload: &[u8]) -> Vec<u8> {
+    let mut seg = Vec::with_capacity(20 + payload.len());
+    seg.extend_from_slice(&flow.src.port().to_be_bytes());
+    seg.extend_from_slice(&flow.dst.port().to_be_bytes());
+    seg.extend_from_slice(&0x0102_0304u32.to_be_bytes());
+    seg.extend_from_slice(&0x0a0b_0c0du32.to_be_bytes());
+    seg.extend_from_slice(&[0x50, flags, 0xfa, 0xf0, 0, 0, 0, 0]);
+    seg.extend_from_slice(payload);
+    let c = l4_csum(IPPROTO_TCP, *flow.src.ip(), *flow.dst.ip(), &seg);
+    seg[16..18].copy_from_slice(&c.to_be_bytes());
+    ipv4(IPPROTO_TCP, *flow.src.ip(), *flow.dst.ip(), &[], &seg)
+}
+
+fn udp(flow: Flow, payload: &[u8]) -> Vec<u8> {
+    let len = u16::try_from(8 + payload.len()).expect("fits");
+    let mut d = Vec::with_capacity(usize::from(len));
+    d.extend_from_slice(&flow.src.port().to_be_bytes());
+    d.extend_from_slice(&flow.dst.port().to_be_bytes());
+    d.extend_from_slice(&len.to_be_bytes());
+    d.extend_from_slice(&[0, 0]);
+    d.extend_from_slice(payload);
+    let c = match l4_csum(IPPROTO_UDP, *flow.src.ip(), *flow.dst.ip(), &d) {
+        0 => 0xffff,
+        c => c,
+    };
+    d[6..8].copy_from_slice(&c.to_be_bytes());
+    ipv4(IPPROTO_UDP, *flow.src.ip(), *flow.dst.ip(), &[], &d)
+}
+
+fn icmp_echo(src: Ipv4Addr, dst: Ipv4Addr) -> Vec<u8> {
+    let mut m = vec![8, 0, 0, 0, 0x12, 0x34, 0, 1];
+    m.extend_from_slice(b"ping payload");
+    let c = csum(&m);
+    m[2..4].copy_from_slice(&c.to_be_bytes());
+    ipv4(IPPROTO_ICMP, src, dst, &[], &m)
+}
+
+/// `frame` with `edit` applied to its IP packet and the header checksum fixed.
+fn edit_ip(frame: &[u8], edit: impl FnOnce(&mut [u8])) -> Vec<u8> {
+    let mut f = frame.to_vec();
+    edit(&mut f[IP..]);
+    set_ip_csum(&mut f);
+    f
+}
+
+fn with_ttl(frame: &[u8], ttl: u8) -> Vec<u8> {
+    edit_ip(frame, |ip| ip[8] = ttl)
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+// ---------------------------------------------------------------------------
+// Real flows, so that conntrack holds entries the programs can find.
+
+fn sockaddr(a: SocketAddrV4) -> libc::sockaddr_in {
+    libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: a.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(a.ip().octets()),
+        },
+        sin_zero: [0; 8],
+    }
+}
+
+/// `connect` from a chosen source address (std cannot bind before connect).
+fn tcp_connect_from(src: Ipv4Addr, dst: SocketAddrV4) -> Result<TcpStream> {
+    // SAFETY: plain socket(2); the fd is owned right after.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        bail!("socket: {}", std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh socket nobody else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    let local = sockaddr(SocketAddrV4::new(src, 0));
+    let remote = sockaddr(dst);
+    // SAFETY: both addresses are valid sockaddr_in of `len` bytes.
+    unsafe {
+        if libc::bind(fd, (&raw const local).cast(), len) != 0 {
+            bail!("bind {src}: {}", std::io::Error::last_os_error());
+        }
+        if libc::connect(fd, (&raw const remote).cast(), len) != 0 {
+            bail!("connect {dst}: {}", std::io::Error::last_os_error());
+        }
+    }
+    Ok(TcpStream::from(sock))
+}
+
+fn v4(a: std::net::SocketAddr) -> Result<SocketAddrV4> {
+    match a {
+        std::net::SocketAddr::V4(a) => Ok(a),
+        std::net::SocketAddr::V6(_) => bail!("not IPv4: {a}"),
+    }
+}
+
+/// An open TCP connection; its conntrack entry is ESTABLISHED while both
+/// ends are open.
+struct TcpConn {
+    _client: TcpStream,
+    _server: TcpStream,
+    /// Client to server as the client sent it (before any DNAT).
+    flow: Flow,
+    /// Server to client as the server sent it (after DNAT, its reply tuple).
+    reply: Flow,
+}
+
+fn tcp_conn(src: Ipv4Addr, dst: SocketAddrV4, listener: &TcpListener) -> Result<TcpConn> {
+    let client = tcp_connect_from(src, dst)?;
+    let (server, _) = listener.accept()?;
+    let flow = Flow {
+        src: v4(client.local_addr()?)?,
+        dst,
+    };
+    let reply = Flow {
+        src: v4(server.local_addr()?)?,
+        dst: v4(server.peer_addr()?)?,
+    };
+    Ok(TcpConn {
+        _client: client,
+        _server: server,
+        flow,
+        reply,
+    })
+}
+
+/// This namespace's conntrack line for `flow` (original direction).
+fn ct_line(flow: Flow) -> Result<String> {
+    // thread-self: the namespace of this thread, not of the process.
+    let table = std::fs::read_to_string("/proc/thread-self/net/nf_conntrack")?;
+    let key = format!(
+        "src={} dst={} sport={} dport={} ",
+        flow.src.ip(),
+        flow.dst.ip(),
+        flow.src.port(),
+        flow.dst.port()
+    );
+    table
+        .lines()
+        .find(|l| l.contains(&key))
+        .map(str::to_string)
+        .with_context(|| format!("no conntrack entry for {flow:?} in:\n{table}"))
+}
+
+fn ensure_ct(flow: Flow, marks: &[&str]) -> Result<()> {
+    let line = ct_line(flow)?;
+    for m in marks {
+        ensure!(line.contains(m), "conntrack entry lacks {m}: {line}");
+    }
+    Ok(())
+}
+
+/// A UDP exchange between two bound sockets, both kept open.
+struct UdpPair {
+    a: UdpSocket,
+    b: UdpSocket,
+    flow: Flow,
+}
+
+impl UdpPair {
+    fn new(src: Ipv4Addr, dst: Ipv4Addr) -> Result<Self> {
+        let a = UdpSocket::bind(SocketAddrV4::new(src, 0))?;
+        let b = UdpSocket::bind(SocketAddrV4::new(dst, 0))?;
+        a.connect(b.local_addr()?)?;
+        b.connect(a.local_addr()?)?;
+        for s in [&a, &b] {
+            s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        }
+        let flow = Flow {
+            src: v4(a.local_addr()?)?,
+            dst: v4(b.local_addr()?)?,
+        };
+        Ok(Self { a, b, flow })
+    }
+
+    /// One datagram a -> b, and with `reply` one b -> a.
+    fn exchange(&self, reply: bool) -> Result<()> {
+        let mut buf = [0u8; 16];
+        self.a.send(b"ping")?;
+        self.b.recv(&mut buf)?;
+        if reply {
+            self.b.send(b"pong")?;
+            self.a.recv(&mut buf)?;
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The cases.
+
+const TO_PEER: ([u8; 6], [u8; 6]) = (PEER_VTEP_MAC, VTEP_MAC);
+const TO_A: ([u8; 6], [u8; 6]) = (POD_A_MAC, HOST_A_MAC);
+const TO_B: ([u8; 6], [u8; 6]) = (POD_B_MAC, HOST_B_MAC);
+const POD: Prog = Prog::FromPod;
+const VX: Prog = Prog::FromVxlan;
+
+type FastCase = (&'static str, Prog, Vec<u8>, Path, ([u8; 6], [u8; 6]));
+type KernelCase = (&'static str, Prog, Vec<u8>, Path);
+
+#[test]
+fn tcp_established_takes_the_fast_path() -> Result<()> {
+    let node = Node::new("tcpf")?;
+    node.run(|dp| {
+        dp.configure(&config())?;
+        let at_r = TcpListener::bind(SocketAddrV4::new(POD_R, SERVER_PORT))?;
+        let at_b = TcpListener::bind(SocketAddrV4::new(POD_B, SERVER_PORT))?;
+        let a_r = tcp_conn(POD_A, SocketAddrV4::new(POD_R, SERVER_PORT), &at_r)?;
+        let a_b = tcp_conn(POD_A, SocketAddrV4::new(POD_B, SERVER_PORT), &at_b)?;
+        ensure_ct(a_r.flow, &["ESTABLISHED"])?;
+        ensure_ct(a_b.flow, &["ESTABLISHED"])?;
+
+        let ack = from_a(&tcp(a_r.flow, ACK, b""));
+        let mut padded = ack.clone();
+        // Ethernet padding behind the IP packet (tot_len < frame): kept as is.
+        padded.extend_from_slice(&[0; 6]);
+        #[rustfmt::skip]
+        let cases: [FastCase; 11] = [
+            ("tcp A->R (remote)", POD, from_a(&tcp(a_r.flow, ACK | PSH, b"GET /")), Path::FastRemote, TO_PEER),
+            ("tcp A->R bare ACK", POD, ack.clone(), Path::FastRemote, TO_PEER),
+            ("tcp A->R without DF", POD, edit_ip(&ack, |ip| ip[6] = 0), Path::FastRemote, TO_PEER),
+            ("tcp A->R TTL 2", POD, with_ttl(&ack, 2), Path::FastRemote, TO_PEER),
+            ("tcp A->R TTL 255", POD, with_ttl(&ack, 255), Path::FastRemote, TO_PEER),
+            ("tcp A->R 1400 B payload", POD, from_a(&tcp(a_r.flow, ACK, &[0x5a; 1400])), Path::FastRemote, TO_PEER),
+            ("tcp A->R, Ethernet padding", POD, padded, Path::FastRemote, TO_PEER),
+            ("tcp A->B (local)", POD, from_a(&tcp(a_b.flow, ACK, b"hello")), Path::FastLocal, TO_B),
+            // Either direction of the flow matches its conntrack entry.
+            ("tcp B->A (local, reply)", POD, from_b(&tcp(a_b.flow.rev(), ACK, b"world")), Path::FastLocal, TO_A),
+            ("tcp R->A (decap, reply)", VX, from_peer(&tcp(a_r.flow.rev(), ACK, b"200 OK")), Path::FastDecap, TO_A),
+            // from_vxlan delivers to any local pod, whatever the source.
+            ("tcp B->A from vxlan", VX, from_peer(&tcp(a_b.flow.rev(), ACK, b"")), Path::FastDecap, TO_A),
+        ];
+        for (what, prog, pkt, want, macs) in cases {
+            dp.fast(what, prog, &pkt, want, macs)?;
+        }
+        Ok(())
+    })
+}
+
+#[test]
+fn udp_takes_the_fast_path_once_assured() -> Result<()> {
+    let node = Node::new("udpf")?;
+    node.run(|dp| {
+        dp.configure(&config())?;
+        let a_r = UdpPair::new(POD_A, POD_R)?;
+        let a_b = UdpPair::new(POD_A, POD_B)?;
+        let one_way = UdpPair::new(POD_A, POD_R)?;
+        let started = Instant::now();
+        a_r.exchange(true)?;
+        a_b.exchange(true)?;
+        one_way.exchange(false)?;
+
+        // Replied to, but not assured yet: that takes traffic after 2 s.
+        let pkt = from_a(&udp(a_r.flow, b"data"));
+        ensure!(!ct_line(a_r.flow)?.contains("[ASSURED]"), "assured at once");
+        dp.kernel("udp A->R replied, not assured", POD, &pkt, Path::KernelNotEstablished)?;
+
+        std::thread::sleep(Duration::from_millis(2100).saturating_sub(started.elapsed()));
+        a_r.exchange(true)?;
+        a_b.exchange(true)?;
+        one_way.exchange(false)?;
+        ensure_ct(a_r.flow, &["[ASSURED]"])?;
+        ensure_ct(a_b.flow, &["[ASSURED]"])?;
+        ensure!(!ct_line(one_way.flow)?.contains("[ASSURED]"));
+
+        #[rustfmt::skip]
+        let cases: [FastCase; 4] = [
+            ("udp A->R (remote)", POD, pkt.clone(), Path::FastRemote, TO_PEER),
+            ("udp A->R empty datagram", POD, from_a(&udp(a_r.flow, b"")), Path::FastRemote, TO_PEER),
+            ("udp A->B (local)", POD, from_a(&udp(a_b.flow, b"data")), Path::FastLocal, TO_B),
+            ("udp R->A (decap, reply)", VX, from_peer(&udp(a_r.flow.rev(), b"re")), Path::FastDecap, TO_A),
+        ];
+        for (what, prog, pkt, want, macs) in cases {
+            dp.fast(what, prog, &pkt, want, macs)?;
+        }
+        let cut = from_a(&ipv4(IPPROTO_UDP, POD_A, POD_R, &[], &udp(a_r.flow, b"")[20..24]));
+        #[rustfmt::skip]
+        let cases: [KernelCase; 3] = [
+            ("udp A->R never replied", POD, from_a(&udp(one_way.flow, b"x")), Path::KernelNotEstablished),
+            ("udp A->R TTL 1", POD, with_ttl(&pkt, 1), Path::KernelTtl),
+            ("udp header cut at 4 bytes", POD, cut, Path::KernelTruncated),
+        ];
+        for (what, prog, pkt, want) in cases {
+            dp.kernel(what, prog, &pkt, want)?;
+        }
+        Ok(())
+    })
+}
+
+#[test]
+fn everything_else_is_left_to_the_kernel_untouched() -> Result<()> {
+    let node = Node::new("kern")?.with_services()?;
+    node.run(|dp| {
+        dp.configure(&config())?;
+        let at_r = TcpListener::bind(SocketAddrV4::new(POD_R, SERVER_PORT))?;
+        let at_b = TcpListener::bind(SocketAddrV4::new(POD_B, SERVER_PORT))?;
+        let a_r = tcp_conn(POD_A, SocketAddrV4::new(POD_R, SERVER_PORT), &at_r)?;
+        let a_b = tcp_conn(POD_A, SocketAddrV4::new(POD_B, SERVER_PORT), &at_b)?;
+        let svc_r = tcp_conn(POD_A, SocketAddrV4::new(SVC_TO_R, 80), &at_r)?;
+        let svc_b = tcp_conn(POD_A, SocketAddrV4::new(SVC_TO_B, 80), &at_b)?;
+        ensure_ct(a_r.flow, &["ESTABLISHED"])?;
+        ensure_ct(a_b.flow, &["ESTABLISHED"])?;
+        let nat_r = format!("src={POD_R} dst={POD_A} sport={SERVER_PORT}");
+        let nat_b = format!("src={POD_B} dst={POD_A} sport={SERVER_PORT}");
+        ensure_ct(svc_r.flow, &["ESTABLISHED", &nat_r])?;
+        ensure_ct(svc_b.flow, &["ESTABLISHED", &nat_b])?;
+
+        let ack = from_a(&tcp(a_r.flow, ACK, b"abc"));
+        let ra = from_peer(&tcp(a_r.flow.rev(), ACK, b""));
+        // The same flows from other ports: no conntrack entry.
+        let mut stranger = a_r.flow;
+        stranger.src.set_port(a_r.flow.src.port() ^ 0x0101);
+        let mut stranger_b = a_b.flow;
+        stranger_b.src.set_port(a_b.flow.src.port() ^ 0x0101);
+        let ra_flow = a_r.flow.rev();
+        let segment = tcp(a_r.flow, ACK, b"abc")[20..].to_vec();
+        let with_options = from_a(&ipv4(IPPROTO_TCP, POD_A, POD_R, &[1, 1, 1, 0], &segment));
+        let mf_offset = edit_ip(&ack, |ip| ip[6..8].copy_from_slice(&[0x20, 1]));
+        let tcp_cut = from_a(&ipv4(IPPROTO_TCP, POD_A, POD_R, &[], &segment[..10]));
+        let set_tot_len = |len: u16| edit_ip(&ack, |ip| ip[2..4].copy_from_slice(&len.to_be_bytes()));
+        let arp_request = [
+            0, 1, 8, 0, 6, 4, 0, 1, 2, 0xaa, 0, 0, 0, 5, 10, 244, 1, 5, 0, 0, 0, 0, 0, 0, 10, 244, 1, 1,
+        ];
+        let arp = eth([0xff; 6], POD_A_MAC, ETH_P_ARP, &arp_request);
+        let mut vlan = eth(HOST_A_MAC, POD_A_MAC, ETH_P_8021Q, &[0, 5, 8, 0]);
+        vlan.extend_from_slice(&ack[IP..]);
+
+        #[rustfmt::skip]
+        let cases: Vec<KernelCase> = vec![
+            // Neither TCP nor UDP, or to nobody the maps know.
+            ("icmp A->R (remote)", POD, from_a(&icmp_echo(POD_A, POD_R)), Path::KernelNotTcpUdp),
+            ("icmp A->B (local)", POD, from_a(&icmp_echo(POD_A, POD_B)), Path::KernelNotTcpUdp),
+            ("icmp A->unknown", POD, from_a(&icmp_echo(POD_A, UNKNOWN)), Path::KernelUnknownDest),
+            ("icmp R->A (decap)", VX, from_peer(&icmp_echo(POD_R, POD_A)), Path::KernelNotTcpUdp),
+            ("gre A->R", POD, from_a(&ipv4(47, POD_A, POD_R, &[], &[0; 8])), Path::KernelNotTcpUdp),
+            ("tcp A->unknown", POD, from_a(&tcp(a_r.flow.to(UNKNOWN), ACK, b"")), Path::KernelUnknownDest),
+            ("udp A->unknown", POD, from_a(&udp(a_r.flow.to(UNKNOWN), b"x")), Path::KernelUnknownDest),
+            // from_vxlan delivers only to pods on this node.
+            ("vxlan: tcp A->R (remote pod)", VX, ack.clone(), Path::KernelUnknownDest),
+            ("vxlan: tcp R->unknown", VX, from_peer(&tcp(ra_flow.to(UNKNOWN), ACK, b"")), Path::KernelUnknownDest),
+            // The TTL would expire here.
+            ("tcp A->R TTL 1", POD, with_ttl(&ack, 1), Path::KernelTtl),
+            ("tcp A->R TTL 0", POD, with_ttl(&ack, 0), Path::KernelTtl),
+            ("vxlan: tcp R->A TTL 1", VX, with_ttl(&ra, 1), Path::KernelTtl),
+            // Fragments and IP options.
+            ("fragment: MF", POD, edit_ip(&ack, |ip| ip[6] = 0x20), Path::KernelIpOptionsOrFragment),
+            ("fragment: offset 185", POD, edit_ip(&ack, |ip| ip[7] = 185), Path::KernelIpOptionsOrFragment),
+            ("fragment: DF + offset 1", POD, edit_ip(&ack, |ip| ip[7] = 1), Path::KernelIpOptionsOrFragment),
+            ("fragment: MF + offset 1", POD, mf_offset, Path::KernelIpOptionsOrFragment),
+            ("ip options (ihl 6)", POD, with_options, Path::KernelIpOptionsOrFragment),
+            ("vxlan: fragment MF", VX, edit_ip(&ra, |ip| ip[6] = 0x20), Path::KernelIpOptionsOrFragment),
+            // Not IPv4.
+            ("arp request", POD, arp.clone(), Path::KernelNotIpv4),
+            ("vxlan: arp request", VX, arp.clone(), Path::KernelNotIpv4),
+            ("bare Ethernet header (ARP)", POD, arp[..14].to_vec(), Path::KernelNotIpv4),
+            ("ipv6", POD, eth(HOST_A_MAC, POD_A_MAC, ETH_P_IPV6, &[0x60; 60]), Path::KernelNotIpv4),
+            ("802.1Q-tagged IPv4", POD, vlan, Path::KernelNotIpv4),
+            ("ethertype IPv4, version 6", POD, edit_ip(&ack, |ip| ip[0] = 0x65), Path::KernelNotIpv4),
+            // Truncated or lying headers. Linux 6.18 refuses to test-run the
+            // frames cut inside the IPv4 header (test_run_accepts), others run them.
+            ("15 bytes total", POD, ack[..15].to_vec(), Path::KernelTruncated),
+            ("20 bytes total", POD, ack[..20].to_vec(), Path::KernelTruncated),
+            ("IP header cut by 1 byte", POD, ack[..33].to_vec(), Path::KernelTruncated),
+            ("tot_len 1 past the frame", POD, set_tot_len((ack.len() - 13) as u16), Path::KernelTruncated),
+            ("tot_len 65535", POD, set_tot_len(0xffff), Path::KernelTruncated),
+            ("tot_len 19", POD, set_tot_len(19), Path::KernelTruncated),
+            ("tot_len 0 (BIG TCP)", POD, set_tot_len(0), Path::KernelTruncated),
+            ("ihl 4", POD, edit_ip(&ack, |ip| ip[0] = 0x44), Path::KernelTruncated),
+            ("ihl 0", POD, edit_ip(&ack, |ip| ip[0] = 0x40), Path::KernelTruncated),
+            ("tcp header cut at 10 bytes", POD, tcp_cut, Path::KernelTruncated),
+            ("vxlan: 20 bytes total", VX, ra[..20].to_vec(), Path::KernelTruncated),
+            // No conntrack entry for the tuple.
+            ("tcp A->R ACK, no ct", POD, from_a(&tcp(stranger, ACK, b"")), Path::KernelNotEstablished),
+            ("tcp A->B ACK, no ct", POD, from_a(&tcp(stranger_b, ACK, b"")), Path::KernelNotEstablished),
+            ("udp A->R, no ct", POD, from_a(&udp(stranger, b"x")), Path::KernelNotEstablished),
+            ("udp on a TCP flow's tuple", POD, from_a(&udp(a_r.flow, b"x")), Path::KernelNotEstablished),
+            ("vxlan: tcp R->A ACK, no ct", VX, from_peer(&tcp(stranger.rev(), ACK, b"")), Path::KernelNotEstablished),
+            // Service traffic: the reply tuples of DNATed flows.
+            ("vxlan: tcp R->A, DNATed flow", VX, from_peer(&tcp(svc_r.reply, ACK, b"200 OK")), Path::KernelNat),
+            ("tcp B->A, DNATed flow", POD, from_b(&tcp(svc_b.reply, ACK, b"200 OK")), Path::KernelNat),
+            // Before DNAT the destination is a Service IP, in no map.
+            ("tcp A->Service IP", POD, from_a(&tcp(svc_r.flow, ACK, b"")), Path::KernelUnknownDest),
+        ];
+        for (what, prog, pkt, want) in cases {
+            dp.kernel(what, prog, &pkt, want)?;
+        }
+
+        // Opens and closes go through conntrack, even on an established flow.
+        for (name, flags) in [
+            ("SYN", SYN),
+            ("SYN+ACK", SYN | ACK),
+            ("FIN", FIN),
+            ("FIN+ACK", FIN | ACK),
+            ("RST", RST),
+            ("RST+ACK", RST | ACK),
+        ] {
+            #[rustfmt::skip]
+            let cases = [
+                ("tcp A->R", POD, from_a(&tcp(a_r.flow, flags, b""))),
+                ("tcp A->B", POD, from_a(&tcp(a_b.flow, flags, b""))),
+                ("vxlan: tcp R->A", VX, from_peer(&tcp(a_r.flow.rev(), flags, b""))),
+            ];
+            for (flow, prog, pkt) in cases {
+                let what = format!("{flow} {name}, established");
+                dp.kernel(&what, prog, &pkt, Path::KernelTcpControl)?;
+            }
+        }
+
+        // The flows themselves still go fast: the cases above were refused
+        // for what they changed, not for the flow.
+        dp.fast("tcp A->R ACK", POD, &ack, Path::FastRemote, TO_PEER)?;
+        let ab = from_a(&tcp(a_b.flow, ACK, b""));
+        dp.fast("tcp A->B ACK", POD, &ab, Path::FastLocal, TO_B)?;
+        Ok(())
+    })
+}
+
+/// An IPv4 tot_len that ends before the L4 header the program reads ports
+/// from: the bytes behind it are link-layer padding to the kernel, which
+/// trims them (ip_rcv) and then drops the packet as a truncated segment.
+#[test]
+#[ignore = "mycni-ebpf bug: tot_len is checked against the IP header only, not the L4 header"]
+fn l4_header_past_tot_len_is_truncated() -> Result<()> {
+    let node = Node::new("totl4")?;
+    node.run(|dp| {
+        dp.configure(&config())?;
+        let at_r = TcpListener::bind(SocketAddrV4::new(POD_R, SERVER_PORT))?;
+        let a_r = tcp_conn(POD_A, SocketAddrV4::new(POD_R, SERVER_PORT), &at_r)?;
+        ensure_ct(a_r.flow, &["ESTABLISHED"])?;
+        let ack = from_a(&tcp(a_r.flow, ACK, b""));
+        let set_tot_len = |pkt: &[u8], len: u16| {
+            edit_ip(pkt, |ip| ip[2..4].copy_from_slice(&len.to_be_bytes()))
+        };
+        #[rustfmt::skip]
+        let cases: [KernelCase; 2] = [
+            ("tcp, tot_len 20 (header in padding)", POD, set_tot_len(&ack, 20), Path::KernelTruncated),
+            ("tcp, tot_len 39 (header cut by 1)", POD, set_tot_len(&ack, 39), Path::KernelTruncated),
+        ];
+        let wrong: Vec<String> = cases
+            .into_iter()
+            .filter_map(|(what, prog, pkt, want)| dp.kernel(what, prog, &pkt, want).err())
+            .map(|e| format!("{e:#}"))
+            .collect();
+        ensure!(wrong.is_empty(), "{}", wrong.join("\n"));
+        Ok(())
+    })
+}
+
+#[test]
+fn without_config_everything_is_left_to_the_kernel() -> Result<()> {
+    let node = Node::new("nocfg")?;
+    node.run(|dp| {
+        let at_r = TcpListener::bind(SocketAddrV4::new(POD_R, SERVER_PORT))?;
+        let a_r = tcp_conn(POD_A, SocketAddrV4::new(POD_R, SERVER_PORT), &at_r)?;
+        ensure_ct(a_r.flow, &["ESTABLISHED"])?;
+        let ar = from_a(&tcp(a_r.flow, ACK, b"abc"));
+        let ra = from_peer(&tcp(a_r.flow.rev(), ACK, b"def"));
+        let arp = eth([0xff; 6], POD_A_MAC, ETH_P_ARP, &[0; 28]);
+
+        // Never written: the array's only slot is all zeroes.
+        dp.kernel("config never written", POD, &ar, Path::KernelNoConfig)?;
+        dp.kernel("vxlan: config never written", VX, &ra, Path::KernelNoConfig)?;
+        dp.kernel("arp, config never written", POD, &arp, Path::KernelNotIpv4)?;
+
+        dp.configure(&DpConfig {
+            vxlan_ifindex: 0,
+            ..config()
+        })?;
+        dp.kernel("vxlan_ifindex 0", POD, &ar, Path::KernelNoConfig)?;
+        dp.kernel("vxlan: vxlan_ifindex 0", VX, &ra, Path::KernelNoConfig)?;
+
+        dp.configure(&config())?;
+        dp.fast("configured", POD, &ar, Path::FastRemote, TO_PEER)?;
+        dp.fast("vxlan: configured", VX, &ra, Path::FastDecap, TO_A)?;
+        Ok(())
+    })
+}
+
+/// xorshift64*: reproducible noise without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+#[test]
+fn hostile_packets_are_each_counted_once() -> Result<()> {
+    let seed = std::env::var("EBPF_PROG_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x6d79_636e_6921u64);
+    eprintln!("seed {seed} (set EBPF_PROG_SEED to replay another)");
+    let node = Node::new("hostile")?;
+    node.run(|dp| {
+        dp.configure(&config())?;
+        // A real flow, so mutations that keep its tuple reach the rewrite.
+        let at_r = TcpListener::bind(SocketAddrV4::new(POD_R, SERVER_PORT))?;
+        let a_r = tcp_conn(POD_A, SocketAddrV4::new(POD_R, SERVER_PORT), &at_r)?;
+        ensure_ct(a_r.flow, &["ESTABLISHED"])?;
+        let ack = from_a(&tcp(a_r.flow, ACK, b"abcdefgh"));
+        let ra = from_peer(&tcp(a_r.flow.rev(), ACK, b"abcdefgh"));
+
+        let total = |dp: &Dp| -> Result<(u64, u64)> {
+            Ok(dp
+                .counters()?
+                .iter()
+                .fold((0, 0), |(p, b), (_, c)| (p + c.packets, b + c.bytes)))
+        };
+        let start = total(dp)?;
+        let (mut runs, mut bytes, mut fast, mut refused) = (0u64, 0u64, 0u64, 0u64);
+        // Checks and tallies one run; `None` if the kernel refused the frame.
+        let mut count = |dp: &Dp, prog: Prog, pkt: &[u8]| -> Result<Option<Path>> {
+            let Some((path, _)) = dp.try_run(prog, pkt)? else {
+                refused += 1;
+                return Ok(None);
+            };
+            runs += 1;
+            bytes += pkt.len() as u64;
+            fast += u64::from(path.is_fast());
+            Ok(Some(path))
+        };
+
+        let mut rng = Rng(seed);
+        for prog in Prog::ALL {
+            let base = if prog == Prog::FromPod { &ack } else { &ra };
+            // Every short frame: nothing, a partial or bare Ethernet header,
+            // partial IPv4 and IPv6 headers.
+            for ethertype in [ETH_P_IP, ETH_P_IPV6, ETH_P_ARP] {
+                for len in 0..60 {
+                    let mut pkt = eth(HOST_A_MAC, POD_A_MAC, ethertype, &rng.bytes(46));
+                    pkt[IP] = 0x45;
+                    pkt.truncate(len);
+                    count(dp, prog, &pkt)?;
+                }
+            }
+            // Every version and ihl nibble on an otherwise fast packet.
+            for vihl in 0..=255u8 {
+                let pkt = edit_ip(base, |ip| ip[0] = vihl);
+                let want = match (vihl >> 4, vihl & 0x0f) {
+                    (v, _) if v != 4 => Path::KernelNotIpv4,
+                    (_, ihl) if ihl < 5 => Path::KernelTruncated,
+                    (_, ihl) if ihl > 5 => Path::KernelIpOptionsOrFragment,
+                    _ if prog == Prog::FromPod => Path::FastRemote,
+                    _ => Path::FastDecap,
+                };
+                let got = count(dp, prog, &pkt)?.context("refused")?;
+                ensure!(
+                    got == want,
+                    "vihl {vihl:#04x}: {} not {}",
+                    got.name(),
+                    want.name()
+                );
+            }
+            // Random bytes of random length.
+            for _ in 0..200 {
+                let len = 14 + rng.below(1500);
+                count(dp, prog, &rng.bytes(len))?;
+            }
+            // Random IPv4 headers with random lengths behind a valid Ethernet header.
+            for _ in 0..200 {
+                let len = 14 + rng.below(80);
+                let mut pkt = eth(HOST_A_MAC, POD_A_MAC, ETH_P_IP, &rng.bytes(len - 14));
+                if len >= 34 {
+                    pkt[IP] = 0x45;
+                    if rng.below(2) == 0 {
+                        set_ip_csum(&mut pkt);
+                    }
+                }
+                count(dp, prog, &pkt)?;
+            }
+            // The real flow's packet with a few bytes changed, half of them
+            // also cut anywhere.
+            for _ in 0..300 {
+                let mut pkt = base.clone();
+                for _ in 0..1 + rng.below(3) {
+                    let i = 12 + rng.below(pkt.len() - 12);
+                    pkt[i] = rng.next() as u8;
+                }
+                if rng.below(2) == 0 {
+                    set_ip_csum(&mut pkt);
+                }
+                if rng.below(2) == 0 {
+                    pkt.truncate(14 + rng.below(pkt.len() - 13));
+                }
+                count(dp, prog, &pkt)?;
+            }
+        }
+        let end = total(dp)?;
+        ensure!(
+            (end.0 - start.0, end.1 - start.1) == (runs, bytes),
+            "{runs} runs of {bytes} bytes, counters moved by {:?}",
+            (end.0 - start.0, end.1 - start.1)
+        );
+        eprintln!(
+            "{runs} hostile runs, each counted once ({fast} took the fast path); \
+             {refused} frames refused by BPF_PROG_TEST_RUN"
+        );
+        Ok(())
+    })
+}
