@@ -219,6 +219,12 @@ fn forward(ctx: &TcContext, from: From) -> (Path, i32) {
             let Some((data, _)) = linear(ctx, L4 + TCP_HLEN) else {
                 return (Path::KernelTruncated, TCX_NEXT);
             };
+            // The TCP header must lie inside the IP packet, not in padding
+            // after it (the kernel would trim and drop such a segment).
+            let doff = unsafe { *((data + L4 + 12) as *const u8) } >> 4;
+            if (tot_len as usize) < IP_HLEN + TCP_HLEN || doff < 5 {
+                return (Path::KernelTruncated, TCX_NEXT);
+            }
             let flags = unsafe { *((data + L4 + 13) as *const u8) };
             if flags & (TCP_SYN | TCP_FIN | TCP_RST) != 0 {
                 return (Path::KernelTcpControl, TCX_NEXT);
@@ -226,7 +232,7 @@ fn forward(ctx: &TcContext, from: From) -> (Path, i32) {
             cfg.tcp_timeout_ms
         }
         IPPROTO_UDP => {
-            if linear(ctx, L4 + UDP_HLEN).is_none() {
+            if (tot_len as usize) < IP_HLEN + UDP_HLEN || linear(ctx, L4 + UDP_HLEN).is_none() {
                 return (Path::KernelTruncated, TCX_NEXT);
             }
             cfg.udp_timeout_ms

@@ -874,7 +874,6 @@ fn everything_else_is_left_to_the_kernel_untouched() -> Result<()> {
 /// from: the bytes behind it are link-layer padding to the kernel, which
 /// trims them (ip_rcv) and then drops the packet as a truncated segment.
 #[test]
-#[ignore = "mycni-ebpf bug: tot_len is checked against the IP header only, not the L4 header"]
 fn l4_header_past_tot_len_is_truncated() -> Result<()> {
     let node = Node::new("totl4")?;
     node.run(|dp| {
