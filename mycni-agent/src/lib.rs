@@ -5,6 +5,7 @@
 //! pure, `kernel` talks netlink, `node` talks to the Kubernetes API.
 
 pub mod agent;
+pub mod caps;
 pub mod ebpf;
 pub mod fastpath;
 pub mod inspect;

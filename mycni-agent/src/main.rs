@@ -211,6 +211,13 @@ fn main() -> Result<()> {
 }
 
 fn run(rt: &tokio::runtime::Runtime, args: RunArgs) -> Result<()> {
+    // Before anything else: a missing capability must fail the pod at once,
+    // naming it, not later as an EPERM from netlink or bpf(2).
+    let eff = mycni_agent::caps::effective().context("reading this process's capabilities")?;
+    if let Err(msg) = mycni_agent::caps::check(eff, &mycni_agent::caps::required(args.datapath)) {
+        tracing::error!("{msg}");
+        anyhow::bail!(msg);
+    }
     let cfg = args.config()?;
     let metrics = Arc::new(Metrics::default());
     rt.block_on(agent::run(cfg, metrics, async {
