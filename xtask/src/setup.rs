@@ -36,6 +36,10 @@ const PACKAGES: &[(&str, &str)] = &[
     ("runc", "containerd's OCI runtime"),
     ("busybox-static", "the test image for containerd"),
     (
+        "libcap2-bin",
+        "capsh: the capability tests run the agent without one capability at a time",
+    ),
+    (
         "protobuf-compiler",
         "k8s-cri's build script compiles the CRI proto",
     ),

@@ -1,0 +1,95 @@
+//! The agent with one capability removed at a time (capsh drops it from the
+//! bounding set, so even root cannot have it): it must stop at once and name
+//! the missing capability, before touching the API or the kernel.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+fn agent() -> PathBuf {
+    let lab = PathBuf::from(env!("CARGO_BIN_EXE_mycni-lab"));
+    lab.parent()
+        .map(PathBuf::from)
+        .unwrap_or_default()
+        .join("mycni-agent")
+}
+
+/// Runs `mycni-agent run` without `cap` and returns (exit ok, stderr, time).
+fn run_without(cap: &str, extra: &[&str]) -> Result<(bool, String, Duration)> {
+    let dir = tempfile::tempdir()?;
+    let mut cmd = vec![
+        agent().to_string_lossy().into_owned(),
+        "run".into(),
+        "--node-name".into(),
+        "n1".into(),
+        // Nothing listens there: an agent that got past the probe would
+        // fail (or hang) on the API, not on a capability.
+        "--kubeconfig".into(),
+        dir.path().join("absent").to_string_lossy().into_owned(),
+        "--state-dir".into(),
+        dir.path().join("run").to_string_lossy().into_owned(),
+        "--data-dir".into(),
+        dir.path().join("data").to_string_lossy().into_owned(),
+        "--cni-conf-dir".into(),
+        dir.path().join("net.d").to_string_lossy().into_owned(),
+        "--metrics-addr".into(),
+        "off".into(),
+    ];
+    cmd.extend(extra.iter().map(|s| s.to_string()));
+    let t0 = Instant::now();
+    let out = Command::new("timeout")
+        .arg("10")
+        .arg("capsh")
+        .arg(format!("--drop={cap}"))
+        .arg("--")
+        .arg("-c")
+        .arg(format!("exec {}", cmd.join(" ")))
+        .output()
+        .context("running capsh (Debian package libcap2-bin)")?;
+    Ok((
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        t0.elapsed(),
+    ))
+}
+
+#[test]
+fn each_missing_capability_is_named_at_start() -> Result<()> {
+    for (cap, name) in [
+        ("cap_net_admin", "CAP_NET_ADMIN"),
+        ("cap_bpf", "CAP_BPF"),
+        ("cap_perfmon", "CAP_PERFMON"),
+    ] {
+        let (ok, stderr, took) = run_without(cap, &[])?;
+        eprintln!("without {name}: {} ms\n{stderr}", took.as_millis());
+        assert!(!ok, "the agent ran without {name}");
+        assert!(
+            stderr.contains(&format!("missing capability {name}")),
+            "stderr does not name {name}:\n{stderr}"
+        );
+        assert!(
+            took < Duration::from_secs(3),
+            "took {took:?} to fail without {name}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn the_kernel_datapath_needs_no_bpf_capabilities() -> Result<()> {
+    for cap in ["cap_bpf", "cap_perfmon"] {
+        let (_, stderr, _) = run_without(cap, &["--datapath", "kernel"])?;
+        assert!(
+            !stderr.contains("missing capabilit"),
+            "--datapath kernel refused without {cap}:\n{stderr}"
+        );
+    }
+    let (ok, stderr, _) = run_without("cap_net_admin", &["--datapath", "kernel"])?;
+    assert!(
+        !ok && stderr.contains("missing capability CAP_NET_ADMIN"),
+        "{stderr}"
+    );
+    Ok(())
+}
