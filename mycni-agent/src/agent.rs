@@ -208,6 +208,8 @@ impl Loop {
         if recreated {
             tracing::warn!(device = %self.vx.name, "VXLAN device was missing or wrong and has been recreated");
         }
+        // A new vxlan.1 has a new ifindex: the fast path must re-attach now.
+        let full = full || recreated;
         let views: Vec<NodeView> = nodes.iter().map(|n| node_view(n)).collect();
         let (peers, rejected) =
             select_peers(&views, &self.own_name, Some(self.own_cidr), self.cluster);
@@ -444,11 +446,51 @@ async fn run_inner(cfg: &Config, metrics: Arc<Metrics>) -> Result<()> {
         fast,
     };
     let mut handed_over = false;
+    let mut republish = false;
     let mut tick = tokio::time::interval(cfg.resync);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut full = true;
     loop {
         let snapshot = reader.state();
+        if let Some(n) = snapshot
+            .iter()
+            .find(|n| n.metadata.name.as_deref() == Some(node_name.as_str()))
+        {
+            let now = n.spec.as_ref().and_then(|s| s.pod_cidr.as_deref());
+            if now.and_then(Cidr::parse) != Some(own_cidr) {
+                // Pods, the conflist and vxlan.1's address all derive from
+                // the podCIDR: start over with the new one (the DaemonSet
+                // restarts the agent), rather than half-adopt it.
+                bail!(
+                    "this Node's podCIDR changed from {own_cidr} to {}; exiting so the agent restarts with it",
+                    now.unwrap_or("none")
+                );
+            }
+        }
+        if full {
+            match lp.kernel.underlay(cfg.iface.as_deref()).await {
+                Ok(u) if u.ip != lp.vx.local_ip || u.index != lp.vx.underlay_index => {
+                    tracing::warn!(old = %lp.vx.local_ip, new = %u.ip, underlay = %u.name, "the underlay address changed; moving vxlan.1 and republishing");
+                    lp.vx.local_ip = u.ip;
+                    lp.vx.underlay_index = u.index;
+                    republish = true;
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "cannot read the underlay"),
+            }
+        }
+        if republish {
+            let patch = serde_json::json!({ "metadata": { "annotations": {
+                ANNOTATION_HOST_IP: lp.vx.local_ip.to_string(),
+            }}});
+            match nodes
+                .patch(&node_name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => republish = false,
+                Err(e) => tracing::warn!(error = %e, "cannot republish the host IP yet"),
+            }
+        }
         match lp.pass(&snapshot, full).await {
             Ok(()) if !handed_over || !cfg.cni_conf_dir.join(CONFLIST_NAME).exists() => {
                 // The conflist goes out only once the overlay is up and peers

@@ -145,6 +145,29 @@ impl Datapath {
         })
     }
 
+    /// Pins again every map whose pin is gone (someone removed it from
+    /// bpffs): the programs still use the maps, but the agent and `bpftool`
+    /// reach them through the pins. Returns the names re-pinned.
+    pub fn repin_missing_maps(&self) -> Result<Vec<&'static str>, DatapathError> {
+        let mut done = vec![];
+        for name in MAPS {
+            let path = self.pin_dir.join(name);
+            if path.exists() {
+                continue;
+            }
+            let Some(map) = self.bpf.map(name) else {
+                continue;
+            };
+            let pinned = map.pin(&path);
+            pinned.map_err(|source| DatapathError::Pin {
+                path: path.clone(),
+                source,
+            })?;
+            done.push(*name);
+        }
+        Ok(done)
+    }
+
     /// The reader of the programs' log records (once; None after that or
     /// when the object has no log map).
     pub fn take_logger(&mut self) -> Option<aya_log::EbpfLogger<&'static dyn log::Log>> {

@@ -173,6 +173,10 @@ impl FastPath {
             return Ok(());
         };
         let pin = self.pin_dir.clone();
+        let repinned = dp.repin_missing_maps()?;
+        if !repinned.is_empty() {
+            tracing::warn!(maps = ?repinned, "pinned maps were removed from bpffs; pinned them again");
+        }
         // The timeouts the kernel itself would renew these flows with.
         let cfg = DpConfig {
             vxlan_ifindex: vxlan,

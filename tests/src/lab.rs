@@ -488,6 +488,24 @@ impl Lab {
         stop_pidfile(&self.spec.node_dir(i).join("agent.pid"));
     }
 
+    /// SIGKILL, no warning: what an OOM kill or a node hiccup does.
+    pub fn kill_agent(&self, i: usize) {
+        let pidfile = self.spec.node_dir(i).join("agent.pid");
+        let Some(pid) = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+        else {
+            return;
+        };
+        // SAFETY: kill(2) and waitpid(2) on a pid this lab started; waitpid
+        // reaps it when it is our child (ECHILD otherwise, harmless).
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+        let _ = std::fs::remove_file(pidfile);
+    }
+
     pub fn restart_agent(&self, i: usize) -> Result<()> {
         self.stop_agent(i);
         self.start_agent(i)?;
@@ -535,19 +553,33 @@ impl Lab {
         })
     }
 
-    /// Runs the plugin on node `i` as the runtime would, with the conflist's
-    /// single plugin config.
-    pub fn cni(&self, i: usize, command: &str, cid: &str, netns: &str, pod: &str) -> Result<Value> {
-        let s = &self.spec;
+    /// The config the runtime passes the plugin on node `i`: the conflist's
+    /// single plugin config, with the list's `cniVersion` and `name`.
+    pub fn plugin_conf(&self, i: usize) -> Result<Value> {
         let conflist: Value = serde_json::from_slice(&std::fs::read(
-            s.node_dir(i).join("net.d/00-mycni.conflist"),
+            self.spec.node_dir(i).join("net.d/00-mycni.conflist"),
         )?)?;
         let mut conf = conflist["plugins"][0].clone();
         conf["cniVersion"] = conflist["cniVersion"].clone();
         conf["name"] = conflist["name"].clone();
+        Ok(conf)
+    }
+
+    /// The plugin on node `i` as the runtime starts it for pod `pod`
+    /// (interface `eth0`), stdin, stdout and stderr piped: the caller
+    /// writes the config to stdin, and may kill the child.
+    pub fn cni_command(
+        &self,
+        i: usize,
+        command: &str,
+        cid: &str,
+        netns: &str,
+        pod: &str,
+    ) -> Result<Command> {
+        let s = &self.spec;
         let bin_dir = s.bins.plugin.parent().context("plugin path")?;
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &s.node_name(i)])
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &s.node_name(i)])
             .arg(&s.bins.plugin)
             .env("CNI_COMMAND", command)
             .env("CNI_CONTAINERID", cid)
@@ -560,8 +592,15 @@ impl Lab {
             )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()?;
+            .stderr(Stdio::piped());
+        Ok(cmd)
+    }
+
+    /// Runs the plugin on node `i` as the runtime would, with the conflist's
+    /// single plugin config.
+    pub fn cni(&self, i: usize, command: &str, cid: &str, netns: &str, pod: &str) -> Result<Value> {
+        let conf = self.plugin_conf(i)?;
+        let mut child = self.cni_command(i, command, cid, netns, pod)?.spawn()?;
         if let Some(mut w) = child.stdin.take() {
             w.write_all(conf.to_string().as_bytes())?;
         }

@@ -15,6 +15,7 @@ pub mod apiserver;
 pub mod cni;
 pub mod cri;
 pub mod lab;
+pub mod soak;
 pub mod testrun;
 
 /// Runs a command to completion; a non-zero exit is an error with its stderr.

@@ -1,0 +1,455 @@
+//! Agent and kernel faults on a running lab with long-lived flows across
+//! nodes: what each fault costs the traffic, and how long until the node is
+//! whole again. Every case needs a lab with the API fixture in-process
+//! (`Spec::in_process_api`) and at least 2 nodes with 1 pod each.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+
+use super::CaseResult;
+use super::flows::{FlowStats, Flows};
+use crate::apiserver::node;
+use crate::lab::{Lab, Pod};
+use crate::sh;
+
+/// A node is whole when the kernel holds exactly one route, FDB entry and
+/// neighbour per peer, the fast path mirrors its peers and pods, and the
+/// agent reports ready. Returns what is wrong, if anything.
+pub fn whole(lab: &Lab, i: usize) -> Result<Option<String>> {
+    let s = &lab.spec;
+    let ns = s.node_name(i);
+    let peers = lab_peers(lab);
+    let routes = sh("ip", &["-n", &ns, "route", "show", "proto", "110"])?;
+    let n_routes = routes.lines().filter(|l| l.contains("vxlan.1")).count();
+    if n_routes != peers {
+        return Ok(Some(format!("{n_routes} peer routes, want {peers}")));
+    }
+    let fdb = sh("bridge", &["-n", &ns, "fdb", "show", "dev", "vxlan.1"])?;
+    let n_fdb = fdb
+        .lines()
+        .filter(|l| l.contains("permanent") && !l.starts_with("00:00:00:00:00:00"))
+        .count();
+    if n_fdb != peers {
+        return Ok(Some(format!("{n_fdb} FDB entries, want {peers}")));
+    }
+    let neigh = sh(
+        "ip",
+        &[
+            "-n",
+            &ns,
+            "neigh",
+            "show",
+            "dev",
+            "vxlan.1",
+            "nud",
+            "permanent",
+        ],
+    )?;
+    if neigh.lines().count() != peers {
+        return Ok(Some(format!(
+            "{} neighbours, want {peers}",
+            neigh.lines().count()
+        )));
+    }
+    let m = match lab.metrics(i) {
+        Ok(m) => m,
+        Err(e) => return Ok(Some(format!("no metrics: {e}"))),
+    };
+    let has = |line: &str| m.lines().any(|l| l == line);
+    if !has("mycni_ready 1") {
+        return Ok(Some("agent not ready".into()));
+    }
+    if has("mycni_datapath_ebpf 1") {
+        let pods = lab.pods()?.iter().filter(|p| p.node == i).count();
+        for (map, want) in [("local", pods), ("remote", peers)] {
+            if !has(&format!("mycni_datapath_entries{{map=\"{map}\"}} {want}")) {
+                return Ok(Some(format!("fast path {map} map is not {want} entries")));
+            }
+            let pin = s.pin_dir(i).join(format!("mycni_{map}"));
+            let dump = sh(
+                "bpftool",
+                &["-j", "map", "dump", "pinned", &pin.to_string_lossy()],
+            );
+            // A JSON array, one element per entry (each element carries the
+            // key twice: raw and BTF-formatted).
+            let n = dump
+                .ok()
+                .and_then(|d| serde_json::from_str::<serde_json::Value>(&d).ok())
+                .and_then(|v| v.as_array().map(Vec::len))
+                .unwrap_or(usize::MAX);
+            if n != want {
+                return Ok(Some(format!(
+                    "pinned mycni_{map} has {n} entries, want {want}"
+                )));
+            }
+        }
+    }
+    Ok(None)
+}
+
+fn lab_peers(lab: &Lab) -> usize {
+    let api_nodes = lab.api.as_ref().map_or(lab.spec.nodes, |a| a.nodes().len());
+    api_nodes.saturating_sub(1)
+}
+
+/// Waits until every node is whole; returns how long that took.
+pub fn wait_whole(lab: &Lab, timeout: Duration) -> Result<Duration> {
+    let t0 = Instant::now();
+    loop {
+        let mut wrong = None;
+        for i in 1..=lab.spec.nodes {
+            if let Some(w) = whole(lab, i)? {
+                wrong = Some(format!("node {i}: {w}"));
+                break;
+            }
+        }
+        match wrong {
+            None => return Ok(t0.elapsed()),
+            Some(w) if t0.elapsed() > timeout => bail!("not whole after {timeout:?}: {w}"),
+            Some(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+fn two_pods(lab: &Lab) -> Result<(Pod, Pod)> {
+    let pods = lab.pods()?;
+    let a = pods
+        .iter()
+        .find(|p| p.node == 1)
+        .context("a pod on node 1")?;
+    let b = pods
+        .iter()
+        .find(|p| p.node == 2)
+        .context("a pod on node 2")?;
+    Ok((a.clone(), b.clone()))
+}
+
+fn finish(mut r: CaseResult, flows: Flows) -> Result<CaseResult> {
+    let (tcp, udp) = flows.stop()?;
+    let gap = tcp.longest_gap.max(udp.longest_gap);
+    r.longest_gap = Some(gap);
+    let describe = |name: &str, f: &FlowStats| match &f.error {
+        Some(e) => format!("{name}: {e}"),
+        None => format!("{name} {} ms", f.longest_gap.as_millis()),
+    };
+    r.load = format!(
+        "{}; TCP stream ({} round trips) + UDP flow ({} answers) node1->node2",
+        r.load, tcp.rounds, udp.rounds
+    );
+    let flow_note = format!("{}, {}", describe("tcp", &tcp), describe("udp", &udp));
+    r.notes = if r.notes.is_empty() {
+        flow_note
+    } else {
+        format!("{}; {flow_note}", r.notes)
+    };
+    if let Some(e) = tcp.error.or(udp.error) {
+        bail!("{}: a long-lived flow broke: {e}", r.case);
+    }
+    Ok(r)
+}
+
+fn max_opt(a: Option<Duration>, b: Duration) -> Option<Duration> {
+    Some(a.map_or(b, |a| a.max(b)))
+}
+
+/// A peer Node that exists only in the API (no agent): enough for every
+/// agent to program a route, neighbour and FDB entry for it.
+fn fake_peer(lab: &Lab, k: usize) -> Result<()> {
+    let api = lab
+        .api
+        .as_ref()
+        .context("the lab's API fixture is not in-process")?;
+    let mut n = node(
+        &format!("soak-peer-{k}"),
+        Some(&format!("10.244.{}.0/24", 100 + k % 100)),
+    );
+    n.metadata.annotations = Some(
+        [
+            (
+                "mycni.dev/vtep-mac".to_string(),
+                format!("02:00:00:00:{:02x}:{:02x}", k / 256 % 256, k % 256),
+            ),
+            (
+                "mycni.dev/host-ip".to_string(),
+                format!("192.168.78.{}", 1 + k % 250),
+            ),
+        ]
+        .into_iter()
+        .collect(),
+    );
+    api.create_node(n)?;
+    Ok(())
+}
+
+/// SIGKILL agents at random moments while Node changes keep them
+/// reconciling, restart them, and time until every node is whole.
+pub fn agent_kills(lab: &Lab, kills: usize, seed: u64) -> Result<CaseResult> {
+    let (a, b) = two_pods(lab)?;
+    let flows = Flows::start(&a, &b)?;
+    let api = lab
+        .api
+        .as_ref()
+        .context("the lab's API fixture is not in-process")?;
+    let mut rng = seed | 1;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut r = CaseResult {
+        case: "agent SIGKILL mid-reconcile".into(),
+        load: format!("{} nodes", lab.spec.nodes),
+        faults: format!("{kills} SIGKILLs, each 0-30 ms after a Node change"),
+        ..Default::default()
+    };
+    for k in 0..kills {
+        let i = 1 + k % lab.spec.nodes;
+        // Work for the reconcile loop: a peer appears (or goes).
+        if k % 2 == 0 {
+            fake_peer(lab, k)?;
+        } else {
+            api.delete_node(&format!("soak-peer-{}", k - 1))?;
+        }
+        std::thread::sleep(Duration::from_millis(next() % 31));
+        lab.kill_agent(i);
+        let t0 = Instant::now();
+        lab.start_agent(i)?;
+        wait_whole(lab, Duration::from_secs(30))?;
+        r.repair = max_opt(r.repair, t0.elapsed());
+    }
+    for k in 0..kills {
+        let _ = api.delete_node(&format!("soak-peer-{k}"));
+    }
+    wait_whole(lab, Duration::from_secs(30))?;
+    finish(r, flows)
+}
+
+/// The agent away while pods come and go: DEL works, ADD works (the plugin
+/// needs no agent; the pod is on the kernel path), STATUS says not ready;
+/// back, the agent picks the new pod up.
+pub fn agent_absent(lab: &Lab, absent: Duration) -> Result<CaseResult> {
+    let (a, b) = two_pods(lab)?;
+    let flows = Flows::start(&a, &b)?;
+    let mut r = CaseResult {
+        case: "agent absent while pods come and go".into(),
+        load: format!("{} nodes", lab.spec.nodes),
+        faults: format!(
+            "agent stopped {} s; STATUS checked, 2 pods added and 1 removed meanwhile",
+            absent.as_secs()
+        ),
+        ..Default::default()
+    };
+    lab.stop_agent(1);
+    let t0 = Instant::now();
+    let status = lab.cni(1, "STATUS", "-", "", "-");
+    ensure!(
+        status
+            .as_ref()
+            .err()
+            .is_some_and(|e| e.to_string().contains("\"code\":50")),
+        "STATUS without the agent: {status:?}"
+    );
+    // A pod added and one removed while the agent is away.
+    let ns = format!("{}-absent", lab.spec.node_name(1));
+    sh("ip", &["netns", "add", &ns])?;
+    let guard = NsGuard(ns.clone());
+    let added = lab.cni(
+        1,
+        "ADD",
+        "soak-absent",
+        &format!("/run/netns/{ns}"),
+        "absent",
+    );
+    let added = added.context("ADD without the agent")?;
+    // And one that comes and goes entirely while the agent is away.
+    let ns2 = format!("{}-absent2", lab.spec.node_name(1));
+    sh("ip", &["netns", "add", &ns2])?;
+    let guard2 = NsGuard(ns2.clone());
+    let netns2 = format!("/run/netns/{ns2}");
+    lab.cni(1, "ADD", "soak-absent2", &netns2, "absent2")
+        .context("second ADD without the agent")?;
+    lab.cni(1, "DEL", "soak-absent2", &netns2, "absent2")
+        .context("DEL without the agent")?;
+    drop(guard2);
+    let ip: std::net::Ipv4Addr = added["ips"][0]["address"]
+        .as_str()
+        .and_then(|x| x.split('/').next())
+        .and_then(|x| x.parse().ok())
+        .context("no IP in the ADD result")?;
+    let elapsed = t0.elapsed();
+    if absent > elapsed {
+        std::thread::sleep(absent - elapsed);
+    }
+    let t1 = Instant::now();
+    lab.start_agent(1)?;
+    // The new pod is reachable from the other node and gets attached.
+    sh(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &b.ns,
+            "ping",
+            "-c",
+            "1",
+            "-W",
+            "2",
+            &ip.to_string(),
+        ],
+    )
+    .context("the pod added while the agent was away is unreachable")?;
+    let mut attached = false;
+    while t1.elapsed() < Duration::from_secs(30) {
+        let m = lab.metrics(1).unwrap_or_default();
+        let local = a_local_entries(&m);
+        if local == Some(2) {
+            attached = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    ensure!(
+        attached,
+        "the pod added while the agent was away never got the fast path"
+    );
+    r.repair = Some(t1.elapsed());
+    lab.cni(
+        1,
+        "DEL",
+        "soak-absent",
+        &format!("/run/netns/{ns}"),
+        "absent",
+    )
+    .context("DEL")?;
+    drop(guard);
+    wait_whole(lab, Duration::from_secs(30))?;
+    finish(r, flows)
+}
+
+fn a_local_entries(metrics: &str) -> Option<usize> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("mycni_datapath_entries{map=\"local\"} "))
+        .and_then(|v| v.parse().ok())
+}
+
+struct NsGuard(String);
+
+impl Drop for NsGuard {
+    fn drop(&mut self) {
+        let _ = sh("ip", &["netns", "del", &self.0]);
+    }
+}
+
+/// The API server unreachable: forwarding goes on, readiness says so, the
+/// kernel state stays, and the watch comes back by itself.
+pub fn api_outage(lab: &Lab, outage: Duration) -> Result<CaseResult> {
+    let (a, b) = two_pods(lab)?;
+    let flows = Flows::start(&a, &b)?;
+    let mut r = CaseResult {
+        case: "API server unreachable".into(),
+        load: format!("{} nodes", lab.spec.nodes),
+        faults: format!(
+            "API fixture drops every connection for {} s",
+            outage.as_secs()
+        ),
+        ..Default::default()
+    };
+    lab.set_api_reachable(false)?;
+    let t0 = Instant::now();
+    let mut reported = false;
+    while t0.elapsed() < outage {
+        for i in 1..=lab.spec.nodes {
+            if let Some(w) = whole(lab, i)?
+                && !w.contains("not ready")
+            {
+                bail!("node {i} lost state during the API outage: {w}");
+            }
+        }
+        let m = lab.metrics(1).unwrap_or_default();
+        reported |= m.lines().any(|l| l == "mycni_api_reachable 0");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    ensure!(reported, "no agent reported the API unreachable");
+    lab.set_api_reachable(true)?;
+    let t1 = Instant::now();
+    // Back: a Node change made now must reach every agent.
+    fake_peer(lab, 7)?;
+    wait_whole(lab, Duration::from_secs(60))?;
+    r.repair = Some(t1.elapsed());
+    let api = lab.api.as_ref().context("in-process API")?;
+    api.delete_node("soak-peer-7")?;
+    wait_whole(lab, Duration::from_secs(30))?;
+    r.notes = "kernel state checked every 200 ms: unchanged; mycni_api_reachable 0 during".into();
+    finish(r, flows)
+}
+
+/// Someone else breaks the node's kernel state; the agent repairs it.
+pub fn kernel_drift(lab: &Lab) -> Result<CaseResult> {
+    let (a, b) = two_pods(lab)?;
+    let flows = Flows::start(&a, &b)?;
+    let ns = lab.spec.node_name(1);
+    let pin = lab.spec.pin_dir(1);
+    let mut r = CaseResult {
+        case: "kernel state removed under the agent".into(),
+        load: format!("{} nodes", lab.spec.nodes),
+        faults: "node 1: vxlan.1 deleted; agent routes flushed; FDB flushed; pinned maps removed"
+            .into(),
+        ..Default::default()
+    };
+    let mut notes = vec![];
+    let faults: [(&str, Box<dyn Fn() -> Result<()>>); 4] = [
+        (
+            "vxlan.1 deleted",
+            Box::new(|| sh("ip", &["-n", &ns, "link", "del", "vxlan.1"]).map(drop)),
+        ),
+        (
+            "routes flushed",
+            Box::new(|| sh("ip", &["-n", &ns, "route", "flush", "proto", "110"]).map(drop)),
+        ),
+        (
+            "FDB flushed",
+            Box::new(|| {
+                let fdb = sh("bridge", &["-n", &ns, "fdb", "show", "dev", "vxlan.1"])?;
+                for l in fdb.lines().filter(|l| l.contains("dst")) {
+                    let mut args = vec!["-n", ns.as_str(), "fdb", "del"];
+                    args.extend(
+                        l.split_whitespace()
+                            .take_while(|w| *w != "self" && *w != "permanent"),
+                    );
+                    args.push("self");
+                    let _ = sh("bridge", &args);
+                }
+                Ok(())
+            }),
+        ),
+        (
+            "pinned maps removed",
+            Box::new(|| {
+                for m in [
+                    "mycni_config",
+                    "mycni_remote",
+                    "mycni_local",
+                    "mycni_counters",
+                ] {
+                    std::fs::remove_file(pin.join(m))?;
+                }
+                Ok(())
+            }),
+        ),
+    ];
+    for (what, fault) in faults.iter() {
+        let t0 = Instant::now();
+        fault()?;
+        let took =
+            wait_whole(lab, Duration::from_secs(30)).with_context(|| format!("after {what}"))?;
+        let _ = t0;
+        notes.push(format!("{what}: {} ms", took.as_millis()));
+        r.repair = max_opt(r.repair, took);
+        flows.wait_flowing(Duration::from_secs(10))?;
+    }
+    r.notes = notes.join(", ");
+    finish(r, flows)
+}

@@ -1,0 +1,30 @@
+//! Short versions of the soak's agent and kernel fault cases (`cargo xtask
+//! soak` runs the long ones): long-lived TCP and UDP flows across nodes
+//! survive each fault with no reset, and every node is whole again within
+//! a bounded time.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use mycni_tests::soak::{self, faults};
+
+mod common;
+
+#[test]
+fn flows_survive_agent_and_kernel_faults_and_nodes_repair() -> Result<()> {
+    let t = common::lab(2, 1)?;
+    let l = &t.0;
+    faults::wait_whole(l, Duration::from_secs(30))?;
+    let mut rows = vec![];
+    rows.push(faults::agent_kills(l, 4, 0x5eed)?);
+    rows.push(faults::agent_absent(l, Duration::from_secs(2))?);
+    rows.push(faults::api_outage(l, Duration::from_secs(5))?);
+    rows.push(faults::kernel_drift(l)?);
+    eprintln!("{}", soak::table(&rows));
+    for r in &rows {
+        assert_eq!(r.leaks, 0, "{r:?}");
+        let gap = r.longest_gap.unwrap_or_default();
+        assert!(gap < Duration::from_secs(3), "{}: gap {gap:?}", r.case);
+    }
+    Ok(())
+}
