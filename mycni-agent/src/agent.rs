@@ -479,18 +479,6 @@ async fn run_inner(cfg: &Config, metrics: Arc<Metrics>) -> Result<()> {
                 Err(e) => tracing::warn!(error = %e, "cannot read the underlay"),
             }
         }
-        if republish {
-            let patch = serde_json::json!({ "metadata": { "annotations": {
-                ANNOTATION_HOST_IP: lp.vx.local_ip.to_string(),
-            }}});
-            match nodes
-                .patch(&node_name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                Ok(_) => republish = false,
-                Err(e) => tracing::warn!(error = %e, "cannot republish the host IP yet"),
-            }
-        }
         match lp.pass(&snapshot, full).await {
             Ok(()) if !handed_over || !cfg.cni_conf_dir.join(CONFLIST_NAME).exists() => {
                 // The conflist goes out only once the overlay is up and peers
@@ -526,6 +514,30 @@ async fn run_inner(cfg: &Config, metrics: Arc<Metrics>) -> Result<()> {
             Err(e) => {
                 tracing::warn!(error = %e, "reconcile failed; retrying");
                 metrics.reconcile_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if republish {
+            // After the pass, so vxlan.1 has moved first. Bounded: the
+            // pooled API connection may still be bound to the address that
+            // just vanished and would hang until TCP gives up.
+            let patch = serde_json::json!({ "metadata": { "annotations": {
+                ANNOTATION_HOST_IP: lp.vx.local_ip.to_string(),
+            }}});
+            let pp = PatchParams::default();
+            let merge = Patch::Merge(&patch);
+            match tokio::time::timeout(Duration::from_secs(2), nodes.patch(&node_name, &pp, &merge))
+                .await
+            {
+                Ok(Ok(_)) => {
+                    tracing::info!(host_ip = %lp.vx.local_ip, "republished the host IP");
+                    republish = false;
+                }
+                Ok(Err(e)) => tracing::warn!(error = %e, "cannot republish the host IP yet"),
+                Err(_) => {
+                    tracing::warn!(
+                        "republishing the host IP: no answer within 2 s; retrying on a new connection"
+                    )
+                }
             }
         }
         full = tokio::select! {

@@ -453,3 +453,181 @@ pub fn kernel_drift(lab: &Lab) -> Result<CaseResult> {
     r.notes = notes.join(", ");
     finish(r, flows)
 }
+
+/// Node 2's underlay address changes (and changes back): its agent moves
+/// vxlan.1 and republishes its host IP, node 1 re-points its FDB entry, and
+/// the flows resume.
+pub fn host_ip_change(lab: &Lab) -> Result<CaseResult> {
+    let (a, b) = two_pods(lab)?;
+    let flows = Flows::start(&a, &b)?;
+    let ns = lab.spec.node_name(2);
+    let n1 = lab.spec.node_name(1);
+    let (old, new) = ("192.168.77.12", "192.168.77.22");
+    let mut r = CaseResult {
+        case: "node host IP changed".into(),
+        load: format!("{} nodes", lab.spec.nodes),
+        faults: format!("node 2's underlay address {old} -> {new}, then back"),
+        ..Default::default()
+    };
+    // Deleting the primary address must not take the new one with it.
+    sh(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &ns,
+            "sysctl",
+            "-qw",
+            "net.ipv4.conf.eth0.promote_secondaries=1",
+        ],
+    )?;
+    let mut notes = vec![];
+    for (from, to) in [(old, new), (new, old)] {
+        let t0 = Instant::now();
+        sh(
+            "ip",
+            &["-n", &ns, "addr", "add", &format!("{to}/24"), "dev", "eth0"],
+        )?;
+        sh(
+            "ip",
+            &[
+                "-n",
+                &ns,
+                "addr",
+                "del",
+                &format!("{from}/24"),
+                "dev",
+                "eth0",
+            ],
+        )?;
+        loop {
+            let fdb = sh("bridge", &["-n", &n1, "fdb", "show", "dev", "vxlan.1"])?;
+            let vx = sh("ip", &["-n", &ns, "-d", "link", "show", "vxlan.1"]).unwrap_or_default();
+            if fdb.contains(&format!("dst {to} ")) && vx.contains(&format!("local {to} ")) {
+                break;
+            }
+            if t0.elapsed() > Duration::from_secs(30) {
+                let log = std::fs::read_to_string(lab.spec.node_dir(2).join("agent.log"))
+                    .unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(8).collect();
+                bail!(
+                    "after {from} -> {to}: node 1 FDB {fdb}, node 2 vxlan {vx}, addresses {}, routes {}, agent log tail {tail:#?}",
+                    sh("ip", &["-n", &ns, "-4", "addr", "show", "eth0"]).unwrap_or_default(),
+                    sh("ip", &["-n", &ns, "route"]).unwrap_or_default(),
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        flows.wait_flowing(Duration::from_secs(10))?;
+        let took = t0.elapsed();
+        notes.push(format!("{from} -> {to}: {} ms", took.as_millis()));
+        r.repair = max_opt(r.repair, took);
+    }
+    wait_whole(lab, Duration::from_secs(30))?;
+    r.notes = notes.join(", ");
+    finish(r, flows)
+}
+
+/// Node 2 deleted and re-added with a new podCIDR: node 1 drops the old
+/// route and programs the new one; node 2's agent exits on the change (the
+/// DaemonSet restarts it; here the case does) and comes back with the new
+/// range, where a new pod gets an address reachable from node 1.
+pub fn node_readded(lab: &Lab) -> Result<CaseResult> {
+    let api = lab
+        .api
+        .as_ref()
+        .context("the lab's API fixture is not in-process")?;
+    let name = lab.spec.node_name(2);
+    let n1 = lab.spec.node_name(1);
+    let (a, _) = two_pods(lab)?;
+    let new_cidr = "10.244.52.0/24";
+    let mut r = CaseResult {
+        case: "node deleted, re-added with a new podCIDR".into(),
+        load: format!(
+            "{} nodes (no cross-node flow: node 2's old pods lose their range)",
+            lab.spec.nodes
+        ),
+        faults: format!("Node {name} deleted, re-created with {new_cidr}"),
+        ..Default::default()
+    };
+    let t0 = Instant::now();
+    api.delete_node(&name)?;
+    wait_for(
+        Duration::from_secs(30),
+        "node 1 to drop the deleted peer",
+        || {
+            Ok(sh("ip", &["-n", &n1, "route", "show", "proto", "110"])?
+                .trim()
+                .is_empty())
+        },
+    )?;
+    let dropped = t0.elapsed();
+    let t1 = Instant::now();
+    api.create_node(node(&name, Some(new_cidr)))?;
+    let log = lab.spec.node_dir(2).join("agent.log");
+    wait_for(
+        Duration::from_secs(30),
+        "node 2's agent to notice its new podCIDR",
+        || Ok(std::fs::read_to_string(&log)?.contains("podCIDR changed")),
+    )?;
+    lab.kill_agent(2);
+    lab.start_agent(2)?;
+    wait_for(
+        Duration::from_secs(30),
+        "node 1 to route the new podCIDR",
+        || Ok(sh("ip", &["-n", &n1, "route", "show", "proto", "110"])?.contains("10.244.52.0/24")),
+    )?;
+    // A pod started now gets an address from the new range, reachable from node 1.
+    let ns = format!("{name}-readded");
+    sh("ip", &["netns", "add", &ns])?;
+    let guard = NsGuard(ns.clone());
+    let netns = format!("/run/netns/{ns}");
+    let conf = std::fs::read_to_string(lab.spec.node_dir(2).join("net.d/00-mycni.conflist"))?;
+    ensure!(
+        conf.contains("10.244.52.0/24"),
+        "node 2's conflist still has the old range: {conf}"
+    );
+    let added = lab.cni(2, "ADD", "soak-readded", &netns, "readded")?;
+    let ip = added["ips"][0]["address"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    ensure!(ip.starts_with("10.244.52."), "new pod got {ip}");
+    let ip = ip.split('/').next().unwrap_or_default().to_string();
+    let mut reached = false;
+    for _ in 0..50 {
+        if sh(
+            "ip",
+            &["netns", "exec", &a.ns, "ping", "-c", "1", "-W", "1", &ip],
+        )
+        .is_ok()
+        {
+            reached = true;
+            break;
+        }
+    }
+    ensure!(reached, "the new pod {ip} is unreachable from node 1");
+    r.repair = Some(t1.elapsed());
+    lab.cni(2, "DEL", "soak-readded", &netns, "readded")?;
+    drop(guard);
+    r.notes = format!(
+        "old route gone {} ms after the delete; new range routed and a new pod reachable {} ms after the re-add",
+        dropped.as_millis(),
+        t1.elapsed().as_millis()
+    );
+    Ok(r)
+}
+
+fn wait_for(timeout: Duration, what: &str, mut f: impl FnMut() -> Result<bool>) -> Result<()> {
+    let t0 = Instant::now();
+    loop {
+        if f().unwrap_or(false) {
+            return Ok(());
+        }
+        ensure!(
+            t0.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
