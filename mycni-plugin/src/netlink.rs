@@ -37,6 +37,8 @@ pub struct Link {
     pub mtu: u32,
     pub alias: Option<String>,
     pub up: bool,
+    /// IFLA_LINK: for a veth, the peer's ifindex (in the peer's namespace).
+    pub peer: Option<u32>,
 }
 
 pub fn format_mac(mac: &[u8]) -> String {
@@ -54,6 +56,7 @@ fn link_from(msg: LinkMessage) -> Link {
         mtu: 0,
         alias: None,
         up: msg.header.flags.contains(LinkFlags::Up),
+        peer: None,
     };
     for a in msg.attributes {
         match a {
@@ -61,6 +64,7 @@ fn link_from(msg: LinkMessage) -> Link {
             LinkAttribute::Address(m) => l.mac = m,
             LinkAttribute::Mtu(m) => l.mtu = m,
             LinkAttribute::IfAlias(s) => l.alias = Some(s),
+            LinkAttribute::Link(i) => l.peer = Some(i),
             _ => {}
         }
     }

@@ -87,13 +87,21 @@ fn ip_from_prev(conf: &NetConf) -> Option<Ipv4Addr> {
 
 /// Test hook: `MYCNI_TEST_FAULT=<step>` makes ADD fail right after that
 /// step, so the rollback of every step can be tested against the real
-/// kernel. Steps: ipam, veth, host, pod, host-route.
+/// kernel; `MYCNI_TEST_FAULT=kill:<step>` SIGKILLs the plugin there
+/// instead, leaving what a runtime's timeout or the OOM killer would, for
+/// DEL to clean up. Steps: ipam, veth, host, pod, host-route.
 fn fault(step: &str) -> Result<()> {
     match std::env::var("MYCNI_TEST_FAULT") {
         Ok(s) if s == step => Err(CniError::new(
             Code::Kernel,
             format!("injected fault after step {step}"),
         )),
+        Ok(s) if s.strip_prefix("kill:") == Some(step) => {
+            // SAFETY: raise(3) on this process; SIGKILL cannot be caught,
+            // so nothing after this runs.
+            unsafe { libc::raise(libc::SIGKILL) };
+            Ok(())
+        }
         _ => Ok(()),
     }
 }
@@ -266,6 +274,15 @@ pub fn del(conf: &NetConf, env: &Env) -> Result<()> {
             if link.alias.as_deref() == Some(mine.as_str()) {
                 // Deleting the host end removes the pod end and the host route.
                 host.del_link(link.index).await?;
+            } else if link.alias.is_none() && is_container_peer(&link, env).await? {
+                // An ADD killed between creating the veth and marking it
+                // (the kernel takes no alias at creation): its other end is
+                // this container's interface, so it is this container's.
+                log::warn(&format!(
+                    "DEL {}: removing unmarked host veth {host_name} left by an interrupted ADD",
+                    env.container_id
+                ));
+                host.del_link(link.index).await?;
             } else {
                 log::info(&format!(
                     "DEL {}: {host_name} belongs to {:?}, leaving it",
@@ -280,6 +297,23 @@ pub fn del(conf: &NetConf, env: &Env) -> Result<()> {
         Err(e) => note(Err(e)),
     }
     first_err.map_or(Ok(()), Err)
+}
+
+/// Whether `host_link` and the container's `CNI_IFNAME` in `CNI_NETNS` are
+/// the two ends of one veth. False when the netns is gone (and with it the
+/// veth) or not given.
+async fn is_container_peer(host_link: &Link, env: &Env) -> Result<bool> {
+    if env.netns.is_empty() {
+        return Ok(false);
+    }
+    let Ok(netns) = File::open(&env.netns) else {
+        return Ok(false);
+    };
+    let pod = Nl::in_netns(&netns)?;
+    Ok(pod
+        .link_by_name(&env.ifname)
+        .await?
+        .is_some_and(|p| p.peer == Some(host_link.index) && host_link.peer == Some(p.index)))
 }
 
 fn check_failed(msg: String) -> CniError {

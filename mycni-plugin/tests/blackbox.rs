@@ -438,6 +438,64 @@ fn add_rolls_back_at_every_step() -> Result<()> {
     Ok(())
 }
 
+/// A runtime calls DEL after an ADD that did not finish, e.g. one SIGKILLed
+/// on a timeout; whichever step the kill came after, DEL leaves nothing.
+/// Found by the churn case: a kill between creating the veth and marking
+/// it left a host veth without alias that DEL did not recognise.
+#[test]
+fn del_after_add_killed_at_every_step_leaves_nothing() -> Result<()> {
+    let node = node()?;
+    let conf = node.conf("1.0.0", "10.244.14.0/24");
+    let pod = NetNs::new("pod")?;
+    let path = netns_path(&pod);
+    let before = node.snapshot()?;
+    let pod_before = pod.exec("ip", &["-o", "link"])?;
+    for step in ["ipam", "veth", "host", "pod", "host-route"] {
+        let c = call("k1", &path, K8S_ARGS);
+        let r = node.run_env(
+            "mycni",
+            "ADD",
+            &c,
+            &conf,
+            &[("MYCNI_TEST_FAULT", &format!("kill:{step}"))],
+        )?;
+        assert!(!r.ok && r.stdout.is_empty(), "{step}: {}", r.stdout);
+        assert_ne!(node.snapshot()?, before, "the kill at {step} left nothing");
+        let r = node.run("mycni", "DEL", &c, &conf)?;
+        assert!(r.ok, "{step}: {}", r.stdout);
+        assert_eq!(node.snapshot()?, before, "DEL after a kill at {step}");
+        assert_eq!(
+            pod.exec("ip", &["-o", "link"])?,
+            pod_before,
+            "DEL after a kill at {step}"
+        );
+    }
+
+    // The unmarked veth of a killed ADD is the same pod's name, but a late
+    // DEL for another sandbox of that pod (another netns) leaves it alone.
+    let r = node.run_env(
+        "mycni",
+        "ADD",
+        &call("k2", &path, K8S_ARGS),
+        &conf,
+        &[("MYCNI_TEST_FAULT", "kill:veth")],
+    )?;
+    assert!(!r.ok);
+    let other = NetNs::new("pod")?;
+    let r = node.run(
+        "mycni",
+        "DEL",
+        &call("k0", &netns_path(&other), K8S_ARGS),
+        &conf,
+    )?;
+    assert!(r.ok, "{}", r.stdout);
+    pod.exec("ip", &["link", "show", "eth0"])?;
+    let r = node.run("mycni", "DEL", &call("k2", &path, K8S_ARGS), &conf)?;
+    assert!(r.ok, "{}", r.stdout);
+    assert_eq!(node.snapshot()?, before);
+    Ok(())
+}
+
 #[test]
 fn check_detects_drift() -> Result<()> {
     let node = node()?;

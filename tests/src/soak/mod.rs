@@ -6,6 +6,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+pub mod churn;
 pub mod faults;
 pub mod flows;
 
