@@ -15,6 +15,7 @@ pub mod apiserver;
 pub mod cni;
 pub mod cri;
 pub mod lab;
+pub mod labbench;
 pub mod soak;
 pub mod testrun;
 

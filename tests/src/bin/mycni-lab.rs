@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use mycni_tests::lab::{self, Bins, Lab, Spec};
+use mycni_tests::labbench;
 
 #[derive(Parser)]
 #[command(
@@ -16,8 +17,10 @@ struct Cli {
     /// Directory with mycni, mycni-agent, mycni-apiserver (default: this binary's).
     #[arg(long, global = true)]
     bin_dir: Option<PathBuf>,
-    #[arg(long, global = true, default_value = "/run/mycni-lab")]
-    root: PathBuf,
+    /// Lab state directory (default /run/mycni-lab; `bench` uses its own
+    /// lab, always in /run/mycni-bench-lab).
+    #[arg(long, global = true)]
+    root: Option<PathBuf>,
     #[arg(long, global = true, default_value_t = 3)]
     nodes: usize,
     #[arg(long, global = true, default_value_t = 2)]
@@ -36,6 +39,30 @@ enum Cmd {
     Test,
     Status,
     Down,
+    /// Datapath benchmarks side by side: direct veth, kernel path, fast
+    /// path, with and without a kube-proxy-sized ruleset, in a 2-node x
+    /// 1-pod lab of its own (mycnib-*), torn down at the end.
+    Bench {
+        /// Interleaved runs of every variant (the table shows medians).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Seconds per measure.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        /// Services (2 endpoints each) in the kube-proxy ruleset.
+        #[arg(long, default_value_t = 2000)]
+        services: usize,
+        /// Non-matching filter FORWARD rules in the synthetic ruleset.
+        #[arg(long, default_value_t = 2000)]
+        synthetic_rules: usize,
+        /// CPU both sockperf ends run on, or `none`. On a VM a cross-CPU
+        /// wakeup can cost more than the whole datapath.
+        #[arg(long, default_value = "1")]
+        pin_cpu: String,
+        /// Also write the markdown report here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     #[command(hide = true)]
     EchoServer {
         port: u16,
@@ -51,7 +78,7 @@ enum Cmd {
     },
 }
 
-fn spec(cli: &Cli, agent_args: Vec<String>) -> Result<Spec> {
+fn bins(cli: &Cli) -> Result<Bins> {
     let bin_dir = match &cli.bin_dir {
         Some(d) => d.clone(),
         None => std::env::current_exe()?
@@ -70,12 +97,19 @@ fn spec(cli: &Cli, agent_args: Vec<String>) -> Result<Spec> {
             bail!("{} is missing: build with `cargo xtask lab`", b.display());
         }
     }
+    Ok(bins)
+}
+
+fn spec(cli: &Cli, agent_args: Vec<String>) -> Result<Spec> {
     Ok(Spec {
         prefix: "mycni".into(),
         nodes: cli.nodes,
         pods: cli.pods,
-        root: cli.root.clone(),
-        bins,
+        root: cli
+            .root
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("/run/mycni-lab")),
+        bins: bins(cli)?,
         agent_args,
         in_process_api: false,
     })
@@ -109,6 +143,31 @@ fn main() -> Result<()> {
             Lab::attach(spec(&cli, vec![])?).down();
             println!("lab down");
             Ok(())
+        }
+        Cmd::Bench {
+            runs,
+            seconds,
+            services,
+            synthetic_rules,
+            pin_cpu,
+            out,
+        } => {
+            if cli.root.is_some() {
+                bail!("bench uses its own lab in {}", labbench::ROOT);
+            }
+            let pin_cpu = match pin_cpu.as_str() {
+                "none" => None,
+                c => Some(c.parse().context("--pin-cpu: a CPU number or `none`")?),
+            };
+            let opts = labbench::Options {
+                runs: *runs,
+                seconds: *seconds,
+                services: *services,
+                synthetic_rules: *synthetic_rules,
+                pin_cpu,
+                out: out.clone(),
+            };
+            labbench::run(bins(&cli)?, &opts)
         }
         Cmd::EchoServer { port } => lab::echo_server(*port),
         Cmd::TcpProbe { addr } => lab::tcp_probe(addr),

@@ -1,0 +1,1226 @@
+//! `cargo xtask lab bench`: the datapath benchmarks side by side, in one run.
+//!
+//! Three variants carry the same traffic, node1's pod -> node2's pod:
+//! - `direct veth`: two namespaces joined by one veth pair (MTU 1450, like
+//!   the pods), the physical limit of this machine;
+//! - `kernel path`: the lab with `--datapath kernel` (pod -> host veth ->
+//!   routing and netfilter -> vxlan.1 -> underlay -> vxlan.1 -> routing -> pod);
+//! - `fast path`: the lab with `--datapath ebpf` (established flows redirected
+//!   around routing and netfilter by the tc programs).
+//!
+//! Each lab variant also runs with a kube-proxy-sized iptables ruleset on
+//! every node, and with a synthetic one (N filter FORWARD rules that never
+//! match), because kube-proxy's rules mostly cost on a flow's first packet.
+//! Runs interleave the variants so machine noise hits all of them alike; the
+//! table shows medians over runs, and ratios against the brief's targets.
+//!
+//! The rulesets are pure functions of their size, tested without root; the
+//! rest drives processes in the lab's namespaces.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+use crate::lab::{Bins, Lab, Spec};
+use crate::sh;
+
+/// Namespace prefix and state directory: distinct from the CLI lab
+/// (`mycni`, /run/mycni-lab), so a bench never touches a lab someone is using.
+pub const PREFIX: &str = "mycnib";
+pub const ROOT: &str = "/run/mycni-bench-lab";
+/// The pods' cluster CIDR, which kube-proxy's masquerade rule excludes.
+pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
+
+const SOCKPERF_PORT: u16 = 11111;
+const IPERF_PORT: u16 = 5201;
+/// UDP payload of the small-packet measure.
+const UDP_LEN: u64 = 64;
+/// Seconds of the UDP test left out of its figures. Conntrack marks a UDP
+/// flow assured only once it has seen both directions for 2 s, and the fast
+/// path takes UDP only when assured: without this, a short test would
+/// measure mostly the kernel path under the fast path's name.
+const UDP_OMIT: u64 = 2;
+/// The direct-veth variant's namespaces and addresses.
+const VETH_A: &str = "mycnib-veth-a";
+const VETH_B: &str = "mycnib-veth-b";
+const VETH_A_IP: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 1);
+const VETH_B_IP: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 2);
+const POD_MTU: &str = "1450";
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Interleaved runs of every variant; the table shows medians.
+    pub runs: usize,
+    /// Seconds per measure (sockperf, iperf3 TCP, iperf3 UDP).
+    pub seconds: u64,
+    /// Services in the kube-proxy ruleset (2 endpoints each).
+    pub services: usize,
+    /// Non-matching filter FORWARD rules in the synthetic ruleset.
+    pub synthetic_rules: usize,
+    /// CPU both sockperf ends are pinned to; None leaves them to the scheduler.
+    pub pin_cpu: Option<usize>,
+    /// Where the markdown table goes besides stdout.
+    pub out: Option<PathBuf>,
+}
+
+// ---------------------------------------------------------------- interrupts
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// SIGINT, SIGTERM and SIGHUP set a flag instead of killing the process,
+/// so the bench stops at the next check and still tears its lab down.
+/// Children get the default dispositions back at exec.
+pub fn catch_interrupts() {
+    let handler = on_signal as extern "C" fn(libc::c_int);
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: the handler only stores to an atomic (async-signal-safe).
+        unsafe { libc::signal(sig, handler as *const () as libc::sighandler_t) };
+    }
+}
+
+fn check_interrupted() -> Result<()> {
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        bail!("interrupted");
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------ rulesets
+
+/// A ruleset to install with `iptables-restore` in every node namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Rules {
+    None,
+    KubeProxy,
+    Synthetic,
+}
+
+impl Rules {
+    fn label(self, o: &Options) -> String {
+        match self {
+            Rules::None => "none".into(),
+            Rules::KubeProxy => format!("kube-proxy, {} svc", o.services),
+            Rules::Synthetic => format!("synthetic, {} FORWARD", o.synthetic_rules),
+        }
+    }
+}
+
+/// A kube-proxy chain suffix: 16 characters of base32 like kube-proxy's
+/// (which hashes the service port name with SHA-256); here a fixed mix of
+/// the indices, so the ruleset is deterministic.
+fn chain_id(kind: u64, service: usize, endpoint: usize) -> String {
+    const ALPHABET: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+    let mut x = (kind << 56) ^ ((service as u64) << 8) ^ endpoint as u64;
+    let mut out = String::with_capacity(16);
+    for _ in 0..2 {
+        // splitmix64
+        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        for k in 0..8 {
+            out.push(ALPHABET[((z >> (5 * k)) & 31) as usize] as char);
+        }
+    }
+    out
+}
+
+/// Service `k`'s ClusterIP: 10.96.0.10 upwards, never a pod address.
+pub fn cluster_ip(k: usize) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 96, 0, 10)) + k as u32)
+}
+
+/// What kube-proxy in iptables mode (1.28-style) writes for `services`
+/// ClusterIP Services with `endpoints` ready endpoints each: nat
+/// KUBE-SERVICES with one rule per ClusterIP:port jumping to a KUBE-SVC-*
+/// chain, which masquerade-marks traffic from outside the cluster CIDR and
+/// picks a KUBE-SEP-* chain with `statistic --mode random`; each KUBE-SEP-*
+/// marks hairpin traffic and DNATs. Filter: KUBE-FORWARD (drop INVALID,
+/// accept marked and established), the NEW-only service, external-service
+/// and load-balancer-firewall jumps, KUBE-NODEPORTS and KUBE-FIREWALL.
+pub fn kube_proxy_ruleset(services: usize, endpoints: usize) -> String {
+    let mut s = String::new();
+    let w = &mut s;
+    // writeln! into a String cannot fail.
+    let _ = writeln!(w, "*filter");
+    for c in [
+        "KUBE-EXTERNAL-SERVICES",
+        "KUBE-FIREWALL",
+        "KUBE-FORWARD",
+        "KUBE-KUBELET-CANARY",
+        "KUBE-NODEPORTS",
+        "KUBE-PROXY-CANARY",
+        "KUBE-PROXY-FIREWALL",
+        "KUBE-SERVICES",
+    ] {
+        let _ = writeln!(w, ":{c} - [0:0]");
+    }
+    for r in [
+        "-A INPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL",
+        "-A INPUT -m comment --comment \"kubernetes health check service ports\" -j KUBE-NODEPORTS",
+        "-A INPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible service portals\" -j KUBE-EXTERNAL-SERVICES",
+        "-A INPUT -j KUBE-FIREWALL",
+        "-A FORWARD -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL",
+        "-A FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD",
+        "-A FORWARD -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES",
+        "-A FORWARD -m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible service portals\" -j KUBE-EXTERNAL-SERVICES",
+        "-A OUTPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL",
+        "-A OUTPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES",
+        "-A OUTPUT -j KUBE-FIREWALL",
+        "-A KUBE-FIREWALL ! -s 127.0.0.0/8 -d 127.0.0.0/8 -m comment --comment \"block incoming localnet connections\" -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP",
+        "-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP",
+        "-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding rules\" -m mark --mark 0x4000/0x4000 -j ACCEPT",
+        "-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+    ] {
+        let _ = writeln!(w, "{r}");
+    }
+    let _ = writeln!(w, "COMMIT");
+
+    let _ = writeln!(w, "*nat");
+    for c in [
+        "KUBE-MARK-MASQ",
+        "KUBE-NODEPORTS",
+        "KUBE-POSTROUTING",
+        "KUBE-SERVICES",
+    ] {
+        let _ = writeln!(w, ":{c} - [0:0]");
+    }
+    for k in 0..services {
+        let _ = writeln!(w, ":KUBE-SVC-{} - [0:0]", chain_id(1, k, 0));
+        for e in 0..endpoints {
+            let _ = writeln!(w, ":KUBE-SEP-{} - [0:0]", chain_id(2, k, e));
+        }
+    }
+    for r in [
+        "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES",
+        "-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES",
+        "-A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING",
+        "-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000",
+        "-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN",
+        "-A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0",
+        "-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully",
+    ] {
+        let _ = writeln!(w, "{r}");
+    }
+    for k in 0..services {
+        let ip = cluster_ip(k);
+        let port = if k % 2 == 0 { 80 } else { 443 };
+        let target = 8000 + (k % 1000);
+        let name = format!("bench/svc-{k}:web");
+        let svc = chain_id(1, k, 0);
+        let _ = writeln!(
+            w,
+            "-A KUBE-SERVICES -d {ip}/32 -p tcp -m comment --comment \"{name} cluster IP\" -m tcp --dport {port} -j KUBE-SVC-{svc}"
+        );
+        let _ = writeln!(
+            w,
+            "-A KUBE-SVC-{svc} ! -s {CLUSTER_CIDR} -d {ip}/32 -p tcp -m comment --comment \"{name} cluster IP\" -m tcp --dport {port} -j KUBE-MARK-MASQ"
+        );
+        for e in 0..endpoints {
+            // Endpoints spread over the nodes' podCIDRs, away from the
+            // low addresses the lab's pods get.
+            let ep = Ipv4Addr::new(10, 244, 1 + (e % 2) as u8, 100 + ((k + e) % 150) as u8);
+            let sep = chain_id(2, k, e);
+            let left = endpoints - e;
+            if left > 1 {
+                let _ = writeln!(
+                    w,
+                    "-A KUBE-SVC-{svc} -m comment --comment \"{name} -> {ep}:{target}\" -m statistic --mode random --probability {:.11} -j KUBE-SEP-{sep}",
+                    1.0 / left as f64
+                );
+            } else {
+                let _ = writeln!(
+                    w,
+                    "-A KUBE-SVC-{svc} -m comment --comment \"{name} -> {ep}:{target}\" -j KUBE-SEP-{sep}"
+                );
+            }
+            let _ = writeln!(
+                w,
+                "-A KUBE-SEP-{sep} -s {ep}/32 -m comment --comment \"{name}\" -j KUBE-MARK-MASQ"
+            );
+            let _ = writeln!(
+                w,
+                "-A KUBE-SEP-{sep} -p tcp -m comment --comment \"{name}\" -m tcp -j DNAT --to-destination {ep}:{target}"
+            );
+        }
+    }
+    let _ = writeln!(
+        w,
+        "-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS"
+    );
+    let _ = writeln!(w, "COMMIT");
+    s
+}
+
+/// Synthetic: `n` filter FORWARD rules that never match pod-to-pod
+/// traffic (per-ClusterIP port filters), so every forwarded packet walks
+/// all of them; the kind of per-packet cost kube-proxy's rules do not have.
+pub fn synthetic_ruleset(n: usize) -> String {
+    let mut s = String::from("*filter\n");
+    for k in 0..n {
+        let _ = writeln!(
+            s,
+            "-A FORWARD -d {}/32 -p tcp -m comment --comment \"mycni-bench synthetic {k}\" -m tcp --dport 80 -j DROP",
+            cluster_ip(k)
+        );
+    }
+    s.push_str("COMMIT\n");
+    s
+}
+
+/// Rules (`-A` lines) in an iptables-restore file.
+pub fn rule_count(ruleset: &str) -> usize {
+    ruleset.lines().filter(|l| l.starts_with("-A ")).count()
+}
+
+fn ns_cmd(ns: &str, program: &str) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns, program]);
+    c
+}
+
+fn nft_tables(ns: &str) -> Result<Vec<String>> {
+    let out = sh("ip", &["netns", "exec", ns, "nft", "list", "tables"])?;
+    Ok(out
+        .lines()
+        .filter_map(|l| l.strip_prefix("table "))
+        .map(|t| t.trim().to_string())
+        .collect())
+}
+
+/// A ruleset installed in every node namespace; removing it deletes the
+/// iptables-nft tables it created (the agent's own `ip mycni` table stays).
+struct Installed {
+    /// (node namespace, tables this install created)
+    nodes: Vec<(String, Vec<String>)>,
+}
+
+impl Installed {
+    fn install(node_namespaces: &[String], ruleset: &str) -> Result<(Installed, Duration)> {
+        let mut inst = Installed { nodes: vec![] };
+        let start = Instant::now();
+        for ns in node_namespaces {
+            let before = nft_tables(ns)?;
+            for t in ["ip nat", "ip filter"] {
+                if before.iter().any(|b| b == t) {
+                    bail!("{ns} already has table {t}: the bench only adds rules to clean nodes");
+                }
+            }
+            // Record before installing: a half-applied restore is removed too.
+            inst.nodes.push((ns.clone(), vec![]));
+            let mut child = ns_cmd(ns, "iptables-restore")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .context("running iptables-restore (is iptables installed?)")?;
+            if let Some(mut w) = child.stdin.take() {
+                w.write_all(ruleset.as_bytes())?;
+            }
+            let out = child.wait_with_output()?;
+            let after = nft_tables(ns)?;
+            if let Some(last) = inst.nodes.last_mut() {
+                last.1 = after.into_iter().filter(|t| !before.contains(t)).collect();
+            }
+            if !out.status.success() {
+                let err = String::from_utf8_lossy(&out.stderr).into_owned();
+                inst.remove();
+                bail!("iptables-restore in {ns}: {err}");
+            }
+        }
+        Ok((inst, start.elapsed()))
+    }
+
+    fn remove(&mut self) {
+        for (ns, tables) in self.nodes.drain(..) {
+            for t in tables {
+                let mut args = vec!["netns", "exec", &ns, "nft", "delete", "table"];
+                args.extend(t.split_whitespace());
+                if let Err(e) = sh("ip", &args) {
+                    eprintln!("bench: removing table {t} in {ns}: {e:#}");
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+// ----------------------------------------------------------------- processes
+
+/// A process started in a namespace; killed and reaped on drop.
+struct Proc {
+    child: Child,
+    what: String,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn spawn(ns: &str, argv: &[String], log: &Path) -> Result<Proc> {
+        let out =
+            std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        let err = out.try_clone()?;
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns])
+            .args(argv)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .with_context(|| format!("starting {} in {ns}", argv.join(" ")))?;
+        Ok(Proc {
+            child,
+            what: format!("{} (in {ns})", argv.join(" ")),
+            log: log.to_path_buf(),
+        })
+    }
+
+    fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits for the process to exit; kills it after `timeout` or on an
+    /// interrupt. Returns its output; a non-zero exit is an error.
+    fn finish(mut self, timeout: Duration) -> Result<String> {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                let out = self.output();
+                if !status.success() {
+                    bail!("`{}` failed ({status}): {}", self.what, tail(&out, 15));
+                }
+                return Ok(out);
+            }
+            check_interrupted()?;
+            if start.elapsed() > timeout {
+                bail!(
+                    "`{}` still running after {timeout:?}: {}",
+                    self.what,
+                    tail(&self.output(), 15)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if self.running() {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Starts a server and waits until it listens on TCP `port`.
+fn server(ns: &str, argv: &[String], port: u16, log: &Path) -> Result<Proc> {
+    let mut p = Proc::spawn(ns, argv, log)?;
+    let start = Instant::now();
+    let filter = format!("sport = :{port}");
+    loop {
+        let listening = sh("ip", &["netns", "exec", ns, "ss", "-Hltn", &filter])
+            .map(|o| !o.trim().is_empty())
+            .unwrap_or(false);
+        if listening {
+            return Ok(p);
+        }
+        if !p.running() {
+            bail!("`{}` exited: {}", p.what, tail(&p.output(), 15));
+        }
+        check_interrupted()?;
+        if start.elapsed() > Duration::from_secs(10) {
+            bail!("`{}` does not listen on {port}", p.what);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn argv(prefix: &[String], rest: &[&str]) -> Vec<String> {
+    prefix
+        .iter()
+        .cloned()
+        .chain(rest.iter().map(|s| s.to_string()))
+        .collect()
+}
+
+// -------------------------------------------------------------- measurement
+
+/// One run's figures for one variant.
+#[derive(Debug, Clone, Copy, Default)]
+struct Sample {
+    /// One-way latency (sockperf's RTT/2), microseconds.
+    p50_us: f64,
+    p99_us: f64,
+    stream_gbps: f64,
+    /// UDP 64-byte datagrams per second the receiver got, thousands.
+    udp_kpps: f64,
+    udp_loss_pct: f64,
+}
+
+/// Client namespace -> server namespace and address.
+struct Pair {
+    client: String,
+    server: String,
+    ip: Ipv4Addr,
+}
+
+fn sockperf_percentile(out: &str, p: &str) -> Result<f64> {
+    let key = format!("percentile {p} =");
+    out.lines()
+        .find_map(|l| l.split_once(&key).map(|(_, v)| v.trim().parse::<f64>()))
+        .with_context(|| format!("no `{key}` in sockperf output: {}", tail(out, 20)))?
+        .context("sockperf percentile")
+}
+
+fn iperf_json(out: &str) -> Result<Value> {
+    let v: Value = serde_json::from_str(out)
+        .with_context(|| format!("iperf3 -J output is not JSON: {}", tail(out, 10)))?;
+    if let Some(e) = v.get("error").and_then(Value::as_str) {
+        bail!("iperf3: {e}");
+    }
+    Ok(v)
+}
+
+fn measure(pair: &Pair, o: &Options, logs: &Path) -> Result<Sample> {
+    let secs = o.seconds.to_string();
+    let ip = pair.ip.to_string();
+    let limit = Duration::from_secs(o.seconds + UDP_OMIT + 20);
+    let pin: Vec<String> = match o.pin_cpu {
+        Some(c) => vec!["taskset".into(), "-c".into(), c.to_string()],
+        None => vec![],
+    };
+    let mut s = Sample::default();
+
+    // Latency: TCP ping-pong, 64-byte messages.
+    check_interrupted()?;
+    let sp = SOCKPERF_PORT.to_string();
+    let srv = server(
+        &pair.server,
+        &argv(&pin, &["sockperf", "sr", "--tcp", "-i", &ip, "-p", &sp]),
+        SOCKPERF_PORT,
+        &logs.join("sockperf-server.log"),
+    )?;
+    let out = Proc::spawn(
+        &pair.client,
+        &argv(
+            &pin,
+            &[
+                "sockperf",
+                "ping-pong",
+                "--tcp",
+                "-i",
+                &ip,
+                "-p",
+                &sp,
+                "-t",
+                &secs,
+                "-m",
+                "64",
+            ],
+        ),
+        &logs.join("sockperf-client.log"),
+    )?
+    .finish(limit)?;
+    drop(srv);
+    s.p50_us = sockperf_percentile(&out, "50.000")?;
+    s.p99_us = sockperf_percentile(&out, "99.000")?;
+
+    // Stream: one TCP flow, the receiver's rate.
+    check_interrupted()?;
+    let ip_port = IPERF_PORT.to_string();
+    let iperf_server = |log: &str| {
+        server(
+            &pair.server,
+            &argv(&[], &["iperf3", "-s", "-1", "-p", &ip_port]),
+            IPERF_PORT,
+            &logs.join(log),
+        )
+    };
+    let iperf_client = |extra: &[&str], log: &str| -> Result<Value> {
+        let mut a = vec![
+            "iperf3",
+            "-c",
+            &ip,
+            "-p",
+            &ip_port,
+            "-t",
+            &secs,
+            "-J",
+            "--connect-timeout",
+            "3000",
+        ];
+        a.extend_from_slice(extra);
+        let out = Proc::spawn(&pair.client, &argv(&[], &a), &logs.join(log))?.finish(limit)?;
+        iperf_json(&out)
+    };
+    let srv = iperf_server("iperf-tcp-server.log")?;
+    let v = iperf_client(&[], "iperf-tcp-client.log")?;
+    srv.finish(Duration::from_secs(5))?;
+    s.stream_gbps = v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .context("iperf3 TCP: no end.sum_received.bits_per_second")?
+        / 1e9;
+
+    // Small packets: UDP, 64-byte payload, unlimited send rate; the figure
+    // is what the receiver got (sum_received counts received bytes).
+    check_interrupted()?;
+    let srv = iperf_server("iperf-udp-server.log")?;
+    let len = UDP_LEN.to_string();
+    let omit = UDP_OMIT.to_string();
+    let v = iperf_client(
+        &["-u", "-l", &len, "-b", "0", "-O", &omit],
+        "iperf-udp-client.log",
+    )?;
+    srv.finish(Duration::from_secs(5))?;
+    let rx = &v["end"]["sum_received"];
+    let bytes = rx["bytes"]
+        .as_f64()
+        .context("iperf3 UDP: no end.sum_received.bytes")?;
+    let seconds = rx["seconds"]
+        .as_f64()
+        .filter(|s| *s > 0.0)
+        .context("iperf3 UDP: no end.sum_received.seconds")?;
+    s.udp_kpps = bytes / UDP_LEN as f64 / seconds / 1e3;
+    // From bytes, not iperf3's lost_packets: with --omit, iperf3 also
+    // counts the omitted seconds' datagrams as lost.
+    let sent = v["end"]["sum_sent"]["bytes"].as_f64().unwrap_or(0.0);
+    s.udp_loss_pct = if sent > 0.0 {
+        (100.0 * (1.0 - bytes / sent)).max(0.0)
+    } else {
+        0.0
+    };
+    Ok(s)
+}
+
+// ---------------------------------------------------------------- variants
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Datapath {
+    Direct,
+    Kernel,
+    Fast,
+}
+
+impl Datapath {
+    fn label(self) -> &'static str {
+        match self {
+            Datapath::Direct => "direct veth",
+            Datapath::Kernel => "kernel path",
+            Datapath::Fast => "fast path",
+        }
+    }
+    fn agent_mode(self) -> &'static str {
+        match self {
+            Datapath::Fast => "ebpf",
+            _ => "kernel",
+        }
+    }
+}
+
+/// The direct-veth variant's two namespaces; deleted on drop.
+struct DirectVeth;
+
+impl DirectVeth {
+    fn up() -> Result<DirectVeth> {
+        let d = DirectVeth;
+        for ns in [VETH_A, VETH_B] {
+            sh("ip", &["netns", "add", ns])?;
+            sh("ip", &["-n", ns, "link", "set", "lo", "up"])?;
+        }
+        sh(
+            "ip",
+            &[
+                "-n", VETH_A, "link", "add", "eth0", "mtu", POD_MTU, "type", "veth", "peer",
+                "name", "eth0", "mtu", POD_MTU, "netns", VETH_B,
+            ],
+        )?;
+        for (ns, ip) in [(VETH_A, VETH_A_IP), (VETH_B, VETH_B_IP)] {
+            sh(
+                "ip",
+                &["-n", ns, "addr", "add", &format!("{ip}/30"), "dev", "eth0"],
+            )?;
+            sh("ip", &["-n", ns, "link", "set", "eth0", "up"])?;
+        }
+        Ok(d)
+    }
+
+    fn down() {
+        for ns in [VETH_A, VETH_B] {
+            if Path::new("/run/netns").join(ns).exists() {
+                let _ = sh("ip", &["netns", "del", ns]);
+            }
+        }
+    }
+}
+
+impl Drop for DirectVeth {
+    fn drop(&mut self) {
+        DirectVeth::down();
+    }
+}
+
+/// The bench's lab; torn down on drop, whatever happened.
+struct BenchLab(Lab);
+
+impl Drop for BenchLab {
+    fn drop(&mut self) {
+        eprintln!("bench: tearing the lab down");
+        self.0.down();
+    }
+}
+
+fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Result<()> {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        check_interrupted()?;
+        if f() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    bail!("timed out after {timeout:?} waiting for {what}")
+}
+
+type Counters = BTreeMap<String, u64>;
+
+fn counters(lab: &Lab) -> Vec<Counters> {
+    (1..=lab.spec.nodes)
+        .map(|i| lab.counters(i).unwrap_or_default())
+        .collect()
+}
+
+fn add_delta(acc: &mut [Counters], before: &[Counters], after: &[Counters]) {
+    for ((acc, b), a) in acc.iter_mut().zip(before).zip(after) {
+        for (path, n) in a {
+            let d = n.saturating_sub(b.get(path).copied().unwrap_or(0));
+            *acc.entry(path.clone()).or_default() += d;
+        }
+    }
+}
+
+/// Switches every agent to `dp` and waits until the fast path, if on, has
+/// every pod and peer in its maps (the agent attaches new veths on a pass).
+fn switch(lab: &mut Lab, dp: Datapath) -> Result<()> {
+    eprintln!("bench: agents -> --datapath {}", dp.agent_mode());
+    lab.set_datapath(dp.agent_mode())?;
+    if dp == Datapath::Fast {
+        let s = lab.spec.clone();
+        for i in 1..=s.nodes {
+            let local = format!("mycni_datapath_entries{{map=\"local\"}} {}", s.pods);
+            let remote = format!("mycni_datapath_entries{{map=\"remote\"}} {}", s.nodes - 1);
+            wait_until(
+                &format!("{} to fill its fast-path maps", s.node_name(i)),
+                Duration::from_secs(30),
+                || {
+                    lab.metrics(i)
+                        .map(|m| m.lines().any(|l| l == local) && m.lines().any(|l| l == remote))
+                        .unwrap_or(false)
+                },
+            )?;
+        }
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct Results {
+    samples: BTreeMap<(Datapath, Rules), Vec<Sample>>,
+    /// Fast-path counter deltas per node over the fast-path measurements.
+    fast_counters: Vec<Counters>,
+    /// Counter deltas per node over the kernel-path measurements (should stay 0).
+    kernel_counters: Vec<Counters>,
+    install_times: BTreeMap<Rules, Vec<Duration>>,
+}
+
+/// `mycni-lab bench`: brings up a 2-node x 1-pod lab and the direct veth,
+/// measures everything, prints and writes the table, tears everything down.
+pub fn run(bins: Bins, o: &Options) -> Result<()> {
+    if o.runs == 0 || o.seconds == 0 {
+        bail!("--runs and --seconds must be at least 1");
+    }
+    if o.services == 0 || o.services > 60_000 || o.synthetic_rules > 60_000 {
+        bail!("--services must be 1..60000 and --synthetic-rules at most 60000 (10.96.0.0/16)");
+    }
+    catch_interrupts();
+    let started = Instant::now();
+    let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let spec = Spec {
+        prefix: PREFIX.into(),
+        nodes: 2,
+        pods: 1,
+        root: PathBuf::from(ROOT),
+        bins,
+        agent_args: vec!["--datapath".into(), "kernel".into()],
+        in_process_api: false,
+    };
+    // Leftovers of an interrupted bench (its own prefix and root only).
+    if spec.root.join("state").exists() {
+        eprintln!("bench: removing the lab a previous bench left behind");
+        Lab::attach(spec.clone()).down();
+    }
+    DirectVeth::down();
+
+    eprintln!("bench: bringing up the 2-node lab ({PREFIX}-*, {ROOT})");
+    let lab = BenchLab(Lab::up(spec)?);
+    let veth = DirectVeth::up()?;
+    let logs = PathBuf::from(ROOT).join("bench");
+    std::fs::create_dir_all(&logs)?;
+    let result = measure_all(lab, o, &logs);
+    drop(veth);
+    let results = result?;
+    let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let report = render(
+        &results,
+        o,
+        started.elapsed(),
+        load_before.trim(),
+        load_after.trim(),
+    );
+    print!("{report}");
+    if let Some(out) = &o.out {
+        if let Some(dir) = out.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(out, &report).with_context(|| format!("writing {}", out.display()))?;
+        eprintln!("bench: wrote {}", out.display());
+    }
+    Ok(())
+}
+
+/// Takes the lab by value: it is torn down when this returns, before the
+/// table is printed.
+fn measure_all(mut lab: BenchLab, o: &Options, logs: &Path) -> Result<Results> {
+    let pods = lab.0.pods()?;
+    let dst = pods
+        .iter()
+        .find(|p| p.node == 2)
+        .context("no pod on node 2")?;
+    let src = pods
+        .iter()
+        .find(|p| p.node == 1)
+        .context("no pod on node 1")?;
+    let lab_pair = Pair {
+        client: src.ns.clone(),
+        server: dst.ns.clone(),
+        ip: dst.ip,
+    };
+    let veth_pair = Pair {
+        client: VETH_A.into(),
+        server: VETH_B.into(),
+        ip: VETH_B_IP,
+    };
+    let nodes: Vec<String> = (1..=lab.0.spec.nodes)
+        .map(|i| lab.0.spec.node_name(i))
+        .collect();
+    let rulesets = [
+        (Rules::KubeProxy, kube_proxy_ruleset(o.services, 2)),
+        (Rules::Synthetic, synthetic_ruleset(o.synthetic_rules)),
+    ];
+    let mut r = Results {
+        fast_counters: vec![Counters::new(); nodes.len()],
+        kernel_counters: vec![Counters::new(); nodes.len()],
+        ..Default::default()
+    };
+    let mut current = Datapath::Kernel;
+    for run in 0..o.runs {
+        // Alternate the lab variants' order: drift in machine load then
+        // does not always favour the same one, and it saves a restart.
+        let order = if run % 2 == 0 {
+            [Datapath::Direct, Datapath::Kernel, Datapath::Fast]
+        } else {
+            [Datapath::Direct, Datapath::Fast, Datapath::Kernel]
+        };
+        for dp in order {
+            if dp == Datapath::Direct {
+                eprintln!("bench: run {}/{}: {}", run + 1, o.runs, dp.label());
+                let s = measure(&veth_pair, o, logs)?;
+                r.samples.entry((dp, Rules::None)).or_default().push(s);
+                continue;
+            }
+            if dp != current {
+                switch(&mut lab.0, dp)?;
+                current = dp;
+            }
+            for rules in [Rules::None, Rules::KubeProxy, Rules::Synthetic] {
+                check_interrupted()?;
+                eprintln!(
+                    "bench: run {}/{}: {}, rules: {}",
+                    run + 1,
+                    o.runs,
+                    dp.label(),
+                    rules.label(o)
+                );
+                let installed = match rulesets.iter().find(|(k, _)| *k == rules) {
+                    Some((_, text)) => {
+                        let (inst, took) = Installed::install(&nodes, text)?;
+                        r.install_times.entry(rules).or_default().push(took);
+                        Some(inst)
+                    }
+                    None => None,
+                };
+                let before = counters(&lab.0);
+                let s = measure(&lab_pair, o, logs)?;
+                let after = counters(&lab.0);
+                let acc = if dp == Datapath::Fast {
+                    &mut r.fast_counters
+                } else {
+                    &mut r.kernel_counters
+                };
+                add_delta(acc, &before, &after);
+                drop(installed);
+                r.samples.entry((dp, rules)).or_default().push(s);
+            }
+        }
+    }
+    Ok(r)
+}
+
+// -------------------------------------------------------------------- report
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Measure {
+    P50,
+    P99,
+    Stream,
+    Udp,
+}
+
+impl Measure {
+    const ALL: [Measure; 4] = [Measure::P50, Measure::P99, Measure::Stream, Measure::Udp];
+    fn label(self) -> &'static str {
+        match self {
+            Measure::P50 => "TCP latency p50 (us)",
+            Measure::P99 => "TCP latency p99 (us)",
+            Measure::Stream => "TCP stream (Gbit/s)",
+            Measure::Udp => "UDP 64 B rx (kpps)",
+        }
+    }
+    fn get(self, s: &Sample) -> f64 {
+        match self {
+            Measure::P50 => s.p50_us,
+            Measure::P99 => s.p99_us,
+            Measure::Stream => s.stream_gbps,
+            Measure::Udp => s.udp_kpps,
+        }
+    }
+    fn fmt(self, v: f64) -> String {
+        if v.is_nan() {
+            return "-".into();
+        }
+        match self {
+            Measure::Stream => format!("{v:.2}"),
+            _ => format!("{v:.1}"),
+        }
+    }
+    fn is_latency(self) -> bool {
+        matches!(self, Measure::P50 | Measure::P99)
+    }
+}
+
+fn ratio(v: f64, ok: bool) -> String {
+    if v.is_nan() || v.is_infinite() {
+        return "-".into();
+    }
+    format!("{v:.2} {}", if ok { "ok" } else { "MISS" })
+}
+
+fn render(r: &Results, o: &Options, took: Duration, load_before: &str, load_after: &str) -> String {
+    let med = |dp: Datapath, rules: Rules, m: Measure| -> f64 {
+        r.samples
+            .get(&(dp, rules))
+            .map(|v| median(v.iter().map(|s| m.get(s)).collect()))
+            .unwrap_or(f64::NAN)
+    };
+    let mut s = String::new();
+    let w = &mut s;
+    let _ = writeln!(w, "# mycni datapath bench (`cargo xtask lab bench`)\n");
+    let _ = writeln!(
+        w,
+        "node1's pod -> node2's pod (direct veth: namespace A -> B). {} interleaved runs, median of runs; \
+         {} s per measure; {:.0} s in all. Load average before: {load_before}; after: {load_after}.\n",
+        o.runs,
+        o.seconds,
+        took.as_secs_f64()
+    );
+    let pin = match o.pin_cpu {
+        Some(c) => format!("both ends pinned to CPU {c}"),
+        None => "not pinned".into(),
+    };
+    let _ = writeln!(
+        w,
+        "- latency: `sockperf ping-pong --tcp -m 64`, one-way = RTT/2 (sockperf's default, no `--full-rtt`), {pin};\n\
+         - stream: `iperf3 -c` one TCP flow, receiver's Gbit/s;\n\
+         - small packets: `iperf3 -u -l 64 -b 0 -O {UDP_OMIT}`, datagrams/s the receiver got (kpps), \
+         without the first {UDP_OMIT} s (conntrack assures a UDP flow, which lets it onto the fast \
+         path, after 2 s of two-way traffic). Per-packet cost is what the fast path removes, and \
+         iperf3 reports the receiver's count (sockperf's throughput mode only the sender's); \
+         loss in the per-run table is 1 - received/sent bytes.\n"
+    );
+    let _ = writeln!(
+        w,
+        "| measure | node rules | direct veth | kernel path | fast path | fast/direct lat (<= 1.15) | kernel/fast lat (>= 1.3) | fast/kernel tput (>= 1.0) |"
+    );
+    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|");
+    for rules in [Rules::None, Rules::KubeProxy, Rules::Synthetic] {
+        for m in Measure::ALL {
+            let d = med(Datapath::Direct, Rules::None, m);
+            let k = med(Datapath::Kernel, rules, m);
+            let f = med(Datapath::Fast, rules, m);
+            let direct = if rules == Rules::None {
+                m.fmt(d)
+            } else {
+                format!("({})", m.fmt(d))
+            };
+            let (fd, kf, fk) = if m.is_latency() {
+                (
+                    ratio(f / d, f / d <= 1.15),
+                    ratio(k / f, k / f >= 1.3),
+                    String::new(),
+                )
+            } else {
+                (String::new(), String::new(), ratio(f / k, f / k >= 1.0))
+            };
+            let _ = writeln!(
+                w,
+                "| {} | {} | {direct} | {} | {} | {fd} | {kf} | {fk} |",
+                m.label(),
+                rules.label(o),
+                m.fmt(k),
+                m.fmt(f)
+            );
+        }
+    }
+    let _ = writeln!(
+        w,
+        "\nThe direct veth has no node and no rules: a value in parentheses repeats its \
+         baseline, which fast/direct divides by.\n"
+    );
+
+    let _ = writeln!(
+        w,
+        "## Rulesets (iptables-nft, installed in both node namespaces)\n"
+    );
+    let kp = kube_proxy_ruleset(o.services, 2);
+    let syn = synthetic_ruleset(o.synthetic_rules);
+    let took = |rules: Rules| -> String {
+        r.install_times
+            .get(&rules)
+            .map(|v| {
+                let ms: Vec<f64> = v.iter().map(|d| d.as_secs_f64() * 1e3).collect();
+                format!("{:.0} ms", median(ms))
+            })
+            .unwrap_or_else(|| "-".into())
+    };
+    let _ = writeln!(
+        w,
+        "- kube-proxy: {} Services x 2 endpoints, ClusterIPs 10.96.0.10 upwards: {} rules \
+         (nat KUBE-SERVICES -> KUBE-SVC-* -> statistic-random KUBE-SEP-* DNAT, KUBE-MARK-MASQ, \
+         KUBE-POSTROUTING; filter KUBE-FORWARD, KUBE-SERVICES, KUBE-EXTERNAL-SERVICES, \
+         KUBE-NODEPORTS, KUBE-FIREWALL); install {} for both nodes. Its per-packet cost on an \
+         established flow is KUBE-FORWARD's conntrack checks; the nat chains see only a flow's \
+         first packet.",
+        o.services,
+        rule_count(&kp),
+        took(Rules::KubeProxy)
+    );
+    let _ = writeln!(
+        w,
+        "- synthetic (not what kube-proxy does): {} filter FORWARD rules \
+         `-d 10.96.x.y/32 -p tcp --dport 80 -j DROP` that never match pod traffic, so every \
+         forwarded packet walks them all; install {} for both nodes.\n",
+        rule_count(&syn),
+        took(Rules::Synthetic)
+    );
+
+    let _ = writeln!(w, "## Per run\n");
+    let _ = writeln!(
+        w,
+        "| variant | node rules | p50 us | p99 us | stream Gbit/s | UDP kpps (loss %) |"
+    );
+    let _ = writeln!(w, "|---|---|---|---|---|---|");
+    for ((dp, rules), v) in &r.samples {
+        let col = |f: &dyn Fn(&Sample) -> String| -> String {
+            v.iter().map(f).collect::<Vec<_>>().join(", ")
+        };
+        let _ = writeln!(
+            w,
+            "| {} | {} | {} | {} | {} | {} |",
+            dp.label(),
+            rules.label(o),
+            col(&|s| format!("{:.1}", s.p50_us)),
+            col(&|s| format!("{:.1}", s.p99_us)),
+            col(&|s| format!("{:.2}", s.stream_gbps)),
+            col(&|s| format!("{:.1} ({:.0})", s.udp_kpps, s.udp_loss_pct)),
+        );
+    }
+
+    let _ = writeln!(
+        w,
+        "\n## Fast-path counters (packets the tc programs saw, summed over the fast-path measurements)\n"
+    );
+    for (i, c) in r.fast_counters.iter().enumerate() {
+        let fast: u64 = c
+            .iter()
+            .filter(|(k, _)| k.starts_with("fast_"))
+            .map(|(_, v)| v)
+            .sum();
+        let kernel: u64 = c
+            .iter()
+            .filter(|(k, _)| k.starts_with("kernel_"))
+            .map(|(_, v)| v)
+            .sum();
+        let total = fast + kernel;
+        let share = if total > 0 {
+            100.0 * fast as f64 / total as f64
+        } else {
+            0.0
+        };
+        let detail: Vec<String> = c
+            .iter()
+            .filter(|(_, v)| **v > 0)
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let _ = writeln!(
+            w,
+            "- node{}: fast_* {fast}, kernel_* {kernel} ({share:.2}% fast): {}",
+            i + 1,
+            if detail.is_empty() {
+                "no packets counted".to_string()
+            } else {
+                detail.join(", ")
+            }
+        );
+    }
+    let kernel_seen: u64 = r.kernel_counters.iter().flat_map(|c| c.values()).sum();
+    let _ = writeln!(
+        w,
+        "- during the kernel-path measurements the programs saw {kernel_seen} packets \
+         (0 = detached, as `--datapath kernel` promises)."
+    );
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kube_proxy_ruleset_has_kube_proxys_shape() {
+        let r = kube_proxy_ruleset(100, 2);
+        // Per service: KUBE-SERVICES jump, masquerade mark, 2 x (statistic
+        // or final jump, hairpin mark, DNAT) = 8; plus 15 filter and 8 nat
+        // fixed rules.
+        assert_eq!(rule_count(&r), 100 * 8 + 15 + 8);
+        assert_eq!(
+            r.matches("--mode random --probability 0.50000000000")
+                .count(),
+            100
+        );
+        assert_eq!(r.matches("-j DNAT --to-destination 10.244.").count(), 200);
+        assert!(r.contains("-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP"));
+        assert_eq!(r.matches("COMMIT").count(), 2);
+        // Every chain jumped to is declared.
+        for l in r.lines().filter(|l| l.starts_with("-A ")) {
+            if let Some(target) = l.split(" -j ").nth(1) {
+                let chain = target.split_whitespace().next().expect("target");
+                if chain.starts_with("KUBE-") {
+                    assert!(r.contains(&format!(":{chain} - [0:0]")), "{chain}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn chain_names_are_distinct_and_kube_proxy_like() {
+        let r = kube_proxy_ruleset(2000, 2);
+        let decl: Vec<&str> = r
+            .lines()
+            .filter(|l| l.starts_with(":KUBE-SVC-") || l.starts_with(":KUBE-SEP-"))
+            .collect();
+        assert_eq!(decl.len(), 2000 * 3);
+        let set: std::collections::BTreeSet<&str> = decl.iter().copied().collect();
+        assert_eq!(set.len(), decl.len());
+        let id = chain_id(1, 7, 0);
+        assert_eq!(id.len(), 16);
+        assert!(
+            id.bytes()
+                .all(|b| b.is_ascii_uppercase() || (b'2'..=b'7').contains(&b))
+        );
+        // iptables caps chain names at 28 characters.
+        assert!(format!("KUBE-SEP-{id}").len() <= 28);
+    }
+
+    #[test]
+    fn cluster_ips_stay_out_of_the_pod_cidr() {
+        for k in [0, 1, 1999, 59_999] {
+            let ip = cluster_ip(k).octets();
+            assert_eq!((ip[0], ip[1]), (10, 96), "{k}");
+        }
+    }
+
+    #[test]
+    fn synthetic_ruleset_is_n_forward_rules() {
+        let r = synthetic_ruleset(50);
+        assert_eq!(rule_count(&r), 50);
+        assert!(
+            r.lines()
+                .filter(|l| l.starts_with("-A "))
+                .all(|l| l.starts_with("-A FORWARD -d 10.96."))
+        );
+    }
+
+    #[test]
+    fn sockperf_percentiles_parse() {
+        let out = "sockperf: ---> percentile 99.000 =  413.916\nsockperf: ---> percentile 50.000 =   52.928\n";
+        assert_eq!(sockperf_percentile(out, "50.000").expect("p50"), 52.928);
+        assert_eq!(sockperf_percentile(out, "99.000").expect("p99"), 413.916);
+        assert!(sockperf_percentile(out, "90.000").is_err());
+    }
+
+    #[test]
+    fn median_of_even_and_odd() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0]), 2.5);
+        assert!(median(vec![]).is_nan());
+    }
+}
