@@ -114,6 +114,9 @@ pub enum Reject {
     OverlapsPeer(String),
     BadMac(String),
     BadHostIp(String),
+    /// Another Node announces the same VTEP MAC: the FDB maps a MAC to one
+    /// host, so one of them would receive the other's pod traffic.
+    DuplicateVtepMac(String),
 }
 
 impl Reject {
@@ -126,6 +129,7 @@ impl Reject {
             Reject::OverlapsPeer(_) => "overlaps_peer",
             Reject::BadMac(_) => "bad_mac",
             Reject::BadHostIp(_) => "bad_host_ip",
+            Reject::DuplicateVtepMac(_) => "duplicate_vtep_mac",
         }
     }
 }
@@ -142,6 +146,10 @@ impl fmt::Display for Reject {
             Reject::OverlapsPeer(s) => write!(f, "podCIDR {s} overlaps another node's"),
             Reject::BadMac(s) => write!(f, "VTEP MAC {s:?} is not a unicast MAC"),
             Reject::BadHostIp(s) => write!(f, "host IP {s:?} is not a unicast IPv4 address"),
+            Reject::DuplicateVtepMac(s) => write!(
+                f,
+                "VTEP MAC {s} is announced by another Node too (a cloned VM?)"
+            ),
         }
     }
 }
@@ -240,10 +248,20 @@ pub fn select_peers(
             bad[j] = true;
         }
     }
+    // Two Nodes with one VTEP MAC: neither can be told apart in the FDB.
+    let mut macs: BTreeMap<Mac, usize> = BTreeMap::new();
+    for p in &ok {
+        *macs.entry(p.vtep_mac).or_default() += 1;
+    }
     let mut peers = Vec::with_capacity(ok.len());
     for (p, b) in ok.into_iter().zip(bad) {
         if b {
             rejected.push((p.name.clone(), Reject::OverlapsPeer(p.pod_cidr.to_string())));
+        } else if macs.get(&p.vtep_mac).copied().unwrap_or(0) > 1 {
+            rejected.push((
+                p.name.clone(),
+                Reject::DuplicateVtepMac(format_mac(&p.vtep_mac)),
+            ));
         } else {
             peers.push(p);
         }

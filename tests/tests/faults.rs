@@ -15,12 +15,13 @@ fn flows_survive_agent_and_kernel_faults_and_nodes_repair() -> Result<()> {
     let t = common::lab(2, 1)?;
     let l = &t.0;
     faults::wait_whole(l, Duration::from_secs(30))?;
-    let mut rows = vec![];
-    rows.push(faults::host_ip_change(l)?);
-    rows.push(faults::agent_kills(l, 4, 0x5eed)?);
-    rows.push(faults::agent_absent(l, Duration::from_secs(2))?);
-    rows.push(faults::api_outage(l, Duration::from_secs(5))?);
-    rows.push(faults::kernel_drift(l)?);
+    let rows = vec![
+        faults::host_ip_change(l)?,
+        faults::agent_kills(l, 4, 0x5eed)?,
+        faults::agent_absent(l, Duration::from_secs(2))?,
+        faults::api_outage(l, Duration::from_secs(5))?,
+        faults::kernel_drift(l)?,
+    ];
     eprintln!("{}", soak::table(&rows));
     for r in &rows {
         assert_eq!(r.leaks, 0, "{r:?}");

@@ -386,6 +386,8 @@ pub fn api_outage(lab: &Lab, outage: Duration) -> Result<CaseResult> {
     finish(r, flows)
 }
 
+type Fault<'a> = Box<dyn Fn() -> Result<()> + 'a>;
+
 /// Someone else breaks the node's kernel state; the agent repairs it.
 pub fn kernel_drift(lab: &Lab) -> Result<CaseResult> {
     let (a, b) = two_pods(lab)?;
@@ -400,7 +402,7 @@ pub fn kernel_drift(lab: &Lab) -> Result<CaseResult> {
         ..Default::default()
     };
     let mut notes = vec![];
-    let faults: [(&str, Box<dyn Fn() -> Result<()>>); 4] = [
+    let faults: [(&str, Fault); 4] = [
         (
             "vxlan.1 deleted",
             Box::new(|| sh("ip", &["-n", &ns, "link", "del", "vxlan.1"]).map(drop)),
