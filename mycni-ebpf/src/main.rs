@@ -312,7 +312,7 @@ fn forward(ctx: &TcContext, from: From) -> (Path, i32) {
     if verdict != TC_ACT_REDIRECT as i64 {
         return (Path::KernelError, TCX_NEXT);
     }
-    (path, TC_ACT_REDIRECT as i32)
+    (path, TC_ACT_REDIRECT)
 }
 
 #[cfg(not(test))]
