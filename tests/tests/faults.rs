@@ -21,6 +21,7 @@ fn flows_survive_agent_and_kernel_faults_and_nodes_repair() -> Result<()> {
         faults::agent_absent(l, Duration::from_secs(2))?,
         faults::api_outage(l, Duration::from_secs(5))?,
         faults::kernel_drift(l)?,
+        faults::upgrade_changed_layout(l)?,
     ];
     eprintln!("{}", soak::table(&rows));
     for r in &rows {

@@ -93,7 +93,7 @@ pub fn run(args: LabArgs) -> Result<()> {
     Ok(())
 }
 
-fn build_release() -> Result<()> {
+pub fn build_release() -> Result<()> {
     Cmd::new("cargo")
         .args(["build", "--release", "--locked"])
         .args(["--package", "mycni-agent", "--package", "mycni-plugin"])
@@ -119,5 +119,18 @@ fn bench(b: &BenchArgs) -> Result<()> {
         .args(["--pin-cpu", &b.pin_cpu])
         .arg("--out")
         .arg(root.join("target/lab-bench.md"))
+        .run()
+}
+
+/// `cargo xtask soak`: the long reliability cases, on labs of their own.
+pub fn soak() -> Result<()> {
+    let root = workspace_root();
+    setup::run()?;
+    crate::build_ebpf(true)?;
+    build_release()?;
+    Cmd::new(&root.join("target/release/mycni-lab").to_string_lossy())
+        .arg("soak")
+        .arg("--out")
+        .arg(root.join("target/soak.md"))
         .run()
 }

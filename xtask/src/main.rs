@@ -61,6 +61,13 @@ enum Command {
     /// agent and plugin against a Kubernetes API fixture. Without a
     /// subcommand: up, then the connectivity test.
     Lab(lab::LabArgs),
+    /// The long reliability cases (~5 min): 1,000 pod ADD/DEL cycles with
+    /// SIGKILLed plugins, agent SIGKILLs, the agent away, a 60 s API outage,
+    /// kernel state removed, a host IP moved, an upgrade with a changed map
+    /// layout, a node re-added with a new podCIDR; long-lived TCP and UDP
+    /// flows across nodes throughout. Prints a table (also target/soak.md)
+    /// and fails on any leak or broken flow.
+    Soak,
 }
 
 #[derive(Subcommand)]
@@ -91,6 +98,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCmd::Plugin { runs }) => bench_plugin(runs),
         Command::Bench(BenchCmd::Agent { nodes }) => bench_agent(nodes),
         Command::Lab(cmd) => lab::run(cmd),
+        Command::Soak => lab::soak(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

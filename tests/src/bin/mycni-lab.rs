@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use mycni_tests::lab::{self, Bins, Lab, Spec};
-use mycni_tests::labbench;
+use mycni_tests::{labbench, soak};
 
 #[derive(Parser)]
 #[command(
@@ -60,6 +60,15 @@ enum Cmd {
         #[arg(long, default_value = "1")]
         pin_cpu: String,
         /// Also write the markdown report here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// The long reliability cases (issue 6) on labs of their own
+    /// (mycnis-*, /run/mycni-soak-lab): pod churn with SIGKILLed plugins,
+    /// agent and kernel faults under long-lived flows, an upgrade with a
+    /// changed map layout. Prints the table; fails on any leak or failure.
+    Soak {
+        /// Also write the markdown table here.
         #[arg(long)]
         out: Option<PathBuf>,
     },
@@ -168,6 +177,32 @@ fn main() -> Result<()> {
                 out: out.clone(),
             };
             labbench::run(bins(&cli)?, &opts)
+        }
+        Cmd::Soak { out } => {
+            if cli.root.is_some() {
+                bail!("soak uses its own labs in /run/mycni-soak-lab");
+            }
+            let t0 = std::time::Instant::now();
+            let rows = soak::run_all(
+                &bins(&cli)?,
+                std::path::Path::new("/run/mycni-soak-lab"),
+                soak::Scale::FULL,
+            );
+            let table = soak::table(&rows);
+            println!("{table}");
+            println!("soak finished in {} s", t0.elapsed().as_secs());
+            if let Some(o) = out {
+                std::fs::write(o, &table).with_context(|| format!("writing {}", o.display()))?;
+            }
+            let bad: Vec<&str> = rows
+                .iter()
+                .filter(|r| r.leaks > 0)
+                .map(|r| r.case.as_str())
+                .collect();
+            if !bad.is_empty() {
+                bail!("soak cases with leaks or failures: {}", bad.join(", "));
+            }
+            Ok(())
         }
         Cmd::EchoServer { port } => lab::echo_server(*port),
         Cmd::TcpProbe { addr } => lab::tcp_probe(addr),

@@ -633,3 +633,60 @@ fn wait_for(timeout: Duration, what: &str, mut f: impl FnMut() -> Result<bool>) 
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// An upgrade to a build whose map layout differs from the pinned maps
+/// (simulated: node 1's pinned `mycni_local` is replaced by a map of
+/// another value size while its agent is down). The new agent cannot reuse
+/// the pins, rebuilds the maps, fills them and swaps its programs into the
+/// pinned links; the old programs forward with the old maps until then.
+pub fn upgrade_changed_layout(lab: &Lab) -> Result<CaseResult> {
+    let (a, b) = two_pods(lab)?;
+    let flows = Flows::start(&a, &b)?;
+    let pin = lab.spec.pin_dir(1);
+    let local = pin.join("mycni_local");
+    let mut r = CaseResult {
+        case: "upgrade with a changed map layout".into(),
+        load: format!("{} nodes", lab.spec.nodes),
+        faults: "node 1's agent replaced while its pinned mycni_local has another layout".into(),
+        ..Default::default()
+    };
+    lab.stop_agent(1);
+    std::fs::remove_file(&local)?;
+    sh(
+        "bpftool",
+        &[
+            "map",
+            "create",
+            &local.to_string_lossy(),
+            "type",
+            "hash",
+            "key",
+            "4",
+            "value",
+            "24",
+            "entries",
+            "64",
+            "name",
+            "mycni_local",
+        ],
+    )?;
+    let t0 = Instant::now();
+    lab.start_agent(1)?;
+    wait_whole(lab, Duration::from_secs(30))?;
+    r.repair = Some(t0.elapsed());
+    let log = std::fs::read_to_string(lab.spec.node_dir(1).join("agent.log"))?;
+    ensure!(
+        log.contains("rebuilding them"),
+        "the agent did not report rebuilding the pinned maps"
+    );
+    // Traffic still takes the fast path with the rebuilt maps.
+    let fast = |l: &Lab| {
+        l.counters(1)
+            .map_or(0, |c| c.get("fast_remote").copied().unwrap_or(0))
+    };
+    let f0 = fast(lab);
+    std::thread::sleep(Duration::from_millis(500));
+    ensure!(fast(lab) > f0, "no fast path after the upgrade");
+    r.notes = "maps rebuilt, programs swapped into the pinned links".into();
+    finish(r, flows)
+}

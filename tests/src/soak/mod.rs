@@ -55,3 +55,100 @@ pub fn table(results: &[CaseResult]) -> String {
     }
     o
 }
+
+/// How long the soak's cases run.
+#[derive(Debug, Clone, Copy)]
+pub struct Scale {
+    pub churn_cycles: usize,
+    pub agent_kills: usize,
+    pub agent_absent: Duration,
+    pub api_outage: Duration,
+}
+
+impl Scale {
+    /// What `cargo xtask soak` runs (about 5 minutes here).
+    pub const FULL: Scale = Scale {
+        churn_cycles: 1000,
+        agent_kills: 20,
+        agent_absent: Duration::from_secs(10),
+        api_outage: Duration::from_secs(60),
+    };
+}
+
+/// A lab of the soak's own (`mycnis-*`), with the API fixture in this
+/// process so cases can take it away, torn down on drop.
+struct SoakLab(crate::lab::Lab);
+
+impl Drop for SoakLab {
+    fn drop(&mut self) {
+        self.0.down();
+    }
+}
+
+fn soak_lab(
+    bins: &crate::lab::Bins,
+    root: &std::path::Path,
+    nodes: usize,
+    pods: usize,
+) -> anyhow::Result<SoakLab> {
+    let spec = crate::lab::Spec {
+        prefix: "mycnis".into(),
+        nodes,
+        pods,
+        root: root.to_path_buf(),
+        bins: bins.clone(),
+        agent_args: vec!["--resync".into(), "1s".into()],
+        in_process_api: true,
+    };
+    // A soak that crashed earlier leaves its lab behind: clear it first.
+    crate::lab::Lab::attach(spec.clone()).down();
+    Ok(SoakLab(crate::lab::Lab::up(spec)?))
+}
+
+/// Runs every case; a case that fails still gets its row (its error in the
+/// notes, leaks counted as 1) so the table shows everything that ran.
+pub fn run_all(bins: &crate::lab::Bins, root: &std::path::Path, scale: Scale) -> Vec<CaseResult> {
+    let mut rows = vec![];
+    let mut record = |case: &str, r: anyhow::Result<CaseResult>| {
+        let row = r.unwrap_or_else(|e| CaseResult {
+            case: case.to_string(),
+            leaks: 1,
+            notes: format!("FAILED: {e:#}").replace('\n', " "),
+            ..Default::default()
+        });
+        eprintln!("soak: {}: done", row.case);
+        rows.push(row);
+    };
+    eprintln!("soak: churn and leaks ({} cycles)", scale.churn_cycles);
+    record(
+        "churn and leaks",
+        soak_lab(bins, root, 1, 0)
+            .and_then(|l| churn::churn(&l.0, 1, scale.churn_cycles, 0x636875726e)),
+    );
+    eprintln!("soak: agent and kernel faults");
+    match soak_lab(bins, root, 2, 1) {
+        Ok(l) => {
+            let l = &l.0;
+            let _ = faults::wait_whole(l, Duration::from_secs(30));
+            record(
+                "agent SIGKILL mid-reconcile",
+                faults::agent_kills(l, scale.agent_kills, 0x5eed),
+            );
+            record("agent absent", faults::agent_absent(l, scale.agent_absent));
+            record(
+                "API server unreachable",
+                faults::api_outage(l, scale.api_outage),
+            );
+            record("kernel state removed", faults::kernel_drift(l));
+            record("node host IP changed", faults::host_ip_change(l));
+            record(
+                "upgrade with a changed map layout",
+                faults::upgrade_changed_layout(l),
+            );
+            // Last: node 2's pods lose their range.
+            record("node re-added with a new podCIDR", faults::node_readded(l));
+        }
+        Err(e) => record("fault lab", Err(e)),
+    }
+    rows
+}
