@@ -1,16 +1,31 @@
 //! `cargo xtask lab bench`: the datapath benchmarks side by side, in one run.
 //!
-//! Three variants carry the same traffic, node1's pod -> node2's pod:
+//! Five variants, node1 -> node2:
 //! - `direct veth`: two namespaces joined by one veth pair (MTU 1450, like
 //!   the pods), the physical limit of this machine;
-//! - `kernel path`: the lab with `--datapath kernel` (pod -> host veth ->
-//!   routing and netfilter -> vxlan.1 -> underlay -> vxlan.1 -> routing -> pod);
-//! - `fast path`: the lab with `--datapath ebpf` (established flows redirected
-//!   around routing and netfilter by the tc programs).
+//! - `underlay (node->node)`: node1's namespace -> node2's host address
+//!   (192.168.77.12) over the lab's underlay (node veth -> bridge -> node
+//!   veth, MTU 1500), no overlay and no pods: the floor of any cross-node
+//!   path in the lab;
+//! - `overlay (node->node)`: node1's namespace -> node2's vxlan.1 address
+//!   (the first address of its podCIDR, 10.244.2.0/32) through node1's agent
+//!   route for that podCIDR: the underlay plus the kernel's VXLAN encap and
+//!   decap, the floor of any path through vxlan.1;
+//! - `kernel path`: node1's pod -> node2's pod with `--datapath kernel` (pod
+//!   -> host veth -> routing and netfilter -> vxlan.1 -> underlay -> vxlan.1
+//!   -> routing -> pod);
+//! - `fast path`: the same pods with `--datapath ebpf` (established flows
+//!   redirected around routing and netfilter by the tc programs).
 //!
-//! Each lab variant also runs with a kube-proxy-sized iptables ruleset on
+//! The two node -> node references run while the agents run the kernel
+//! datapath, so no tc program sees their packets (with the fast path on,
+//! vxlan.1's ingress program would look at the overlay's and leave them to
+//! the kernel).
+//!
+//! The pod variants also run with a kube-proxy-sized iptables ruleset on
 //! every node, and with a synthetic one (N filter FORWARD rules that never
-//! match), because kube-proxy's rules mostly cost on a flow's first packet.
+//! match), because kube-proxy's rules mostly cost on a flow's first packet;
+//! the direct veth and the node -> node references run without rules.
 //! Runs interleave the variants so machine noise hits all of them alike; the
 //! table shows medians over runs, and ratios against the brief's targets.
 //!
@@ -29,7 +44,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-use crate::lab::{Bins, Lab, Spec};
+use crate::lab::{Bins, Lab, Spec, node_ip};
 use crate::sh;
 
 /// Namespace prefix and state directory: distinct from the CLI lab
@@ -54,6 +69,8 @@ const VETH_B: &str = "mycnib-veth-b";
 const VETH_A_IP: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 1);
 const VETH_B_IP: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 2);
 const POD_MTU: &str = "1450";
+/// The agents' VXLAN device (mycni-agent's `--vxlan-name` default).
+const VXLAN_DEV: &str = "vxlan.1";
 
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -621,27 +638,75 @@ fn measure(pair: &Pair, o: &Options, logs: &Path) -> Result<Sample> {
 
 // ---------------------------------------------------------------- variants
 
+/// What one column measures; the order is the per-run table's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Datapath {
+enum Variant {
     Direct,
+    Underlay,
+    Overlay,
     Kernel,
     Fast,
 }
 
-impl Datapath {
+impl Variant {
     fn label(self) -> &'static str {
         match self {
-            Datapath::Direct => "direct veth",
-            Datapath::Kernel => "kernel path",
-            Datapath::Fast => "fast path",
+            Variant::Direct => "direct veth",
+            Variant::Underlay => "underlay (node->node)",
+            Variant::Overlay => "overlay (node->node)",
+            Variant::Kernel => "kernel path",
+            Variant::Fast => "fast path",
         }
     }
-    fn agent_mode(self) -> &'static str {
+
+    /// The agents' `--datapath` while this variant runs; None: not the lab.
+    fn agent_mode(self) -> Option<&'static str> {
         match self {
-            Datapath::Fast => "ebpf",
-            _ => "kernel",
+            Variant::Direct => None,
+            Variant::Fast => Some("ebpf"),
+            // The references with no tc program attached anywhere.
+            Variant::Underlay | Variant::Overlay | Variant::Kernel => Some("kernel"),
         }
     }
+
+    /// The node rulesets this variant runs with: the pod rulesets are
+    /// about forwarding pod traffic, which only the pod variants do.
+    fn rulesets(self) -> &'static [Rules] {
+        match self {
+            Variant::Kernel | Variant::Fast => &[Rules::None, Rules::KubeProxy, Rules::Synthetic],
+            Variant::Direct | Variant::Underlay | Variant::Overlay => &[Rules::None],
+        }
+    }
+}
+
+/// Node `i`'s VTEP address: the lab gives it podCIDR 10.244.i.0/24, and the
+/// agent puts the podCIDR's network address on vxlan.1 as a /32.
+fn vtep_address(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 244, i as u8, 0)
+}
+
+/// The first IPv4 address in `ip -4 -o addr show` output.
+fn first_inet(out: &str) -> Option<Ipv4Addr> {
+    let mut words = out.split_whitespace();
+    words.find(|w| *w == "inet")?;
+    words.next()?.split('/').next()?.parse().ok()
+}
+
+/// The output device in `ip route get` output.
+fn route_dev(out: &str) -> Option<&str> {
+    let mut words = out.split_whitespace();
+    words.find(|w| *w == "dev")?;
+    words.next()
+}
+
+/// Fails unless `ns` sends traffic for `ip` out of `dev`: a reference
+/// measured over another path would be the floor of nothing.
+fn check_route(ns: &str, ip: Ipv4Addr, dev: &str) -> Result<()> {
+    let out = sh("ip", &["-n", ns, "-4", "route", "get", &ip.to_string()])?;
+    if route_dev(&out) != Some(dev) {
+        bail!("{ns} does not route {ip} out of {dev}: {}", out.trim());
+    }
+    Ok(())
 }
 
 /// The direct-veth variant's two namespaces; deleted on drop.
@@ -725,12 +790,13 @@ fn add_delta(acc: &mut [Counters], before: &[Counters], after: &[Counters]) {
     }
 }
 
-/// Switches every agent to `dp` and waits until the fast path, if on, has
-/// every pod and peer in its maps (the agent attaches new veths on a pass).
-fn switch(lab: &mut Lab, dp: Datapath) -> Result<()> {
-    eprintln!("bench: agents -> --datapath {}", dp.agent_mode());
-    lab.set_datapath(dp.agent_mode())?;
-    if dp == Datapath::Fast {
+/// Switches every agent to `--datapath mode` and waits until the fast path,
+/// if on, has every pod and peer in its maps (the agent attaches new veths
+/// on a pass).
+fn switch(lab: &mut Lab, mode: &str) -> Result<()> {
+    eprintln!("bench: agents -> --datapath {mode}");
+    lab.set_datapath(mode)?;
+    if mode == "ebpf" {
         let s = lab.spec.clone();
         for i in 1..=s.nodes {
             let local = format!("mycni_datapath_entries{{map=\"local\"}} {}", s.pods);
@@ -751,10 +817,11 @@ fn switch(lab: &mut Lab, dp: Datapath) -> Result<()> {
 
 #[derive(Default)]
 struct Results {
-    samples: BTreeMap<(Datapath, Rules), Vec<Sample>>,
+    samples: BTreeMap<(Variant, Rules), Vec<Sample>>,
     /// Fast-path counter deltas per node over the fast-path measurements.
     fast_counters: Vec<Counters>,
-    /// Counter deltas per node over the kernel-path measurements (should stay 0).
+    /// Counter deltas per node over the measurements with the agents on
+    /// `--datapath kernel`: kernel path and node -> node (should stay 0).
     kernel_counters: Vec<Counters>,
     install_times: BTreeMap<Rules, Vec<Duration>>,
 }
@@ -836,9 +903,33 @@ fn measure_all(mut lab: BenchLab, o: &Options, logs: &Path) -> Result<Results> {
         server: VETH_B.into(),
         ip: VETH_B_IP,
     };
-    let nodes: Vec<String> = (1..=lab.0.spec.nodes)
-        .map(|i| lab.0.spec.node_name(i))
-        .collect();
+    let spec = lab.0.spec.clone();
+    let (node1, node2) = (spec.node_name(1), spec.node_name(2));
+    let underlay_pair = Pair {
+        client: node1.clone(),
+        server: node2.clone(),
+        ip: node_ip(2),
+    };
+    // The server binds to node2's VTEP address: read it off vxlan.1, and
+    // make sure it is the one the agent derives from node2's podCIDR.
+    let out = sh(
+        "ip",
+        &["-n", &node2, "-4", "-o", "addr", "show", "dev", VXLAN_DEV],
+    )?;
+    let vtep = first_inet(&out)
+        .with_context(|| format!("no IPv4 address on {VXLAN_DEV} in {node2}: {out}"))?;
+    if vtep != vtep_address(2) {
+        bail!(
+            "{VXLAN_DEV} in {node2} has {vtep}, not {}: the podCIDR's first address",
+            vtep_address(2)
+        );
+    }
+    let overlay_pair = Pair {
+        client: node1.clone(),
+        server: node2.clone(),
+        ip: vtep,
+    };
+    let nodes: Vec<String> = (1..=spec.nodes).map(|i| spec.node_name(i)).collect();
     let rulesets = [
         (Rules::KubeProxy, kube_proxy_ruleset(o.services, 2)),
         (Rules::Synthetic, synthetic_ruleset(o.synthetic_rules)),
@@ -848,35 +939,61 @@ fn measure_all(mut lab: BenchLab, o: &Options, logs: &Path) -> Result<Results> {
         kernel_counters: vec![Counters::new(); nodes.len()],
         ..Default::default()
     };
-    let mut current = Datapath::Kernel;
+    // The agents start with `--datapath kernel`.
+    let mut current = "kernel";
     for run in 0..o.runs {
         // Alternate the lab variants' order: drift in machine load then
-        // does not always favour the same one, and it saves a restart.
+        // does not always favour the same one, and it saves a restart. The
+        // node -> node references sit next to the kernel path, whose
+        // datapath they need.
         let order = if run % 2 == 0 {
-            [Datapath::Direct, Datapath::Kernel, Datapath::Fast]
+            [
+                Variant::Direct,
+                Variant::Underlay,
+                Variant::Overlay,
+                Variant::Kernel,
+                Variant::Fast,
+            ]
         } else {
-            [Datapath::Direct, Datapath::Fast, Datapath::Kernel]
+            [
+                Variant::Direct,
+                Variant::Fast,
+                Variant::Kernel,
+                Variant::Underlay,
+                Variant::Overlay,
+            ]
         };
-        for dp in order {
-            if dp == Datapath::Direct {
-                eprintln!("bench: run {}/{}: {}", run + 1, o.runs, dp.label());
-                let s = measure(&veth_pair, o, logs)?;
-                r.samples.entry((dp, Rules::None)).or_default().push(s);
-                continue;
+        for v in order {
+            let pair = match v {
+                Variant::Direct => &veth_pair,
+                Variant::Underlay => &underlay_pair,
+                Variant::Overlay => &overlay_pair,
+                Variant::Kernel | Variant::Fast => &lab_pair,
+            };
+            if let Some(mode) = v.agent_mode()
+                && mode != current
+            {
+                switch(&mut lab.0, mode)?;
+                current = mode;
             }
-            if dp != current {
-                switch(&mut lab.0, dp)?;
-                current = dp;
+            match v {
+                Variant::Underlay => check_route(&node1, underlay_pair.ip, "eth0")?,
+                Variant::Overlay => check_route(&node1, overlay_pair.ip, VXLAN_DEV)?,
+                _ => {}
             }
-            for rules in [Rules::None, Rules::KubeProxy, Rules::Synthetic] {
+            for &rules in v.rulesets() {
                 check_interrupted()?;
-                eprintln!(
-                    "bench: run {}/{}: {}, rules: {}",
-                    run + 1,
-                    o.runs,
-                    dp.label(),
-                    rules.label(o)
-                );
+                if v.rulesets().len() > 1 {
+                    eprintln!(
+                        "bench: run {}/{}: {}, rules: {}",
+                        run + 1,
+                        o.runs,
+                        v.label(),
+                        rules.label(o)
+                    );
+                } else {
+                    eprintln!("bench: run {}/{}: {}", run + 1, o.runs, v.label());
+                }
                 let installed = match rulesets.iter().find(|(k, _)| *k == rules) {
                     Some((_, text)) => {
                         let (inst, took) = Installed::install(&nodes, text)?;
@@ -885,17 +1002,24 @@ fn measure_all(mut lab: BenchLab, o: &Options, logs: &Path) -> Result<Results> {
                     }
                     None => None,
                 };
-                let before = counters(&lab.0);
-                let s = measure(&lab_pair, o, logs)?;
-                let after = counters(&lab.0);
-                let acc = if dp == Datapath::Fast {
-                    &mut r.fast_counters
+                let lab_variant = v.agent_mode().is_some();
+                let before = if lab_variant {
+                    counters(&lab.0)
                 } else {
-                    &mut r.kernel_counters
+                    vec![]
                 };
-                add_delta(acc, &before, &after);
+                let s = measure(pair, o, logs)?;
+                if lab_variant {
+                    let after = counters(&lab.0);
+                    let acc = if v == Variant::Fast {
+                        &mut r.fast_counters
+                    } else {
+                        &mut r.kernel_counters
+                    };
+                    add_delta(acc, &before, &after);
+                }
                 drop(installed);
-                r.samples.entry((dp, rules)).or_default().push(s);
+                r.samples.entry((v, rules)).or_default().push(s);
             }
         }
     }
@@ -964,10 +1088,80 @@ fn ratio(v: f64, ok: bool) -> String {
     format!("{v:.2} {}", if ok { "ok" } else { "MISS" })
 }
 
+/// A ratio with no target, shown for reference.
+fn plain_ratio(v: f64) -> String {
+    if v.is_finite() {
+        format!("{v:.2}")
+    } else {
+        "-".into()
+    }
+}
+
+/// The paragraph under the table: what no datapath in this lab can go
+/// below, and where the p50 figures (none, medians) put the targets.
+fn floors(d: f64, u: f64, ov: f64, k: f64, f: f64) -> String {
+    let mut s = String::from(
+        "**Floors.** The two node->node columns are not datapaths but what every datapath \
+         here is built on. Any cross-node path in this lab pays the underlay's hops (node1's \
+         veth pair -> the underlay namespace's bridge -> node2's veth pair, where the direct \
+         veth is one veth pair); any path through the kernel's VXLAN device also pays \
+         encapsulation on node1 (vxlan.1's transmit and a UDP send) and decapsulation on node2 \
+         (the VXLAN socket's receive and a second pass up the stack). The fast path removes \
+         routing and netfilter on both nodes and the pod-side veth hops (the from-pod program \
+         takes packets at the host end of the pod's veth straight into vxlan.1, the from-vxlan \
+         one puts them straight into the pod with bpf_redirect_peer), but not those: fast/overlay is what is left to win while vxlan.1 encapsulates, \
+         fast/underlay what any datapath could win at most. (The underlay's MTU is 1500, the \
+         pods' and vxlan.1's 1450.)",
+    );
+    if ![d, u, ov, k, f].iter().all(|v| v.is_finite() && *v > 0.0) {
+        s.push('\n');
+        return s;
+    }
+    let _ = write!(
+        s,
+        " Here, p50 without rules: the underlay alone costs {:+.1} us over the direct veth, \
+         the overlay {:+.1} us more, and the fast path {:+.1} us over the overlay (the kernel \
+         path {:+.1} us).",
+        u - d,
+        ov - u,
+        f - ov,
+        k - ov
+    );
+    let need = 1.15 * d;
+    let _ = write!(
+        s,
+        " fast/direct <= 1.15 needs a fast path at <= {need:.1} us, {}.",
+        if need < u {
+            format!(
+                "below the underlay alone ({u:.1} us): no cross-node datapath in this lab can meet it"
+            )
+        } else if need < ov {
+            format!("below the overlay ({ov:.1} us): no datapath through vxlan.1 can meet it")
+        } else {
+            format!("above the overlay ({ov:.1} us)")
+        }
+    );
+    let need = k / 1.3;
+    let _ = writeln!(
+        s,
+        " kernel/fast >= 1.3 needs one at <= {need:.1} us, {}.",
+        if need < ov {
+            format!(
+                "below the overlay ({ov:.1} us): a datapath through vxlan.1 costing nothing \
+                 over the overlay would score {:.2}",
+                k / ov
+            )
+        } else {
+            format!("above the overlay ({ov:.1} us)")
+        }
+    );
+    s
+}
+
 fn render(r: &Results, o: &Options, took: Duration, load_before: &str, load_after: &str) -> String {
-    let med = |dp: Datapath, rules: Rules, m: Measure| -> f64 {
+    let med = |v: Variant, rules: Rules, m: Measure| -> f64 {
         r.samples
-            .get(&(dp, rules))
+            .get(&(v, rules))
             .map(|v| median(v.iter().map(|s| m.get(s)).collect()))
             .unwrap_or(f64::NAN)
     };
@@ -976,7 +1170,9 @@ fn render(r: &Results, o: &Options, took: Duration, load_before: &str, load_afte
     let _ = writeln!(w, "# mycni datapath bench (`cargo xtask lab bench`)\n");
     let _ = writeln!(
         w,
-        "node1's pod -> node2's pod (direct veth: namespace A -> B). {} interleaved runs, median of runs; \
+        "node1 -> node2: pod -> pod for the kernel and fast paths, namespace A -> B for the direct veth, \
+         node namespace -> node namespace for the underlay (host addresses) and the overlay \
+         (to node2's vxlan.1 address, agents on the kernel datapath). {} interleaved runs, median of runs; \
          {} s per measure; {:.0} s in all. Load average before: {load_before}; after: {load_after}.\n",
         o.runs,
         o.seconds,
@@ -998,33 +1194,54 @@ fn render(r: &Results, o: &Options, took: Duration, load_before: &str, load_afte
     );
     let _ = writeln!(
         w,
-        "| measure | node rules | direct veth | kernel path | fast path | fast/direct lat (<= 1.15) | kernel/fast lat (>= 1.3) | fast/kernel tput (>= 1.0) |"
+        "| measure | node rules | {} | {} | {} | {} | {} | fast/direct lat (<= 1.15) | kernel/fast lat (>= 1.3) | fast/kernel tput (>= 1.0) | fast/underlay lat (for reference) | fast/overlay lat (for reference) |",
+        Variant::Direct.label(),
+        Variant::Underlay.label(),
+        Variant::Overlay.label(),
+        Variant::Kernel.label(),
+        Variant::Fast.label(),
     );
-    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     for rules in [Rules::None, Rules::KubeProxy, Rules::Synthetic] {
         for m in Measure::ALL {
-            let d = med(Datapath::Direct, Rules::None, m);
-            let k = med(Datapath::Kernel, rules, m);
-            let f = med(Datapath::Fast, rules, m);
-            let direct = if rules == Rules::None {
-                m.fmt(d)
-            } else {
-                format!("({})", m.fmt(d))
+            let d = med(Variant::Direct, Rules::None, m);
+            let u = med(Variant::Underlay, Rules::None, m);
+            // Measured without rules only: "-" in the rule rows.
+            let ov = med(Variant::Overlay, rules, m);
+            let k = med(Variant::Kernel, rules, m);
+            let f = med(Variant::Fast, rules, m);
+            let baseline = |v: f64| {
+                if rules == Rules::None {
+                    m.fmt(v)
+                } else {
+                    format!("({})", m.fmt(v))
+                }
             };
-            let (fd, kf, fk) = if m.is_latency() {
+            let (fd, kf, fk, fu, fo) = if m.is_latency() {
                 (
                     ratio(f / d, f / d <= 1.15),
                     ratio(k / f, k / f >= 1.3),
                     String::new(),
+                    plain_ratio(f / u),
+                    plain_ratio(f / ov),
                 )
             } else {
-                (String::new(), String::new(), ratio(f / k, f / k >= 1.0))
+                (
+                    String::new(),
+                    String::new(),
+                    ratio(f / k, f / k >= 1.0),
+                    String::new(),
+                    String::new(),
+                )
             };
             let _ = writeln!(
                 w,
-                "| {} | {} | {direct} | {} | {} | {fd} | {kf} | {fk} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {fd} | {kf} | {fk} | {fu} | {fo} |",
                 m.label(),
                 rules.label(o),
+                baseline(d),
+                baseline(u),
+                m.fmt(ov),
                 m.fmt(k),
                 m.fmt(f)
             );
@@ -1032,8 +1249,21 @@ fn render(r: &Results, o: &Options, took: Duration, load_before: &str, load_afte
     }
     let _ = writeln!(
         w,
-        "\nThe direct veth has no node and no rules: a value in parentheses repeats its \
-         baseline, which fast/direct divides by.\n"
+        "\nThe direct veth and the underlay forward no pod traffic and run without rules: a value \
+         in parentheses repeats that baseline, which fast/direct and fast/underlay divide by. \
+         The overlay reference runs without rules only (-).\n"
+    );
+    let p50 = |v: Variant| med(v, Rules::None, Measure::P50);
+    let _ = writeln!(
+        w,
+        "{}",
+        floors(
+            p50(Variant::Direct),
+            p50(Variant::Underlay),
+            p50(Variant::Overlay),
+            p50(Variant::Kernel),
+            p50(Variant::Fast),
+        )
     );
 
     let _ = writeln!(
@@ -1078,14 +1308,14 @@ fn render(r: &Results, o: &Options, took: Duration, load_before: &str, load_afte
         "| variant | node rules | p50 us | p99 us | stream Gbit/s | UDP kpps (loss %) |"
     );
     let _ = writeln!(w, "|---|---|---|---|---|---|");
-    for ((dp, rules), v) in &r.samples {
+    for ((variant, rules), v) in &r.samples {
         let col = |f: &dyn Fn(&Sample) -> String| -> String {
             v.iter().map(f).collect::<Vec<_>>().join(", ")
         };
         let _ = writeln!(
             w,
             "| {} | {} | {} | {} | {} | {} |",
-            dp.label(),
+            variant.label(),
             rules.label(o),
             col(&|s| format!("{:.1}", s.p50_us)),
             col(&|s| format!("{:.1}", s.p99_us)),
@@ -1134,8 +1364,8 @@ fn render(r: &Results, o: &Options, took: Duration, load_before: &str, load_afte
     let kernel_seen: u64 = r.kernel_counters.iter().flat_map(|c| c.values()).sum();
     let _ = writeln!(
         w,
-        "- during the kernel-path measurements the programs saw {kernel_seen} packets \
-         (0 = detached, as `--datapath kernel` promises)."
+        "- during the kernel-path and node->node measurements (agents on `--datapath kernel`) \
+         the programs saw {kernel_seen} packets (0 = detached, as `--datapath kernel` promises)."
     );
     s
 }
@@ -1215,6 +1445,134 @@ mod tests {
         assert_eq!(sockperf_percentile(out, "50.000").expect("p50"), 52.928);
         assert_eq!(sockperf_percentile(out, "99.000").expect("p99"), 413.916);
         assert!(sockperf_percentile(out, "90.000").is_err());
+    }
+
+    #[test]
+    fn ip_outputs_parse() {
+        let addr = "7: vxlan.1    inet 10.244.2.0/32 scope global vxlan.1\\       valid_lft forever preferred_lft forever\n";
+        assert_eq!(first_inet(addr), Some(vtep_address(2)));
+        assert_eq!(first_inet(""), None);
+        let get = "10.244.2.0 via 10.244.2.0 dev vxlan.1 src 10.244.1.0 uid 0 \n    cache \n";
+        assert_eq!(route_dev(get), Some("vxlan.1"));
+        let get = "192.168.77.12 dev eth0 src 192.168.77.11 uid 0 \n    cache \n";
+        assert_eq!(route_dev(get), Some("eth0"));
+        assert_eq!(route_dev("RTNETLINK answers: Network is unreachable"), None);
+    }
+
+    fn sample(p50_us: f64) -> Sample {
+        Sample {
+            p50_us,
+            p99_us: 2.0 * p50_us,
+            stream_gbps: 100.0 / p50_us,
+            udp_kpps: 1000.0 / p50_us,
+            udp_loss_pct: 0.0,
+        }
+    }
+
+    fn options() -> Options {
+        Options {
+            runs: 1,
+            seconds: 5,
+            services: 2000,
+            synthetic_rules: 2000,
+            pin_cpu: Some(1),
+            out: None,
+        }
+    }
+
+    /// The row of `measure` under `rules`, split into cells.
+    fn row(report: &str, measure: &str, rules: &str) -> Vec<String> {
+        let line = report
+            .lines()
+            .find(|l| l.starts_with(&format!("| {measure} | {rules} |")))
+            .unwrap_or_else(|| panic!("no row {measure} / {rules} in\n{report}"));
+        line.trim_matches('|')
+            .split('|')
+            .map(|c| c.trim().to_string())
+            .collect()
+    }
+
+    #[test]
+    fn render_shows_the_floors_and_their_ratios() {
+        let o = options();
+        let mut r = Results::default();
+        for (v, p50) in [
+            (Variant::Direct, 11.5),
+            (Variant::Underlay, 15.1),
+            (Variant::Overlay, 19.0),
+            (Variant::Kernel, 22.7),
+            (Variant::Fast, 19.5),
+        ] {
+            for &rules in v.rulesets() {
+                r.samples.insert((v, rules), vec![sample(p50)]);
+            }
+        }
+        let report = render(&r, &o, Duration::from_secs(1), "", "");
+        let header = report
+            .lines()
+            .find(|l| l.starts_with("| measure |"))
+            .expect("header");
+        assert!(header.contains(
+            "| direct veth | underlay (node->node) | overlay (node->node) | kernel path | fast path |"
+        ));
+        assert!(
+            header.ends_with(
+                "| fast/underlay lat (for reference) | fast/overlay lat (for reference) |"
+            )
+        );
+        let cells = header.matches('|').count() - 1;
+        let sep = report
+            .lines()
+            .find(|l| l.starts_with("|---|"))
+            .expect("separator");
+        assert_eq!(sep.matches("---").count(), cells);
+
+        let p50 = row(&report, "TCP latency p50 (us)", "none");
+        assert_eq!(p50.len(), cells);
+        assert_eq!(
+            p50[2..],
+            [
+                "11.5",
+                "15.1",
+                "19.0",
+                "22.7",
+                "19.5",
+                "1.70 MISS",
+                "1.16 MISS",
+                "",
+                "1.29",
+                "1.03"
+            ]
+        );
+        let stream = row(&report, "TCP stream (Gbit/s)", "none");
+        assert_eq!(stream[9..], ["1.16 ok", "", ""]);
+        // Rule rows: the direct veth and the underlay repeat their baseline,
+        // the overlay was not measured.
+        let kp = row(&report, "TCP latency p50 (us)", "kube-proxy, 2000 svc");
+        assert_eq!(kp[2..5], ["(11.5)", "(15.1)", "-"]);
+        assert_eq!(kp[10..], ["1.29", "-"]);
+
+        assert!(report.contains("**Floors.**"));
+        // 1.15 x 11.5 = 13.2 us < the underlay's 15.1; 22.7 / 1.3 = 17.5 us
+        // < the overlay's 19.0.
+        assert!(report.contains("at <= 13.2 us, below the underlay alone (15.1 us)"));
+        assert!(report.contains("at <= 17.5 us, below the overlay (19.0 us)"));
+        assert!(report.contains("costing nothing over the overlay would score 1.19"));
+        assert!(report.contains("| underlay (node->node) | none | 15.1 |"));
+        assert!(report.contains("| overlay (node->node) | none | 19.0 |"));
+    }
+
+    #[test]
+    fn render_without_references_still_renders() {
+        let mut r = Results::default();
+        r.samples
+            .insert((Variant::Fast, Rules::None), vec![sample(19.5)]);
+        let report = render(&r, &options(), Duration::from_secs(1), "", "");
+        let p50 = row(&report, "TCP latency p50 (us)", "none");
+        assert_eq!(p50[2..5], ["-", "-", "-"]);
+        assert_eq!(p50[10..], ["-", "-"]);
+        assert!(report.contains("**Floors.**"));
+        assert!(!report.contains("Here, p50"));
     }
 
     #[test]
