@@ -58,11 +58,14 @@ pub enum Path {
     KernelError = 12,
     /// Forwarded by the fast path from `vxlan.1` (decapsulated) to a pod on this node.
     FastDecap = 13,
+    /// Left to the kernel: the source address is not the sending pod's own
+    /// (spoofed, or a pod the agent has not mirrored yet).
+    KernelSourceNotPod = 14,
 }
 
 impl Path {
     /// Number of counter slots; the counter map has exactly this many entries.
-    pub const COUNT: u32 = 14;
+    pub const COUNT: u32 = 15;
 
     pub const ALL: [Path; Self::COUNT as usize] = [
         Path::KernelNotIpv4,
@@ -79,6 +82,7 @@ impl Path {
         Path::KernelNoConfig,
         Path::KernelError,
         Path::FastDecap,
+        Path::KernelSourceNotPod,
     ];
 
     /// Stable label used in metrics and `inspect` output.
@@ -98,6 +102,7 @@ impl Path {
             Path::KernelNoConfig => "kernel_no_config",
             Path::KernelError => "kernel_error",
             Path::FastDecap => "fast_decap",
+            Path::KernelSourceNotPod => "kernel_source_not_pod",
         }
     }
 

@@ -23,7 +23,7 @@
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::TC_ACT_REDIRECT,
+    bindings::{__sk_buff, TC_ACT_REDIRECT},
     btf_maps::{Array, HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
     helpers::generated::{bpf_redirect, bpf_redirect_peer},
     macros::{btf_map, classifier},
@@ -243,6 +243,19 @@ fn forward(ctx: &TcContext, from: From) -> (Path, i32) {
         return (Path::KernelTruncated, TCX_NEXT);
     };
     let ports = unsafe { ((data + L4) as *const u32).read_unaligned() };
+    // A pod may only fast-path packets that carry its own address: a spoofed
+    // source could otherwise ride another pod's established flow past
+    // conntrack. skb_iif is the host veth the packet arrived on.
+    if from == From::Pod {
+        // SAFETY: a plain read of the context, which the verifier allows.
+        let iif = unsafe { (*(ctx.as_ptr() as *const __sk_buff)).ingress_ifindex };
+        let src = saddr.to_ne_bytes();
+        // SAFETY: read-only map lookup, as above.
+        match unsafe { LOCAL.get(&src) } {
+            Some(ep) if ep.ifindex == iif => {}
+            _ => return (Path::KernelSourceNotPod, TCX_NEXT),
+        }
+    }
     let daddr = u32::from_ne_bytes(daddr_bytes);
     // SAFETY: the gate only reads the tuple and the conntrack entry, and
     // releases the reference it takes.

@@ -59,6 +59,17 @@ pub struct Outcome {
 /// header and, on Linux 6.18, IPv4 or IPv6 frames without a whole fixed L3
 /// header.
 pub fn run_skb(prog: BorrowedFd<'_>, packet: &[u8]) -> Result<Outcome> {
+    run_skb_from(prog, packet, 0)
+}
+
+/// [`run_skb`] with the skb's `ingress_ifindex` (the interface a packet
+/// arrived on; 0 for none) set through the `__sk_buff` context, which
+/// `BPF_PROG_TEST_RUN` accepts for this field.
+pub fn run_skb_from(prog: BorrowedFd<'_>, packet: &[u8], ingress_ifindex: u32) -> Result<Outcome> {
+    // `struct __sk_buff` up to and including `ingress_ifindex` (offset 36);
+    // the kernel zero-fills the rest and requires len and pkt_type zero.
+    let mut ctx = [0u8; 40];
+    ctx[36..40].copy_from_slice(&ingress_ifindex.to_ne_bytes());
     let mut out = vec![0u8; packet.len() + HEADROOM_OUT];
     let mut attr = TestAttr {
         prog_fd: u32::try_from(prog.as_raw_fd())?,
@@ -67,6 +78,8 @@ pub fn run_skb(prog: BorrowedFd<'_>, packet: &[u8]) -> Result<Outcome> {
         data_in: packet.as_ptr() as u64,
         data_out: out.as_mut_ptr() as u64,
         repeat: 1,
+        ctx_size_in: u32::try_from(ctx.len())?,
+        ctx_in: ctx.as_ptr() as u64,
         ..Default::default()
     };
     // SAFETY: `attr` matches the kernel's layout and outlives the call; the

@@ -26,7 +26,7 @@ use mycni_agent::ebpf::{
     Datapath, Prog, embedded_object, read_counters, sync_local, sync_remote, write_config,
 };
 use mycni_common::{DpConfig, LocalEndpoint, Path, PathCounter, RemoteNode, TCX_NEXT};
-use mycni_tests::testrun::{Outcome, run_skb};
+use mycni_tests::testrun::{Outcome, run_skb_from};
 use mycni_tests::{BpfFs, NetNs};
 
 const TC_ACT_REDIRECT: i32 = 7;
@@ -65,6 +65,21 @@ const ACK: u8 = 0x10;
 const IP: usize = 14;
 const TTL: usize = IP + 8;
 const CSUM: usize = IP + 10;
+
+/// The host veth a frame arrives on, as the kernel sets it at tc ingress:
+/// for from_pod, the veth of the pod whose address is the frame's IPv4
+/// source (A: 101, B: 102; anything else: 0, which no pod owns); for
+/// from_vxlan, irrelevant (0).
+fn ingress_of(prog: Prog, pkt: &[u8]) -> u32 {
+    if prog != Prog::FromPod || pkt.len() < 30 || pkt[12..14] != ETH_P_IP.to_be_bytes() {
+        return 0;
+    }
+    match Ipv4Addr::new(pkt[26], pkt[27], pkt[28], pkt[29]) {
+        ip if ip == POD_A => 101,
+        ip if ip == POD_B => 102,
+        _ => 0,
+    }
+}
 
 fn config() -> DpConfig {
     DpConfig {
@@ -162,7 +177,11 @@ impl Node {
             let dp = Datapath::load(object, pin)?;
             sync_remote(pin, &remote_map())?;
             sync_local(pin, &local_map())?;
-            f(&Dp { dp, pin })
+            f(&Dp {
+                dp,
+                pin,
+                iif: std::cell::Cell::new(None),
+            })
         })?
     }
 }
@@ -171,6 +190,8 @@ impl Node {
 struct Dp<'a> {
     dp: Datapath,
     pin: &'a FsPath,
+    /// Overrides the arrival interface [`ingress_of`] would pick.
+    iif: std::cell::Cell<Option<u32>>,
 }
 
 impl Dp<'_> {
@@ -194,7 +215,8 @@ impl Dp<'_> {
     /// skb from the frame (see [`test_run_accepts`]) and so ran nothing.
     fn try_run(&self, prog: Prog, pkt: &[u8]) -> Result<Option<(Path, Outcome)>> {
         let before = self.counters()?;
-        let out = match run_skb(self.dp.program_fd(prog)?, pkt) {
+        let iif = self.iif.get().unwrap_or_else(|| ingress_of(prog, pkt));
+        let out = match run_skb_from(self.dp.program_fd(prog)?, pkt, iif) {
             Ok(out) => out,
             Err(_) if !test_run_accepts(pkt) => {
                 ensure!(self.counters()? == before, "a refused run was counted");
@@ -239,6 +261,14 @@ impl Dp<'_> {
             other => bail!("{}: unexpected verdict {other}", prog.name()),
         }
         Ok(Some((path, out)))
+    }
+
+    /// [`Self::kernel`] for a frame that arrives on host veth `iif`.
+    fn kernel_on(&self, what: &str, prog: Prog, pkt: &[u8], iif: u32, want: Path) -> Result<()> {
+        self.iif.set(Some(iif));
+        let r = self.kernel(what, prog, pkt, want);
+        self.iif.set(None);
+        r
     }
 
     /// A packet the program must leave to the kernel, untouched, under `want`
@@ -866,6 +896,12 @@ fn everything_else_is_left_to_the_kernel_untouched() -> Result<()> {
         dp.fast("tcp A->R ACK", POD, &ack, Path::FastRemote, TO_PEER)?;
         let ab = from_a(&tcp(a_b.flow, ACK, b""));
         dp.fast("tcp A->B ACK", POD, &ab, Path::FastLocal, TO_B)?;
+
+        // Spoofed sources ride no established flow: pod B forging A's
+        // address on A's flow, and pod A forging R's on the reverse of it.
+        dp.kernel_on("tcp A->R ACK sent from B's veth", POD, &ack, 102, Path::KernelSourceNotPod)?;
+        let forged = from_a(&tcp(a_r.flow.rev(), ACK, b""));
+        dp.kernel("tcp R->A ACK forged by A", POD, &forged, Path::KernelSourceNotPod)?;
         Ok(())
     })
 }

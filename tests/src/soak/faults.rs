@@ -584,11 +584,14 @@ pub fn node_readded(lab: &Lab) -> Result<CaseResult> {
     sh("ip", &["netns", "add", &ns])?;
     let guard = NsGuard(ns.clone());
     let netns = format!("/run/netns/{ns}");
-    let conf = std::fs::read_to_string(lab.spec.node_dir(2).join("net.d/00-mycni.conflist"))?;
-    ensure!(
-        conf.contains("10.244.52.0/24"),
-        "node 2's conflist still has the old range: {conf}"
-    );
+    // The restarted agent publishes itself (so node 1 may route it) before
+    // its first pass writes the conflist.
+    let conflist = lab.spec.node_dir(2).join("net.d/00-mycni.conflist");
+    wait_for(
+        Duration::from_secs(30),
+        "node 2's conflist to have the new range",
+        || Ok(std::fs::read_to_string(&conflist)?.contains("10.244.52.0/24")),
+    )?;
     let added = lab.cni(2, "ADD", "soak-readded", &netns, "readded")?;
     let ip = added["ips"][0]["address"]
         .as_str()
