@@ -33,8 +33,9 @@ pub enum LabCmd {
     /// Remove every namespace, process and file the lab created.
     Down,
     /// Datapath benchmarks side by side in one run: a direct veth, the
-    /// kernel path and the eBPF fast path (node1 pod -> node2 pod), with and
-    /// without a kube-proxy-sized iptables ruleset; prints a table with
+    /// underlay and overlay node to node (the floors), the kernel path and
+    /// the eBPF fast path (node1 pod -> node2 pod), with and without a
+    /// kube-proxy-sized iptables ruleset; prints a table with
     /// ratios and writes it to target/lab-bench.md. Brings up its own 2-node
     /// x 1-pod lab (mycnib-*, /run/mycni-bench-lab) and tears it down;
     /// --nodes/--pods do not apply.

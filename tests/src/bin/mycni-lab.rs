@@ -39,8 +39,9 @@ enum Cmd {
     Test,
     Status,
     Down,
-    /// Datapath benchmarks side by side: direct veth, kernel path, fast
-    /// path, with and without a kube-proxy-sized ruleset, in a 2-node x
+    /// Datapath benchmarks side by side: direct veth, underlay and overlay
+    /// node to node, kernel path, fast path, with and without a
+    /// kube-proxy-sized ruleset, in a 2-node x
     /// 1-pod lab of its own (mycnib-*), torn down at the end.
     Bench {
         /// Interleaved runs of every variant (the table shows medians).
