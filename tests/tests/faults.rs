@@ -41,7 +41,7 @@ fn flows_survive_agent_and_kernel_faults_and_nodes_repair() -> Result<()> {
 
 #[test]
 fn a_node_re_added_with_a_new_pod_cidr_is_reprogrammed_everywhere() -> Result<()> {
-    let t = common::lab(2, 1)?;
+    let t = common::lab(3, 1)?;
     let l = &t.0;
     let r = faults::node_readded(l)?;
     eprintln!("{}", soak::table(std::slice::from_ref(&r)));

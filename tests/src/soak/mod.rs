@@ -145,10 +145,13 @@ pub fn run_all(bins: &crate::lab::Bins, root: &std::path::Path, scale: Scale) ->
                 "upgrade with a changed map layout",
                 faults::upgrade_changed_layout(l),
             );
-            // Last: node 2's pods lose their range.
-            record("node re-added with a new podCIDR", faults::node_readded(l));
         }
         Err(e) => record("fault lab", Err(e)),
     }
+    // Three nodes: node 2's pods lose their range, node 1 <-> 3 must not notice.
+    record(
+        "node re-added with a new podCIDR",
+        soak_lab(bins, root, 3, 1).and_then(|l| faults::node_readded(&l.0)),
+    );
     rows
 }
