@@ -1,6 +1,9 @@
 //! Peer Nodes, as far as the overlay cares: their podCIDR, VTEP MAC and
 //! host IP. Node objects are untrusted input: anything malformed or hostile
 //! is rejected with a reason (logged and counted), never programmed.
+//!
+//! This module uses std only: the `peer_node` fuzz target (fuzz/) compiles
+//! this file on its own, without the agent's dependencies.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -78,7 +81,9 @@ pub fn parse_mac(s: &str) -> Option<Mac> {
     }
     let mut m = [0u8; 6];
     for (i, p) in parts.iter().enumerate() {
-        if p.len() != 2 {
+        // Two hex digits; `from_str_radix` alone would also take "+f"
+        // (found by the `peer_node` fuzz target).
+        if p.len() != 2 || !p.bytes().all(|b| b.is_ascii_hexdigit()) {
             return None;
         }
         m[i] = u8::from_str_radix(p, 16).ok()?;
@@ -306,6 +311,27 @@ mod tests {
             "",
         ] {
             assert!(Cidr::parse(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn mac_parsing() {
+        assert_eq!(
+            parse_mac("02:AB:cd:00:00:01"),
+            Some([2, 0xab, 0xcd, 0, 0, 1])
+        );
+        // "+1" passed `u8::from_str_radix` (found by the peer_node fuzz target).
+        for bad in [
+            "02:00:00:00:00:+1",
+            "+2:00:00:00:00:01",
+            "02:00:00:00:00:1",
+            "02:00:00:00:00:001",
+            "02-00-00-00-00-01",
+            "02:00:00:00:00:0g",
+            "02:00:00:00:00:01:",
+            "",
+        ] {
+            assert_eq!(parse_mac(bad), None, "{bad}");
         }
     }
 

@@ -41,11 +41,34 @@ pub struct CniResult {
     pub dns: Option<Value>,
 }
 
+/// `a.b.c.d/len` as results write it. The length is plain decimal digits
+/// without a leading zero: `u8::from_str` alone would also take "+24" and
+/// "024" (found by the `prev_result` fuzz target).
 pub fn parse_cidr(s: &str) -> Option<(Ipv4Addr, u8)> {
     let (ip, prefix) = s.split_once('/')?;
+    let canonical = match prefix.as_bytes() {
+        [b'0'] => true,
+        [b'1'..=b'9', rest @ ..] => rest.len() <= 1 && rest.iter().all(u8::is_ascii_digit),
+        _ => false,
+    };
+    canonical.then_some(())?;
     let prefix: u8 = prefix.parse().ok()?;
     (prefix <= 32).then_some(())?;
     Some((ip.parse().ok()?, prefix))
+}
+
+/// An optional IPv4 field (`gateway`, `gw`): absent or null is None; anything
+/// else must be an IPv4 address, never silently dropped (which would turn a
+/// route via a gateway into a direct one).
+fn optional_ip(v: &Value, field: &str) -> Result<Option<Ipv4Addr>> {
+    match v.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(g) => g
+            .as_str()
+            .and_then(|g| g.parse().ok())
+            .map(Some)
+            .ok_or_else(|| decode(format!("result {field} {g} is not an IPv4 address"))),
+    }
 }
 
 fn decode(msg: String) -> CniError {
@@ -119,10 +142,20 @@ impl CniResult {
         let mut out = CniResult::default();
         if let Some(ifs) = obj.get("interfaces").and_then(Value::as_array) {
             for i in ifs {
+                // `as u32` would read 2^32 + 1450 as 1450.
+                let mtu =
+                    match i.get("mtu") {
+                        None | Some(Value::Null) => None,
+                        Some(m) => {
+                            Some(m.as_u64().and_then(|m| u32::try_from(m).ok()).ok_or_else(
+                                || decode(format!("result interface MTU {m} is not a u32")),
+                            )?)
+                        }
+                    };
                 out.interfaces.push(Interface {
                     name: i["name"].as_str().unwrap_or_default().to_string(),
                     mac: i["mac"].as_str().unwrap_or_default().to_string(),
-                    mtu: i["mtu"].as_u64().map(|m| m as u32),
+                    mtu,
                     sandbox: i["sandbox"].as_str().map(str::to_string),
                 });
             }
@@ -142,13 +175,7 @@ impl CniResult {
                     format!("result address {addr:?} is not an IPv4 CIDR (mycni is IPv4-only)"),
                 )
             })?;
-            let gateway = match ip.get("gateway").and_then(Value::as_str) {
-                Some(g) => Some(
-                    g.parse()
-                        .map_err(|_| decode(format!("result gateway {g:?} is not IPv4")))?,
-                ),
-                None => None,
-            };
+            let gateway = optional_ip(ip, "gateway")?;
             out.ips.push(IpConfig {
                 address,
                 prefix,
@@ -166,10 +193,7 @@ impl CniResult {
             let Some((dst, prefix)) = parse_cidr(dst) else {
                 continue; // an IPv6 route from IPAM has no IPv4 meaning; ignore it
             };
-            let gw = r
-                .get("gw")
-                .and_then(Value::as_str)
-                .and_then(|g| g.parse().ok());
+            let gw = optional_ip(r, "gw")?;
             out.routes.push(Route { dst, prefix, gw });
         }
         out.dns = obj.get("dns").cloned().filter(|d| d.is_object());
@@ -259,5 +283,45 @@ mod tests {
         );
         assert!(parse_cidr("10.0.0.0/33").is_none());
         assert!(parse_cidr("10.0.0.0").is_none());
+    }
+
+    /// Inputs the fuzz targets (fuzz/) found accepted or changed in silence.
+    #[test]
+    fn fuzz_regressions() {
+        for bad in [
+            "10.244.1.5/+32",
+            "10.244.1.5/032",
+            "10.0.0.0/00",
+            "10.0.0.0/",
+            "10.0.0.0/ 8",
+        ] {
+            assert!(parse_cidr(bad).is_none(), "{bad}");
+        }
+        assert_eq!(parse_cidr("0.0.0.0/0"), Some((Ipv4Addr::UNSPECIFIED, 0)));
+        assert_eq!(
+            parse_cidr("10.0.0.0/8"),
+            Some((Ipv4Addr::new(10, 0, 0, 0), 8))
+        );
+        let rejected = [
+            // A route's gateway was dropped, making it a direct route.
+            json!({"ips": [], "routes": [{"dst": "10.0.0.0/8", "gw": "fd00::1"}]}),
+            json!({"ips": [], "routes": [{"dst": "10.0.0.0/8", "gw": 167772161}]}),
+            json!({"ips": [{"address": "10.244.1.5/32", "gateway": 1}]}),
+            // An MTU of 2^32 + 1450 was read as 1450.
+            json!({"interfaces": [{"name": "eth0", "mtu": 4_294_968_746_u64}], "ips": []}),
+            json!({"interfaces": [{"name": "eth0", "mtu": -1}], "ips": []}),
+            json!({"ips": [{"address": "10.244.1.5/+32"}]}),
+        ];
+        for v in rejected {
+            assert!(CniResult::from_json(&v).is_err(), "{v}");
+        }
+        let ok = json!({"interfaces": [{"name": "eth0", "mtu": null}],
+            "ips": [{"address": "10.244.1.5/32", "gateway": null}],
+            "routes": [{"dst": "10.0.0.0/8", "gw": null}, {"dst": "::/0", "gw": "fe80::1"}]});
+        let r = CniResult::from_json(&ok).unwrap();
+        assert_eq!(
+            (r.interfaces[0].mtu, r.ips[0].gateway, r.routes.len()),
+            (None, None, 1)
+        );
     }
 }
