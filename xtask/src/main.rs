@@ -4,6 +4,7 @@
 //! the pinned ones), and runs every other cargo command with an explicit
 //! `RUSTUP_TOOLCHAIN`, so a fresh machine needs nothing but `cargo xtask ...`.
 
+mod fuzz;
 mod lab;
 mod setup;
 mod util;
@@ -48,11 +49,27 @@ enum Command {
     },
     /// The README's test command: setup, build-ebpf, fmt check, clippy
     /// (host crates, and the eBPF crate on its own target), then every test,
-    /// including the privileged network-namespace tests.
+    /// including the privileged network-namespace tests, then every fuzz
+    /// target for 15 s (skipped when `args` are given).
     Test {
         /// Extra arguments for `cargo test` (e.g. a test name filter).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
+    },
+    /// Runs the cargo-fuzz targets in fuzz/ (config, prevResult, CNI_ARGS,
+    /// peer Node parsers), each for a fixed time from its committed seed
+    /// corpus in fuzz/corpus/<target>, which it never writes. Fails on any
+    /// crash and names the input (kept in fuzz/artifacts/<target>).
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
+        /// Build with AddressSanitizer (slower to build and run; the
+        /// default build has no sanitizer).
+        #[arg(long)]
+        asan: bool,
+        /// One target (cni_config, prev_result, cni_args, peer_node); all when absent.
+        target: Option<String>,
     },
     /// Benchmarks that print figures side by side with the reference.
     #[command(subcommand)]
@@ -95,6 +112,11 @@ fn main() -> ExitCode {
         Command::Setup => setup::run(),
         Command::BuildEbpf { release } => build_ebpf(release).map(|_| ()),
         Command::Test { args } => test(&args),
+        Command::Fuzz {
+            seconds,
+            asan,
+            target,
+        } => setup::run().and_then(|()| fuzz::run(seconds, target.as_deref(), asan)),
         Command::Bench(BenchCmd::Plugin { runs }) => bench_plugin(runs),
         Command::Bench(BenchCmd::Agent { nodes }) => bench_agent(nodes),
         Command::Lab(cmd) => lab::run(cmd),
@@ -166,6 +188,13 @@ fn test(extra: &[String]) -> Result<()> {
         .toolchain(HOST_TOOLCHAIN)
         .cwd(&root)
         .run()?;
+    // The fuzz crate is its own workspace, so `cargo fmt --all` misses it.
+    Cmd::new("cargo")
+        .args(["fmt", "--check", "--manifest-path"])
+        .arg(root.join("fuzz/Cargo.toml"))
+        .toolchain(HOST_TOOLCHAIN)
+        .cwd(&root)
+        .run()?;
     eprintln!("xtask: clippy (host crates)");
     Cmd::new("cargo")
         .args(["clippy", "--workspace", "--exclude", "mycni-ebpf"])
@@ -208,7 +237,12 @@ fn test(extra: &[String]) -> Result<()> {
         .args(extra)
         .toolchain(HOST_TOOLCHAIN)
         .cwd(&root)
-        .run()
+        .run()?;
+    if !extra.is_empty() {
+        eprintln!("xtask: fuzzing skipped (test arguments given); `cargo xtask fuzz` runs it");
+        return Ok(());
+    }
+    fuzz::run(fuzz::TEST_SECONDS, None, false)
 }
 
 fn bench_plugin(runs: usize) -> Result<()> {

@@ -47,6 +47,7 @@ const PACKAGES: &[(&str, &str)] = &[
 
 const CARGO_BIN_LINKER: &str = "bpf-linker";
 const BPF_LINKER_VERSION: &str = "0.13";
+const CARGO_FUZZ_VERSION: &str = "0.13";
 
 pub fn run() -> Result<()> {
     let started = Instant::now();
@@ -54,6 +55,7 @@ pub fn run() -> Result<()> {
     toolchain(HOST_TOOLCHAIN, &["clippy", "rustfmt"])?;
     toolchain(EBPF_TOOLCHAIN, &["rust-src", "clippy", "rustfmt"])?;
     bpf_linker()?;
+    cargo_fuzz()?;
     bpffs()?;
     directory_override()?;
     eprintln!(
@@ -151,6 +153,28 @@ fn bpf_linker() -> Result<()> {
         // without it the build finds /usr/lib64 and fails on -lLLVM.
         .env("LLVM_SYS_221_PREFIX", "/usr/lib/llvm-22")
         .env("LLVM_PREFIX", "/usr/lib/llvm-22")
+        .run()
+}
+
+/// `cargo fuzz` runs the targets in `fuzz/` (`cargo xtask fuzz`, and the
+/// last step of `cargo xtask test`). It builds with the host toolchain; the
+/// fuzz targets themselves build with the nightly (`crate::FUZZ_TOOLCHAIN`).
+fn cargo_fuzz() -> Result<()> {
+    let bin = cargo_bin("cargo-fuzz");
+    let version = Cmd::new(&bin.to_string_lossy())
+        .arg("--version")
+        .output()
+        .unwrap_or_default();
+    if version.contains(&format!("cargo-fuzz {CARGO_FUZZ_VERSION}")) {
+        return Ok(());
+    }
+    eprintln!(
+        "xtask setup: building cargo-fuzz {CARGO_FUZZ_VERSION} (runs the fuzz targets in fuzz/; takes a minute or two)"
+    );
+    Cmd::new("cargo")
+        .args(["install", "cargo-fuzz", "--locked", "--version"])
+        .arg(format!("~{CARGO_FUZZ_VERSION}"))
+        .toolchain(HOST_TOOLCHAIN)
         .run()
 }
 
