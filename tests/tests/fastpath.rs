@@ -117,25 +117,22 @@ fn add_service(l: &Lab, vip: &str, port: u16, backend: SocketAddr) -> Result<()>
                 &backend.to_string(),
             ],
         )?;
-        let rules = ns_sh(&ns, "iptables", &["-S", "FORWARD"])?;
-        if !rules.contains("INVALID") {
-            ns_sh(
-                &ns,
-                "iptables",
-                &[
-                    "-I",
-                    "FORWARD",
-                    "-m",
-                    "conntrack",
-                    "--ctstate",
-                    "INVALID",
-                    "-j",
-                    "DROP",
-                ],
-            )?;
-        }
+        drop_invalid(l, i)?;
     }
     Ok(())
+}
+
+/// kube-proxy's `-m conntrack --ctstate INVALID -j DROP` in FORWARD on
+/// node `i` (once).
+fn drop_invalid(l: &Lab, i: usize) -> Result<()> {
+    let ns = l.spec.node_name(i);
+    if ns_sh(&ns, "iptables", &["-S", "FORWARD"])?.contains("INVALID") {
+        return Ok(());
+    }
+    let rule = ["-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"];
+    let mut args = vec!["-I", "FORWARD"];
+    args.extend(rule);
+    ns_sh(&ns, "iptables", &args).map(drop)
 }
 
 #[test]
@@ -265,20 +262,7 @@ fn streams_survive_detaching_every_program_and_restarting_the_agent_and_maps_sta
     let src = pods.iter().find(|p| p.node == 1).context("pod on node 1")?;
     let dst = pods.iter().find(|p| p.node == 2).context("pod on node 2")?;
     for i in 1..=2 {
-        ns_sh(
-            &l.spec.node_name(i),
-            "iptables",
-            &[
-                "-I",
-                "FORWARD",
-                "-m",
-                "conntrack",
-                "--ctstate",
-                "INVALID",
-                "-j",
-                "DROP",
-            ],
-        )?;
+        drop_invalid(l, i)?;
     }
     let stop = Arc::new(AtomicBool::new(false));
     let stream = common::echo_stream(&src.ns, SocketAddr::from((dst.ip, ECHO_PORT)), stop.clone());
