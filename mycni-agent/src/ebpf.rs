@@ -405,6 +405,30 @@ pub fn read_remote(pin_dir: &Path) -> Result<BTreeMap<(Ipv4Addr, u8), RemoteNode
     Ok(out)
 }
 
+/// The diff both forwarding maps share: remove what `want` lacks (`write`
+/// with None), write what differs, count both.
+fn sync_entries<K: Ord, V: PartialEq>(
+    have: &BTreeMap<K, V>,
+    want: &BTreeMap<K, V>,
+    mut write: impl FnMut(&K, Option<&V>) -> Result<(), DatapathError>,
+) -> Result<SyncStats, DatapathError> {
+    let mut st = SyncStats {
+        total: want.len(),
+        ..Default::default()
+    };
+    for k in have.keys().filter(|k| !want.contains_key(k)) {
+        write(k, None)?;
+        st.removed += 1;
+    }
+    for (k, v) in want {
+        if have.get(k) != Some(v) {
+            write(k, Some(v))?;
+            st.set += 1;
+        }
+    }
+    Ok(st)
+}
+
 /// Makes `mycni_remote` hold exactly `want` (podCIDR -> peer).
 pub fn sync_remote(
     pin_dir: &Path,
@@ -414,23 +438,14 @@ pub fn sync_remote(
     let e = map_err(pin_dir, REMOTE_MAP);
     let mut t: LpmTrie<MapData, [u8; 4], RemoteNode> =
         open_map(pin_dir, REMOTE_MAP)?.try_into().map_err(&e)?;
-    let mut st = SyncStats {
-        total: want.len(),
-        ..Default::default()
-    };
-    for k in have.keys().filter(|k| !want.contains_key(k)) {
-        t.remove(&Key::new(u32::from(k.1), k.0.octets()))
-            .map_err(&e)?;
-        st.removed += 1;
-    }
-    for (k, v) in want {
-        if have.get(k) != Some(v) {
-            t.insert(&Key::new(u32::from(k.1), k.0.octets()), v, 0)
-                .map_err(&e)?;
-            st.set += 1;
+    sync_entries(&have, want, |k, v| {
+        let key = Key::new(u32::from(k.1), k.0.octets());
+        match v {
+            Some(v) => t.insert(&key, v, 0),
+            None => t.remove(&key),
         }
-    }
-    Ok(st)
+        .map_err(&e)
+    })
 }
 
 pub fn read_local(pin_dir: &Path) -> Result<BTreeMap<Ipv4Addr, LocalEndpoint>, DatapathError> {
@@ -454,21 +469,13 @@ pub fn sync_local(
     let e = map_err(pin_dir, LOCAL_MAP);
     let mut h: HashMap<MapData, [u8; 4], LocalEndpoint> =
         open_map(pin_dir, LOCAL_MAP)?.try_into().map_err(&e)?;
-    let mut st = SyncStats {
-        total: want.len(),
-        ..Default::default()
-    };
-    for k in have.keys().filter(|k| !want.contains_key(k)) {
-        h.remove(&k.octets()).map_err(&e)?;
-        st.removed += 1;
-    }
-    for (k, v) in want {
-        if have.get(k) != Some(v) {
-            h.insert(&k.octets(), v, 0).map_err(&e)?;
-            st.set += 1;
+    sync_entries(&have, want, |k, v| {
+        match v {
+            Some(v) => h.insert(&k.octets(), v, 0),
+            None => h.remove(&k.octets()),
         }
-    }
-    Ok(st)
+        .map_err(&e)
+    })
 }
 
 /// Sums the per-CPU counters of the map pinned under `pin_dir`, one entry per
