@@ -17,8 +17,8 @@ use aya::programs::links::{FdLink, LinkError, PinnedLink};
 use aya::programs::{LinkOrder, SchedClassifier, TcAttach, TcAttachType};
 use aya::{Ebpf, EbpfLoader};
 use mycni_common::{
-    CONFIG_MAP, COUNTERS_MAP, DpConfig, LOCAL_MAP, LocalEndpoint, Path as DpPath, PathCounter,
-    REMOTE_MAP, RemoteNode,
+    CONFIG_MAP, COUNTERS_MAP, DpConfig, LOCAL_MAP, LocalEndpoint, PEERS_MAP, Path as DpPath,
+    PathCounter, PeerNode, REMOTE_MAP, RemoteNode,
 };
 use thiserror::Error;
 
@@ -27,22 +27,25 @@ use thiserror::Error;
 static EMBEDDED_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/mycni-ebpf.o"));
 
-/// The two programs, by the interface they run on.
+/// The programs, by the interface they run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Prog {
     /// Ingress of every pod's host-side veth.
     FromPod,
     /// Ingress of `vxlan.1`.
     FromVxlan,
+    /// Ingress of the underlay device (tc decapsulation).
+    FromUnderlay,
 }
 
 impl Prog {
-    pub const ALL: [Prog; 2] = [Prog::FromPod, Prog::FromVxlan];
+    pub const ALL: [Prog; 3] = [Prog::FromPod, Prog::FromVxlan, Prog::FromUnderlay];
 
     pub const fn name(self) -> &'static str {
         match self {
             Prog::FromPod => "mycni_from_pod",
             Prog::FromVxlan => "mycni_from_vxlan",
+            Prog::FromUnderlay => "mycni_from_underlay",
         }
     }
 }
@@ -51,7 +54,7 @@ impl Prog {
 pub const PROG_FROM_POD: &str = "mycni_from_pod";
 
 /// Every map the object declares, pinned by these names.
-pub const MAPS: &[&str] = &[COUNTERS_MAP, CONFIG_MAP, REMOTE_MAP, LOCAL_MAP];
+pub const MAPS: &[&str] = &[COUNTERS_MAP, CONFIG_MAP, REMOTE_MAP, LOCAL_MAP, PEERS_MAP];
 
 #[derive(Debug, Error)]
 pub enum DatapathError {
@@ -448,10 +451,13 @@ pub fn sync_remote(
     })
 }
 
-pub fn read_local(pin_dir: &Path) -> Result<BTreeMap<Ipv4Addr, LocalEndpoint>, DatapathError> {
-    let e = map_err(pin_dir, LOCAL_MAP);
-    let h: HashMap<MapData, [u8; 4], LocalEndpoint> =
-        open_map(pin_dir, LOCAL_MAP)?.try_into().map_err(&e)?;
+/// Reads a hash map keyed by an IPv4 address.
+fn read_hash<V: aya::Pod>(
+    pin_dir: &Path,
+    name: &'static str,
+) -> Result<BTreeMap<Ipv4Addr, V>, DatapathError> {
+    let e = map_err(pin_dir, name);
+    let h: HashMap<MapData, [u8; 4], V> = open_map(pin_dir, name)?.try_into().map_err(&e)?;
     let mut out = BTreeMap::new();
     for kv in h.iter() {
         let (k, v) = kv.map_err(&e)?;
@@ -460,15 +466,15 @@ pub fn read_local(pin_dir: &Path) -> Result<BTreeMap<Ipv4Addr, LocalEndpoint>, D
     Ok(out)
 }
 
-/// Makes `mycni_local` hold exactly `want` (pod IP -> endpoint).
-pub fn sync_local(
+/// Makes a hash map keyed by an IPv4 address hold exactly `want`.
+fn sync_hash<V: aya::Pod + PartialEq>(
     pin_dir: &Path,
-    want: &BTreeMap<Ipv4Addr, LocalEndpoint>,
+    name: &'static str,
+    want: &BTreeMap<Ipv4Addr, V>,
 ) -> Result<SyncStats, DatapathError> {
-    let have = read_local(pin_dir)?;
-    let e = map_err(pin_dir, LOCAL_MAP);
-    let mut h: HashMap<MapData, [u8; 4], LocalEndpoint> =
-        open_map(pin_dir, LOCAL_MAP)?.try_into().map_err(&e)?;
+    let have = read_hash(pin_dir, name)?;
+    let e = map_err(pin_dir, name);
+    let mut h: HashMap<MapData, [u8; 4], V> = open_map(pin_dir, name)?.try_into().map_err(&e)?;
     sync_entries(&have, want, |k, v| {
         match v {
             Some(v) => h.insert(&k.octets(), v, 0),
@@ -476,6 +482,30 @@ pub fn sync_local(
         }
         .map_err(&e)
     })
+}
+
+pub fn read_local(pin_dir: &Path) -> Result<BTreeMap<Ipv4Addr, LocalEndpoint>, DatapathError> {
+    read_hash(pin_dir, LOCAL_MAP)
+}
+
+/// Makes `mycni_local` hold exactly `want` (pod IP -> endpoint).
+pub fn sync_local(
+    pin_dir: &Path,
+    want: &BTreeMap<Ipv4Addr, LocalEndpoint>,
+) -> Result<SyncStats, DatapathError> {
+    sync_hash(pin_dir, LOCAL_MAP, want)
+}
+
+pub fn read_peers(pin_dir: &Path) -> Result<BTreeMap<Ipv4Addr, PeerNode>, DatapathError> {
+    read_hash(pin_dir, PEERS_MAP)
+}
+
+/// Makes `mycni_peers` hold exactly `want` (peer host IP -> peer).
+pub fn sync_peers(
+    pin_dir: &Path,
+    want: &BTreeMap<Ipv4Addr, PeerNode>,
+) -> Result<SyncStats, DatapathError> {
+    sync_hash(pin_dir, PEERS_MAP, want)
 }
 
 /// Sums the per-CPU counters of the map pinned under `pin_dir`, one entry per

@@ -4,9 +4,14 @@
 //!
 //! The agent, not the plugin, attaches to new pod veths: it is the single
 //! writer of the maps, it already reconciles against kernel state, and the
-//! plugin stays free of aya and of bpffs (its ADD path stays ~4 ms). A new
-//! pod runs on the kernel path until the next full pass (`--resync`, 2 s),
-//! which is correct, just slower.
+//! plugin stays free of aya and of bpffs (its ADD path stays ~4 ms). It
+//! hears of new pods from the kernel's notifications (`kwatch`), within
+//! milliseconds of their ADD.
+//!
+//! With `--tc-encap` (the default) the programs encapsulate and decapsulate
+//! VXLAN themselves: the config carries what `vxlan.1` is set up with (VNI,
+//! port, local address, TTL, source port range) and the underlay device gets
+//! the decapsulating program on its ingress.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
@@ -15,13 +20,14 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use anyhow::{Context, Result};
-use mycni_common::{DpConfig, LocalEndpoint, RemoteNode};
+use mycni_common::{
+    CFG_TC_DECAP, CFG_TC_ENCAP, DpConfig, LocalEndpoint, PeerNode, REMOTE_DIRECT, RemoteNode,
+};
 
 use crate::ebpf::{self, Datapath, DatapathError, Prog};
-use crate::kernel::PodEndpoint;
+use crate::kernel::{PodEndpoint, VxlanSpec};
 use crate::metrics::Metrics;
-use crate::peers::Mac;
-use crate::reconcile::OverlayState;
+use crate::reconcile::{self, OverlayState};
 
 /// `--datapath`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +58,8 @@ pub struct FastPath {
     /// against it, full passes re-read the map to catch drift.
     remote_written: Option<BTreeMap<(Ipv4Addr, u8), RemoteNode>>,
     local: BTreeMap<Ipv4Addr, LocalEndpoint>,
+    /// Encapsulate and decapsulate in tc (else through `vxlan.1`).
+    tc_encap: bool,
     proc_sys: PathBuf,
     metrics: Arc<Metrics>,
 }
@@ -63,6 +71,7 @@ impl FastPath {
     /// detail and metrics.
     pub fn start(
         mode: Mode,
+        tc_encap: bool,
         object: Option<&[u8]>,
         log: bool,
         pin_dir: &Path,
@@ -76,6 +85,7 @@ impl FastPath {
             attached: BTreeSet::new(),
             remote_written: None,
             local: BTreeMap::new(),
+            tc_encap,
             proc_sys: proc_sys.to_path_buf(),
             metrics,
         };
@@ -131,7 +141,12 @@ impl FastPath {
     pub fn describe(&self) -> String {
         match &self.why_not {
             None => format!(
-                "datapath ebpf ({} local pods, {} remote podCIDRs)",
+                "datapath ebpf, {} ({} local pods, {} remote podCIDRs)",
+                if self.tc_encap {
+                    "tc encap"
+                } else {
+                    "via vxlan.1"
+                },
                 self.local.len(),
                 self.remote_written.as_ref().map_or(0, BTreeMap::len)
             ),
@@ -165,10 +180,11 @@ impl FastPath {
     pub fn sync(
         &mut self,
         vxlan: u32,
-        vtep_mac: Mac,
+        vx: &VxlanSpec,
         overlay: &OverlayState,
         pods: Option<&BTreeMap<Ipv4Addr, PodEndpoint>>,
     ) -> Result<(), DatapathError> {
+        let cfg = self.config(vxlan, vx);
         let Some(dp) = self.dp.as_mut() else {
             return Ok(());
         };
@@ -177,42 +193,59 @@ impl FastPath {
         if !repinned.is_empty() {
             tracing::warn!(maps = ?repinned, "pinned maps were removed from bpffs; pinned them again");
         }
-        // The timeouts the kernel itself would renew these flows with.
-        let cfg = DpConfig {
-            vxlan_ifindex: vxlan,
-            tcp_timeout_ms: read_ms(
-                &self.proc_sys,
-                "net/netfilter/nf_conntrack_tcp_timeout_established",
-            ),
-            udp_timeout_ms: read_ms(
-                &self.proc_sys,
-                "net/netfilter/nf_conntrack_udp_timeout_stream",
-            ),
-            vtep_mac,
-            _pad: [0; 2],
-        };
         ebpf::write_config(&pin, &cfg)?;
 
-        // Only what the kernel backs: a route whose gateway has a neighbour
-        // whose MAC has an FDB entry.
+        // Only what the kernel backs: a route through vxlan.1 whose gateway
+        // has a neighbour whose MAC has an FDB entry, or a direct route to a
+        // peer's host.
         let remote: BTreeMap<(Ipv4Addr, u8), RemoteNode> = overlay
             .routes
             .iter()
             .filter_map(|(cidr, gw)| {
-                let mac = overlay.neighbours.get(gw)?;
-                let host = overlay.fdb.get(mac)?;
-                Some((
-                    (cidr.addr, cidr.prefix),
+                let node = if reconcile::via_vxlan(*cidr, *gw) {
+                    let mac = overlay.neighbours.get(gw)?;
+                    let host = overlay.fdb.get(mac)?;
                     RemoteNode {
                         vtep_mac: *mac,
-                        _pad: [0; 2],
+                        flags: 0,
+                        _pad: 0,
                         host_ip: u32::from_ne_bytes(host.octets()),
+                    }
+                } else {
+                    // The VTEP MAC of the peer whose host this is, if known
+                    // (for `inspect`; a direct packet carries none).
+                    let mac = overlay
+                        .fdb
+                        .iter()
+                        .find_map(|(m, h)| (h == gw).then_some(*m))
+                        .unwrap_or_default();
+                    RemoteNode {
+                        vtep_mac: mac,
+                        flags: REMOTE_DIRECT,
+                        _pad: 0,
+                        host_ip: u32::from_ne_bytes(gw.octets()),
+                    }
+                };
+                Some(((cidr.addr, cidr.prefix), node))
+            })
+            .collect();
+        // The hosts VXLAN may come from: those the FDB sends to.
+        let peers: BTreeMap<Ipv4Addr, PeerNode> = overlay
+            .fdb
+            .iter()
+            .map(|(mac, host)| {
+                (
+                    *host,
+                    PeerNode {
+                        vtep_mac: *mac,
+                        _pad: [0; 2],
                     },
-                ))
+                )
             })
             .collect();
         let full = pods.is_some();
         if full || self.remote_written.as_ref() != Some(&remote) {
+            ebpf::sync_peers(&pin, &peers)?;
             let st = ebpf::sync_remote(&pin, &remote)?;
             if full && self.remote_written.as_ref() == Some(&remote) && st.set + st.removed > 0 {
                 tracing::warn!(
@@ -249,7 +282,11 @@ impl FastPath {
             }
             self.local = local;
 
+            let underlay = self
+                .tc_encap
+                .then_some((Prog::FromUnderlay, vx.underlay_index));
             let want: BTreeSet<(Prog, u32)> = std::iter::once((Prog::FromVxlan, vxlan))
+                .chain(underlay)
                 .chain(pods.values().map(|p| (Prog::FromPod, p.ifindex)))
                 .collect();
             for &(p, ifindex) in want.difference(&self.attached.clone()) {
@@ -279,6 +316,61 @@ impl FastPath {
         );
         Ok(())
     }
+}
+
+impl FastPath {
+    /// What the programs need to know of this node. The encapsulation
+    /// fields are those `vxlan.1` sends with: VNI, port and local address
+    /// from its spec; TTL and source ports from the sysctls the device
+    /// falls back to when it sets neither (the agent sets neither).
+    fn config(&self, vxlan: u32, vx: &VxlanSpec) -> DpConfig {
+        let (port_min, port_max) = read_port_range(&self.proc_sys);
+        let ttl = std::fs::read_to_string(self.proc_sys.join("net/ipv4/ip_default_ttl"))
+            .ok()
+            .and_then(|s| s.trim().parse::<u8>().ok())
+            .unwrap_or(64);
+        DpConfig {
+            vxlan_ifindex: vxlan,
+            // The timeouts the kernel itself would renew these flows with.
+            tcp_timeout_ms: read_ms(
+                &self.proc_sys,
+                "net/netfilter/nf_conntrack_tcp_timeout_established",
+            ),
+            udp_timeout_ms: read_ms(
+                &self.proc_sys,
+                "net/netfilter/nf_conntrack_udp_timeout_stream",
+            ),
+            vtep_mac: vx.mac,
+            _pad: [0; 2],
+            underlay_ifindex: if self.tc_encap { vx.underlay_index } else { 0 },
+            host_ip: u32::from_ne_bytes(vx.local_ip.octets()),
+            vni: vx.vni,
+            vxlan_port: vx.port,
+            port_min,
+            port_max,
+            ttl,
+            flags: if self.tc_encap {
+                CFG_TC_ENCAP | CFG_TC_DECAP
+            } else {
+                0
+            },
+        }
+    }
+}
+
+/// `net.ipv4.ip_local_port_range`, as vxlan.1 reads it for source ports;
+/// the kernel's default when unreadable.
+fn read_port_range(proc_sys: &Path) -> (u16, u16) {
+    std::fs::read_to_string(proc_sys.join("net/ipv4/ip_local_port_range"))
+        .ok()
+        .and_then(|s| {
+            let mut it = s.split_whitespace().map(str::parse::<u16>);
+            match (it.next(), it.next()) {
+                (Some(Ok(lo)), Some(Ok(hi))) if lo < hi => Some((lo, hi)),
+                _ => None,
+            }
+        })
+        .unwrap_or((32768, 60999))
 }
 
 /// A sysctl in seconds, as milliseconds; 0 (no renewal) when unreadable.

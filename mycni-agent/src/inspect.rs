@@ -52,6 +52,25 @@ pub fn render(pin_dir: &Path) -> Result<String> {
         cfg.vxlan_ifindex,
         format_mac(&cfg.vtep_mac)
     )?;
+    if cfg.flags & mycni_common::CFG_TC_ENCAP != 0 {
+        writeln!(
+            o,
+            "  tc encap/decap: underlay {} (ifindex {}), local {}, VNI {}, port {}, source ports {}-{}, TTL {}",
+            ifname(cfg.underlay_ifindex),
+            cfg.underlay_ifindex,
+            Ipv4Addr::from(cfg.host_ip.to_ne_bytes()),
+            cfg.vni,
+            cfg.vxlan_port,
+            cfg.port_min,
+            cfg.port_max,
+            cfg.ttl
+        )?;
+    } else {
+        writeln!(
+            o,
+            "  tc encap/decap: off (remote traffic goes through vxlan.1)"
+        )?;
+    }
     writeln!(
         o,
         "  conntrack renewal: tcp {} s, udp {} s",
@@ -65,6 +84,7 @@ pub fn render(pin_dir: &Path) -> Result<String> {
         let hook = match p {
             Prog::FromPod => "pod veth ingress",
             Prog::FromVxlan => "vxlan ingress",
+            Prog::FromUnderlay => "underlay ingress (tc decap)",
         };
         writeln!(
             o,
@@ -79,14 +99,28 @@ pub fn render(pin_dir: &Path) -> Result<String> {
     writeln!(o, "\npeers: remote podCIDRs ({}):", remote.len())?;
     for ((addr, prefix), r) in &remote {
         let host = Ipv4Addr::from(r.host_ip.to_ne_bytes());
+        let how = if r.flags & mycni_common::REMOTE_DIRECT != 0 {
+            "  direct"
+        } else {
+            ""
+        };
         writeln!(
             o,
-            "  {:<18} -> VTEP {}  host {}",
+            "  {:<18} -> VTEP {}  host {}{how}",
             format!("{addr}/{prefix}"),
             format_mac(&r.vtep_mac),
             host
         )?;
     }
+
+    let peers = ebpf::read_peers(pin_dir).context("reading mycni_peers")?;
+    let hosts: Vec<String> = peers.keys().map(Ipv4Addr::to_string).collect();
+    writeln!(
+        o,
+        "peer hosts VXLAN is unwrapped from ({}): {}",
+        peers.len(),
+        hosts.join(" ")
+    )?;
 
     let local = ebpf::read_local(pin_dir).context("reading mycni_local")?;
     writeln!(o, "\nlocal endpoints ({}):", local.len())?;

@@ -18,11 +18,24 @@ pub const TCX_NEXT: i32 = -1;
 pub const CONFIG_MAP: &str = "mycni_config";
 pub const REMOTE_MAP: &str = "mycni_remote";
 pub const LOCAL_MAP: &str = "mycni_local";
+pub const PEERS_MAP: &str = "mycni_peers";
 
 /// Capacity of the remote-podCIDR trie: one entry per peer Node.
 pub const REMOTE_MAX: u32 = 16_384;
 /// Capacity of the local-endpoint map: one entry per pod on this node.
 pub const LOCAL_MAX: u32 = 4_096;
+/// Capacity of the peer map: one entry per peer Node's host IP.
+pub const PEERS_MAX: u32 = 16_384;
+
+/// Bytes `vxlan.1` (and the tc encapsulation) puts in front of an inner IPv4
+/// packet on an IPv4 underlay: outer IPv4 (20) + UDP (8) + VXLAN (8) + inner
+/// Ethernet (14).
+pub const VXLAN_OVERHEAD: u32 = 50;
+
+/// `DpConfig::flags`: encapsulate to remote pods in tc (else hand them to `vxlan.1`).
+pub const CFG_TC_ENCAP: u8 = 1;
+/// `DpConfig::flags`: decapsulate VXLAN from known peers at the underlay's tc ingress.
+pub const CFG_TC_DECAP: u8 = 2;
 
 /// Every packet a mycni program sees is counted exactly once, under the path it
 /// took or the reason it was left to the kernel (cf. Cilium's drop reasons).
@@ -43,8 +56,9 @@ pub enum Path {
     KernelTcpControl = 5,
     /// Left to the kernel: conntrack has no entry, or one not yet established.
     KernelNotEstablished = 6,
-    /// Forwarded by the fast path to a pod on another node through `vxlan.1`.
-    FastRemote = 7,
+    /// To a remote pod through `vxlan.1`: encapsulation in tc is off (the
+    /// agent's `--tc-encap false`, or no underlay configured yet).
+    FastVxlanNoEncap = 7,
     /// Forwarded by the fast path from a pod to a pod on this node.
     FastLocal = 8,
     /// Left to the kernel: conntrack holds the flow as NATed (a Service), so
@@ -61,11 +75,55 @@ pub enum Path {
     /// Left to the kernel: the source address is not the sending pod's own
     /// (spoofed, or a pod the agent has not mirrored yet).
     KernelSourceNotPod = 14,
+    /// Forwarded by the fast path to a pod on another node, encapsulated in
+    /// VXLAN by the program and sent out of the underlay (`vxlan.1` skipped).
+    FastEncap = 15,
+    /// To a remote pod through `vxlan.1`: the packet, once encapsulated,
+    /// would not fit the route's MTU to the peer (the kernel then answers
+    /// with "fragmentation needed" or fragments, which a program cannot).
+    FastVxlanMtu = 16,
+    /// To a remote pod through `vxlan.1`: the route lookup for the peer's
+    /// host IP was not a plain unicast success out of the underlay device.
+    FastVxlanFib = 17,
+    /// To a remote pod through `vxlan.1`: the kernel refused to grow the
+    /// packet (a GSO shape `bpf_skb_adjust_room` cannot take, or too long).
+    FastVxlanGso = 18,
+    /// Decapsulated by the program at the underlay's ingress and handed
+    /// straight to a pod on this node (`vxlan.1` and the host's UDP stack skipped).
+    FastTcDecap = 19,
+    /// Left to the kernel, on the underlay: not VXLAN for this host (any
+    /// other traffic of the node: not IPv4 or UDP, another port or address).
+    KernelUnderlayOther = 20,
+    /// Left to the kernel, on the underlay: VXLAN from a host that is not a
+    /// peer Node (the agent's nftables set drops it there).
+    KernelDecapNotPeer = 21,
+    /// Left to the kernel, on the underlay: VXLAN the program does not fully
+    /// understand (flags, VNI, outer options, a UDP checksum, inner MAC not
+    /// this VTEP's, not IPv4 inside).
+    KernelDecapHeader = 22,
+    /// Left to the kernel, on the underlay: an outer IP fragment.
+    KernelDecapFragment = 23,
+    /// Left to the kernel, on the underlay: the inner source is not in the
+    /// podCIDR of the peer that sent it.
+    KernelDecapInnerSource = 24,
+    /// Left to the kernel, on the underlay: the kernel refused to shrink the
+    /// packet (a GSO shape `bpf_skb_adjust_room` cannot take).
+    KernelDecapGso = 25,
+    /// Forwarded by the fast path to a pod of a peer on the same L2 segment,
+    /// unencapsulated (direct routing), out of the underlay.
+    FastDirect = 26,
+    /// Forwarded by the fast path from the underlay to a pod on this node:
+    /// an unencapsulated packet from a direct-routed peer's pod.
+    FastDirectIn = 27,
+    /// Left to the kernel: the route lookup for a direct-routed peer's pod
+    /// was not a plain success out of the underlay (or the packet is over
+    /// the route's MTU).
+    KernelDirectFib = 28,
 }
 
 impl Path {
     /// Number of counter slots; the counter map has exactly this many entries.
-    pub const COUNT: u32 = 15;
+    pub const COUNT: u32 = 29;
 
     pub const ALL: [Path; Self::COUNT as usize] = [
         Path::KernelNotIpv4,
@@ -75,7 +133,7 @@ impl Path {
         Path::KernelIpOptionsOrFragment,
         Path::KernelTcpControl,
         Path::KernelNotEstablished,
-        Path::FastRemote,
+        Path::FastVxlanNoEncap,
         Path::FastLocal,
         Path::KernelNat,
         Path::KernelNotTcpUdp,
@@ -83,6 +141,20 @@ impl Path {
         Path::KernelError,
         Path::FastDecap,
         Path::KernelSourceNotPod,
+        Path::FastEncap,
+        Path::FastVxlanMtu,
+        Path::FastVxlanFib,
+        Path::FastVxlanGso,
+        Path::FastTcDecap,
+        Path::KernelUnderlayOther,
+        Path::KernelDecapNotPeer,
+        Path::KernelDecapHeader,
+        Path::KernelDecapFragment,
+        Path::KernelDecapInnerSource,
+        Path::KernelDecapGso,
+        Path::FastDirect,
+        Path::FastDirectIn,
+        Path::KernelDirectFib,
     ];
 
     /// Stable label used in metrics and `inspect` output.
@@ -95,7 +167,7 @@ impl Path {
             Path::KernelIpOptionsOrFragment => "kernel_ip_options_or_fragment",
             Path::KernelTcpControl => "kernel_tcp_control",
             Path::KernelNotEstablished => "kernel_not_established",
-            Path::FastRemote => "fast_remote",
+            Path::FastVxlanNoEncap => "fast_vxlan_no_encap",
             Path::FastLocal => "fast_local",
             Path::KernelNat => "kernel_nat",
             Path::KernelNotTcpUdp => "kernel_not_tcp_udp",
@@ -103,12 +175,59 @@ impl Path {
             Path::KernelError => "kernel_error",
             Path::FastDecap => "fast_decap",
             Path::KernelSourceNotPod => "kernel_source_not_pod",
+            Path::FastEncap => "fast_encap",
+            Path::FastVxlanMtu => "fast_vxlan_mtu",
+            Path::FastVxlanFib => "fast_vxlan_fib",
+            Path::FastVxlanGso => "fast_vxlan_gso",
+            Path::FastTcDecap => "fast_tc_decap",
+            Path::KernelUnderlayOther => "kernel_underlay_other",
+            Path::KernelDecapNotPeer => "kernel_decap_not_peer",
+            Path::KernelDecapHeader => "kernel_decap_header",
+            Path::KernelDecapFragment => "kernel_decap_fragment",
+            Path::KernelDecapInnerSource => "kernel_decap_inner_source",
+            Path::KernelDecapGso => "kernel_decap_gso",
+            Path::FastDirect => "fast_direct",
+            Path::FastDirectIn => "fast_direct_in",
+            Path::KernelDirectFib => "kernel_direct_fib",
         }
     }
 
     /// Whether packets counted here skipped the kernel's forwarding path.
     pub const fn is_fast(self) -> bool {
-        matches!(self, Path::FastRemote | Path::FastLocal | Path::FastDecap)
+        matches!(
+            self,
+            Path::FastVxlanNoEncap
+                | Path::FastLocal
+                | Path::FastDecap
+                | Path::FastEncap
+                | Path::FastVxlanMtu
+                | Path::FastVxlanFib
+                | Path::FastVxlanGso
+                | Path::FastTcDecap
+                | Path::FastDirect
+                | Path::FastDirectIn
+        )
+    }
+
+    /// Fast-pathed packets that still crossed `vxlan.1` (handed to it on the
+    /// way out, or decapsulated by it on the way in): what datapath v2 exists
+    /// to make rare.
+    pub const fn crossed_vxlan(self) -> bool {
+        matches!(
+            self,
+            Path::FastVxlanNoEncap
+                | Path::FastVxlanMtu
+                | Path::FastVxlanFib
+                | Path::FastVxlanGso
+                | Path::FastDecap
+        )
+    }
+
+    /// Whether the packet is pod traffic the fast path could have taken,
+    /// i.e. counts in a "fast share". The underlay program sees all of the
+    /// node's own traffic too (API, ARP, SSH), which says nothing about pods.
+    pub const fn is_pod_traffic(self) -> bool {
+        !matches!(self, Path::KernelUnderlayOther)
     }
 }
 
@@ -135,7 +254,29 @@ pub struct DpConfig {
     /// MAC address of `vxlan.1`, the source of every frame sent into it.
     pub vtep_mac: [u8; 6],
     pub _pad: [u8; 2],
+    /// ifindex of the underlay device (`vxlan.1`'s `dev`): where encapsulated
+    /// packets leave and arrive. 0: no tc encapsulation or decapsulation.
+    pub underlay_ifindex: u32,
+    /// This node's host IP (network byte order): `vxlan.1`'s `local`.
+    pub host_ip: u32,
+    /// The VNI (host byte order).
+    pub vni: u32,
+    /// VXLAN UDP destination port (host byte order), 8472.
+    pub vxlan_port: u16,
+    /// The UDP source port range `vxlan.1` picks from, [min, max) (host
+    /// byte order): the node's `ip_local_port_range` when the device sets none.
+    pub port_min: u16,
+    pub port_max: u16,
+    /// Outer TTL: `vxlan.1`'s `ttl`, or the node's `ip_default_ttl` when the
+    /// device inherits it from the route (the default).
+    pub ttl: u8,
+    /// `CFG_TC_ENCAP` | `CFG_TC_DECAP`.
+    pub flags: u8,
 }
+
+/// `RemoteNode::flags`: the peer is routed directly (same L2 segment, no
+/// encapsulation): the kernel's route is `podCIDR via <host IP>` on the underlay.
+pub const REMOTE_DIRECT: u8 = 1;
 
 /// A peer Node's podCIDR in `mycni_remote` (an LPM trie keyed by the CIDR).
 #[repr(C)]
@@ -144,10 +285,23 @@ pub struct RemoteNode {
     /// The peer's VTEP MAC: the destination of frames sent into `vxlan.1`,
     /// which the kernel's FDB maps to the peer's host IP.
     pub vtep_mac: [u8; 6],
-    pub _pad: [u8; 2],
-    /// The peer's host IP (network byte order), for `inspect`; the program
-    /// leaves the choice of the underlay address to the FDB.
+    /// `REMOTE_DIRECT` or 0.
+    pub flags: u8,
+    pub _pad: u8,
+    /// The peer's host IP (network byte order): the outer destination of
+    /// what the program encapsulates, and the only outer source allowed to
+    /// send traffic from this podCIDR.
     pub host_ip: u32,
+}
+
+/// A peer Node in `mycni_peers`, keyed by its host IP (network byte order):
+/// the hosts VXLAN may come from.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeerNode {
+    /// The peer's VTEP MAC (the inner source of what it sends).
+    pub vtep_mac: [u8; 6],
+    pub _pad: [u8; 2],
 }
 
 /// A pod on this node in `mycni_local`, keyed by its IPv4 address (network
@@ -163,7 +317,7 @@ pub struct LocalEndpoint {
     pub host_mac: [u8; 6],
 }
 
-// SAFETY (all four): plain old data, repr(C), explicit padding, every bit
+// SAFETY (all five): plain old data, repr(C), explicit padding, every bit
 // pattern valid.
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for PathCounter {}
@@ -173,6 +327,8 @@ unsafe impl aya::Pod for DpConfig {}
 unsafe impl aya::Pod for RemoteNode {}
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for LocalEndpoint {}
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for PeerNode {}
 
 #[cfg(test)]
 mod tests {
@@ -195,7 +351,8 @@ mod tests {
     #[test]
     fn map_values_have_no_implicit_padding() {
         assert_eq!(core::mem::size_of::<PathCounter>(), 16);
-        assert_eq!(core::mem::size_of::<DpConfig>(), 20);
+        assert_eq!(core::mem::size_of::<DpConfig>(), 40);
+        assert_eq!(core::mem::size_of::<PeerNode>(), 8);
         assert_eq!(core::mem::size_of::<RemoteNode>(), 12);
         assert_eq!(core::mem::size_of::<LocalEndpoint>(), 16);
     }

@@ -1,13 +1,20 @@
 //! mycni tc programs: the fast path.
 //!
-//! Two thin entry points, named by direction:
-//! - `mycni_from_pod`, on ingress of every pod's host-side veth: a packet to a
-//!   pod on another node gets its Ethernet header rewritten (this node's VTEP
-//!   MAC -> the peer's VTEP MAC) and is redirected into `vxlan.1`, whose FDB
-//!   still picks the remote host; a packet to a pod on this node goes
-//!   straight into that pod with `bpf_redirect_peer`.
-//! - `mycni_from_vxlan`, on ingress of `vxlan.1`: decapsulated traffic to a
-//!   pod on this node goes straight into it.
+//! Three thin entry points, named by where packets come from:
+//! - `mycni_from_pod`, on ingress of every pod's host-side veth: a packet to
+//!   a pod on another node is wrapped in VXLAN by the program itself, byte
+//!   for byte what `vxlan.1` would send, and sent out of the underlay (next
+//!   hop from `bpf_fib_lookup`); what the program cannot encapsulate safely
+//!   (too big for the route's MTU, an unusual route, a GSO shape the kernel
+//!   refuses) is handed to `vxlan.1` instead, counted by reason. A packet to
+//!   a pod on this node goes straight into that pod with `bpf_redirect_peer`.
+//! - `mycni_from_underlay`, on ingress of the underlay device: VXLAN sent to
+//!   this host by a known peer, for a pod on this node, is unwrapped and
+//!   handed straight to the pod. Everything else goes on to the kernel (and
+//!   `vxlan.1`) untouched.
+//! - `mycni_from_vxlan`, on ingress of `vxlan.1`: what the kernel
+//!   decapsulated (peers without the fast path, and whatever the underlay
+//!   program left alone) goes straight into the pod.
 //!
 //! Only flows the kernel's conntrack already holds as established and not
 //! NATed take the fast path (the gate in c/ct_gate.c); TCP SYN, FIN and RST
@@ -23,15 +30,24 @@
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::{__sk_buff, TC_ACT_REDIRECT},
+    bindings::{
+        __sk_buff, BPF_F_ADJ_ROOM_ENCAP_L2_ETH, BPF_F_ADJ_ROOM_ENCAP_L3_IPV4,
+        BPF_F_ADJ_ROOM_ENCAP_L4_UDP, BPF_F_ADJ_ROOM_FIXED_GSO, BPF_FIB_LKUP_RET_FRAG_NEEDED,
+        BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, BPF_FIB_LOOKUP_OUTPUT,
+        TC_ACT_REDIRECT, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, bpf_fib_lookup as FibParams,
+    },
     btf_maps::{Array, HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
-    helpers::generated::{bpf_redirect, bpf_redirect_peer},
+    helpers::generated::{
+        bpf_fib_lookup, bpf_get_hash_recalc, bpf_get_prandom_u32, bpf_redirect, bpf_redirect_neigh,
+        bpf_redirect_peer,
+    },
     macros::{btf_map, classifier},
     programs::TcContext,
 };
 use aya_log_ebpf::debug;
 use mycni_common::{
-    DpConfig, LOCAL_MAX, LocalEndpoint, Path, PathCounter, REMOTE_MAX, RemoteNode, TCX_NEXT,
+    CFG_TC_DECAP, CFG_TC_ENCAP, DpConfig, LOCAL_MAX, LocalEndpoint, PEERS_MAX, Path, PathCounter,
+    PeerNode, REMOTE_DIRECT, REMOTE_MAX, RemoteNode, TCX_NEXT, VXLAN_OVERHEAD,
 };
 
 #[btf_map(name = "mycni_counters")]
@@ -48,12 +64,17 @@ static REMOTE: LpmTrie<[u8; 4], RemoteNode, { REMOTE_MAX as usize }> = LpmTrie::
 #[btf_map(name = "mycni_local")]
 static LOCAL: HashMap<[u8; 4], LocalEndpoint, { LOCAL_MAX as usize }> = HashMap::new();
 
+/// Peer Nodes by host IP, mirrored from the FDB entries on `vxlan.1`: the
+/// only hosts whose VXLAN the underlay program unwraps.
+#[btf_map(name = "mycni_peers")]
+static PEERS: HashMap<[u8; 4], PeerNode, { PEERS_MAX as usize }> = HashMap::new();
+
 const ETH_HLEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
 const IP_HLEN: usize = 20;
-const L4: usize = ETH_HLEN + IP_HLEN;
 const TCP_HLEN: usize = 20;
 const UDP_HLEN: usize = 8;
+const VXLAN_HLEN: usize = 8;
 const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
 const TCP_FIN: u8 = 0x01;
@@ -61,9 +82,14 @@ const TCP_SYN: u8 = 0x02;
 const TCP_RST: u8 = 0x04;
 /// More-fragments flag and fragment offset; the DF bit is fine.
 const IP_MF_OFFSET: u16 = 0x3fff;
-const IP_CSUM_OFF: usize = ETH_HLEN + 10;
-const IP_TTL_OFF: usize = ETH_HLEN + 8;
 const PACKET_HOST: u32 = 0;
+/// Bytes in front of the inner IPv4 header of a VXLAN frame on the wire:
+/// outer Ethernet + the overhead (outer IPv4, UDP, VXLAN, inner Ethernet).
+const ENCAP: usize = ETH_HLEN + VXLAN_OVERHEAD as usize;
+/// VXLAN flags byte with only I (a valid VNI) set, as `vxlan.1` sends and
+/// requires without extensions.
+const VXLAN_FLAG_I: u8 = 0x08;
+const AF_INET: u8 = 2;
 
 // Keep in step with c/ct_gate.c.
 const CT_ESTABLISHED: i32 = 1;
@@ -86,6 +112,10 @@ unsafe extern "C" {
 enum From {
     Pod,
     Vxlan,
+    /// VXLAN on the underlay (inspected behind the outer headers).
+    Underlay,
+    /// Unencapsulated on the underlay, from a direct-routed peer.
+    Direct,
 }
 
 #[inline(always)]
@@ -112,11 +142,23 @@ fn mycni_from_vxlan(ctx: TcContext) -> i32 {
     run(&ctx, From::Vxlan)
 }
 
+/// Everything that reaches this node over the underlay, on its ingress.
+#[classifier]
+fn mycni_from_underlay(ctx: TcContext) -> i32 {
+    run(&ctx, From::Underlay)
+}
+
 #[inline(always)]
 fn run(ctx: &TcContext, from: From) -> i32 {
     // Counted before any rewrite, so bytes are what arrived.
     let len = ctx.len();
-    let (path, verdict) = forward(ctx, from);
+    let (path, verdict) = match CONFIG.get(0) {
+        Some(cfg) if cfg.vxlan_ifindex != 0 => match from {
+            From::Underlay => from_underlay(ctx, cfg),
+            _ => forward(ctx, from, cfg),
+        },
+        _ => (Path::KernelNoConfig, TCX_NEXT),
+    };
     count(path, len);
     // Off unless the agent runs with --ebpf-log: AYA_LOG_LEVEL is then a
     // load-time 0 and the verifier prunes this call from the hot path.
@@ -141,120 +183,147 @@ fn linear(ctx: &TcContext, n: usize) -> Option<(usize, usize)> {
     (data + n <= end).then_some((data, end))
 }
 
+#[inline(always)]
+fn skb(ctx: &TcContext) -> *const __sk_buff {
+    ctx.as_ptr() as *const __sk_buff
+}
+
 /// Where a packet goes when the fast path takes it.
 enum Next {
     Remote(RemoteNode),
     Local(LocalEndpoint),
 }
 
+/// What the checks learnt of the (inner) IPv4 packet.
+#[derive(Clone, Copy)]
+struct Ip {
+    saddr: u32,
+    daddr: u32,
+    ttl: u8,
+    l4proto: u8,
+    tos: u8,
+    /// IPv4 total length.
+    tot_len: u32,
+    /// IPv4 + L4 header length: with the GSO size, one segment's length.
+    hdr_len: u32,
+}
+
+/// The checks every fast-pathed packet passes, on the IPv4 packet behind an
+/// Ethernet header at `OFF` (0 as it arrived from a pod or `vxlan.1`, the
+/// VXLAN overhead for what is still wrapped on the underlay). `peer` is the
+/// outer source of a wrapped packet: its inner source must lie in that
+/// peer's podCIDR. Reads only: a packet that fails goes on untouched.
 #[inline(always)]
-fn forward(ctx: &TcContext, from: From) -> (Path, i32) {
-    let Some((data, _)) = linear(ctx, ETH_HLEN) else {
-        return (Path::KernelTruncated, TCX_NEXT);
-    };
+fn inspect<const OFF: usize>(
+    ctx: &TcContext,
+    from: From,
+    cfg: &DpConfig,
+    peer: u32,
+) -> Result<(Ip, Next), Path> {
+    let l3 = OFF + ETH_HLEN;
+    let l4 = l3 + IP_HLEN;
+    let (data, _) = linear(ctx, l3).ok_or(Path::KernelTruncated)?;
     // SAFETY (all raw reads below): `linear` checked the range against
     // data_end, as the verifier requires; reads are unaligned-safe.
-    let proto = u16::from_be(unsafe { ((data + 12) as *const u16).read_unaligned() });
+    let proto = u16::from_be(unsafe { ((data + OFF + 12) as *const u16).read_unaligned() });
     if proto != ETH_P_IP {
-        return (Path::KernelNotIpv4, TCX_NEXT);
+        return Err(Path::KernelNotIpv4);
     }
-    let Some((data, _)) = linear(ctx, L4) else {
-        return (Path::KernelTruncated, TCX_NEXT);
-    };
-    let ip = data + ETH_HLEN;
+    let (data, _) = linear(ctx, l4).ok_or(Path::KernelTruncated)?;
+    let ip = data + l3;
     let vihl = unsafe { *(ip as *const u8) };
     if vihl >> 4 != 4 {
-        return (Path::KernelNotIpv4, TCX_NEXT);
+        return Err(Path::KernelNotIpv4);
     }
     if vihl & 0x0f != 5 {
         // ihl < 5 is malformed, > 5 carries options: both the kernel's.
-        let path = if vihl & 0x0f < 5 {
+        return Err(if vihl & 0x0f < 5 {
             Path::KernelTruncated
         } else {
             Path::KernelIpOptionsOrFragment
-        };
-        return (path, TCX_NEXT);
+        });
     }
+    let tos = unsafe { *((ip + 1) as *const u8) };
     let tot_len = u16::from_be(unsafe { ((ip + 2) as *const u16).read_unaligned() }) as u32;
     // tot_len 0 is IPv4 BIG TCP; a length past the skb is a lie. Both: doubt.
-    if (tot_len as usize) < IP_HLEN || tot_len + ETH_HLEN as u32 > ctx.len() {
-        return (Path::KernelTruncated, TCX_NEXT);
+    if (tot_len as usize) < IP_HLEN || tot_len + l3 as u32 > ctx.len() {
+        return Err(Path::KernelTruncated);
     }
     let frag = u16::from_be(unsafe { ((ip + 6) as *const u16).read_unaligned() });
     if frag & IP_MF_OFFSET != 0 {
-        return (Path::KernelIpOptionsOrFragment, TCX_NEXT);
+        return Err(Path::KernelIpOptionsOrFragment);
     }
     let ttl = unsafe { *((ip + 8) as *const u8) };
     let l4proto = unsafe { *((ip + 9) as *const u8) };
     let saddr = unsafe { ((ip + 12) as *const u32).read_unaligned() };
     let daddr_bytes = unsafe { ((ip + 16) as *const [u8; 4]).read_unaligned() };
 
-    let Some(cfg) = CONFIG.get(0) else {
-        return (Path::KernelNoConfig, TCX_NEXT);
-    };
-    if cfg.vxlan_ifindex == 0 {
-        return (Path::KernelNoConfig, TCX_NEXT);
-    }
-    let (cfg_vxlan, vtep_mac) = (cfg.vxlan_ifindex, cfg.vtep_mac);
-
     // SAFETY: map values are only read here; the agent replaces entries
     // whole, so a torn read at worst sends one packet to a just-removed pod.
     let next = match unsafe { LOCAL.get(&daddr_bytes) } {
         Some(ep) => Next::Local(*ep),
-        None if from == From::Pod => {
-            let key = Key::new(32, daddr_bytes);
-            match REMOTE.get(&key) {
-                Some(node) => Next::Remote(*node),
-                None => return (Path::KernelUnknownDest, TCX_NEXT),
-            }
-        }
-        None => return (Path::KernelUnknownDest, TCX_NEXT),
+        None if from == From::Pod => match REMOTE.get(&Key::new(32, daddr_bytes)) {
+            Some(node) => Next::Remote(*node),
+            None => return Err(Path::KernelUnknownDest),
+        },
+        None => return Err(Path::KernelUnknownDest),
     };
     if ttl <= 1 {
-        return (Path::KernelTtl, TCX_NEXT);
+        return Err(Path::KernelTtl);
     }
 
-    let timeout_ms = match l4proto {
+    let (timeout_ms, l4_hlen) = match l4proto {
         IPPROTO_TCP => {
-            let Some((data, _)) = linear(ctx, L4 + TCP_HLEN) else {
-                return (Path::KernelTruncated, TCX_NEXT);
-            };
+            let (data, _) = linear(ctx, l4 + TCP_HLEN).ok_or(Path::KernelTruncated)?;
             // The TCP header must lie inside the IP packet, not in padding
             // after it (the kernel would trim and drop such a segment).
-            let doff = unsafe { *((data + L4 + 12) as *const u8) } >> 4;
+            let doff = unsafe { *((data + l4 + 12) as *const u8) } >> 4;
             if (tot_len as usize) < IP_HLEN + TCP_HLEN || doff < 5 {
-                return (Path::KernelTruncated, TCX_NEXT);
+                return Err(Path::KernelTruncated);
             }
-            let flags = unsafe { *((data + L4 + 13) as *const u8) };
+            let flags = unsafe { *((data + l4 + 13) as *const u8) };
             if flags & (TCP_SYN | TCP_FIN | TCP_RST) != 0 {
-                return (Path::KernelTcpControl, TCX_NEXT);
+                return Err(Path::KernelTcpControl);
             }
-            cfg.tcp_timeout_ms
+            (cfg.tcp_timeout_ms, u32::from(doff) * 4)
         }
         IPPROTO_UDP => {
-            if (tot_len as usize) < IP_HLEN + UDP_HLEN || linear(ctx, L4 + UDP_HLEN).is_none() {
-                return (Path::KernelTruncated, TCX_NEXT);
+            if (tot_len as usize) < IP_HLEN + UDP_HLEN || linear(ctx, l4 + UDP_HLEN).is_none() {
+                return Err(Path::KernelTruncated);
             }
-            cfg.udp_timeout_ms
+            (cfg.udp_timeout_ms, UDP_HLEN as u32)
         }
-        _ => return (Path::KernelNotTcpUdp, TCX_NEXT),
+        _ => return Err(Path::KernelNotTcpUdp),
     };
-    let Some((data, _)) = linear(ctx, L4 + UDP_HLEN) else {
-        return (Path::KernelTruncated, TCX_NEXT);
-    };
-    let ports = unsafe { ((data + L4) as *const u32).read_unaligned() };
-    // A pod may only fast-path packets that carry its own address: a spoofed
-    // source could otherwise ride another pod's established flow past
-    // conntrack. skb_iif is the host veth the packet arrived on.
-    if from == From::Pod {
-        // SAFETY: a plain read of the context, which the verifier allows.
-        let iif = unsafe { (*(ctx.as_ptr() as *const __sk_buff)).ingress_ifindex };
-        let src = saddr.to_ne_bytes();
-        // SAFETY: read-only map lookup, as above.
-        match unsafe { LOCAL.get(&src) } {
-            Some(ep) if ep.ifindex == iif => {}
-            _ => return (Path::KernelSourceNotPod, TCX_NEXT),
+    let (data, _) = linear(ctx, l4 + UDP_HLEN).ok_or(Path::KernelTruncated)?;
+    let ports = unsafe { ((data + l4) as *const u32).read_unaligned() };
+    let src = saddr.to_ne_bytes();
+    match from {
+        // A pod may only fast-path packets that carry its own address: a
+        // spoofed source could otherwise ride another pod's established flow
+        // past conntrack. skb_iif is the host veth the packet arrived on.
+        From::Pod => {
+            // SAFETY: a plain read of the context, which the verifier allows.
+            let iif = unsafe { (*skb(ctx)).ingress_ifindex };
+            // SAFETY: read-only map lookup, as above.
+            match unsafe { LOCAL.get(&src) } {
+                Some(ep) if ep.ifindex == iif => {}
+                _ => return Err(Path::KernelSourceNotPod),
+            }
         }
+        // A peer speaks only for its own pods (and its vxlan.1 address, the
+        // first of its podCIDR).
+        From::Underlay => match REMOTE.get(&Key::new(32, src)) {
+            Some(node) if node.host_ip == peer => {}
+            _ => return Err(Path::KernelDecapInnerSource),
+        },
+        // Unencapsulated, the sender is known only by the inner source:
+        // a pod of a peer the agent routes directly.
+        From::Direct => match REMOTE.get(&Key::new(32, src)) {
+            Some(node) if node.flags & REMOTE_DIRECT != 0 => {}
+            _ => return Err(Path::KernelDecapInnerSource),
+        },
+        From::Vxlan => {}
     }
     let daddr = u32::from_ne_bytes(daddr_bytes);
     // SAFETY: the gate only reads the tuple and the conntrack entry, and
@@ -270,62 +339,454 @@ fn forward(ctx: &TcContext, from: From) -> (Path, i32) {
         )
     };
     if ct == CT_NAT {
-        return (Path::KernelNat, TCX_NEXT);
+        return Err(Path::KernelNat);
     }
     if ct != CT_ESTABLISHED {
-        return (Path::KernelNotEstablished, TCX_NEXT);
+        return Err(Path::KernelNotEstablished);
     }
+    Ok((
+        Ip {
+            saddr,
+            daddr,
+            ttl,
+            l4proto,
+            tos,
+            tot_len,
+            hdr_len: IP_HLEN as u32 + l4_hlen,
+        },
+        next,
+    ))
+}
 
-    // Decrement TTL like a router. The checksum covers TTL and protocol as
-    // one 16-bit word.
-    let old = u16::from_be_bytes([ttl, l4proto]);
-    let new = u16::from_be_bytes([ttl - 1, l4proto]);
-    if ctx.store(IP_TTL_OFF, &(ttl - 1), 0).is_err()
-        || ctx
-            .l3_csum_replace(
-                IP_CSUM_OFF,
-                u64::from(old.to_be()),
-                u64::from(new.to_be()),
-                2,
-            )
-            .is_err()
-    {
-        return (Path::KernelError, TCX_NEXT);
-    }
+/// Decrements the TTL of the IPv4 header at `l3`, like a router. The
+/// checksum covers TTL and protocol as one 16-bit word.
+#[inline(always)]
+fn dec_ttl(ctx: &TcContext, l3: usize, ip: &Ip) -> Result<(), Path> {
+    let old = u16::from_be_bytes([ip.ttl, ip.l4proto]);
+    let new = u16::from_be_bytes([ip.ttl - 1, ip.l4proto]);
+    ctx.store(l3 + 8, &(ip.ttl - 1), 0)
+        .and_then(|()| {
+            ctx.l3_csum_replace(l3 + 10, u64::from(old.to_be()), u64::from(new.to_be()), 2)
+        })
+        .map_err(|_| Path::KernelError)
+}
 
-    let (dst, src) = match &next {
-        Next::Remote(node) => (node.vtep_mac, vtep_mac),
-        Next::Local(ep) => (ep.pod_mac, ep.host_mac),
-    };
+#[inline(always)]
+fn set_macs(ctx: &TcContext, off: usize, dst: [u8; 6], src: [u8; 6]) -> Result<(), Path> {
     let mut macs = [0u8; 12];
     macs[..6].copy_from_slice(&dst);
     macs[6..].copy_from_slice(&src);
-    if ctx.store(0, &macs, 0).is_err() {
-        return (Path::KernelError, TCX_NEXT);
-    }
+    ctx.store(off, &macs, 0).map_err(|_| Path::KernelError)
+}
 
-    let (path, verdict) = match next {
-        // The vxlan device encapsulates it; its FDB maps the peer's VTEP MAC
-        // to the peer's host, so the kernel still owns the underlay choice.
-        Next::Remote(_) => (Path::FastRemote, unsafe { bpf_redirect(cfg_vxlan, 0) }),
-        Next::Local(ep) => {
-            // A frame that arrived for the VTEP or the gateway MAC must look
-            // addressed to the pod when it lands there.
-            if ctx.change_type(PACKET_HOST).is_err() {
-                return (Path::KernelError, TCX_NEXT);
-            }
-            let path = if from == From::Pod {
-                Path::FastLocal
-            } else {
-                Path::FastDecap
-            };
-            (path, unsafe { bpf_redirect_peer(ep.ifindex, 0) })
+/// From a pod, or decapsulated by `vxlan.1`.
+#[inline(always)]
+fn forward(ctx: &TcContext, from: From, cfg: &DpConfig) -> (Path, i32) {
+    let (ip, next) = match inspect::<0>(ctx, from, cfg, 0) {
+        Ok(x) => x,
+        Err(path) => return (path, TCX_NEXT),
+    };
+    let r = match next {
+        Next::Local(ep) => deliver(ctx, from, &ip, &ep),
+        Next::Remote(node) if node.flags & REMOTE_DIRECT != 0 => direct(ctx, cfg, &ip),
+        Next::Remote(node) => match encap_plan(ctx, cfg, &ip, &node) {
+            Ok(plan) => encap(ctx, cfg, &ip, &node, &plan),
+            Err(why) => via_vxlan(ctx, cfg, &ip, &node, why),
+        },
+    };
+    match r {
+        Ok(path) => (path, TC_ACT_REDIRECT),
+        Err(path) => (path, TCX_NEXT),
+    }
+}
+
+/// Into a pod on this node; the IPv4 header is right behind Ethernet.
+#[inline(always)]
+fn deliver(ctx: &TcContext, from: From, ip: &Ip, ep: &LocalEndpoint) -> Result<Path, Path> {
+    dec_ttl(ctx, ETH_HLEN, ip)?;
+    set_macs(ctx, 0, ep.pod_mac, ep.host_mac)?;
+    // A frame that arrived for the VTEP, the gateway or the host's MAC must
+    // look addressed to the pod when it lands there.
+    ctx.change_type(PACKET_HOST)
+        .map_err(|_| Path::KernelError)?;
+    // SAFETY: a helper call on a valid ifindex; it only sets the redirect.
+    if unsafe { bpf_redirect_peer(ep.ifindex, 0) } != TC_ACT_REDIRECT as i64 {
+        return Err(Path::KernelError);
+    }
+    Ok(match from {
+        From::Pod => Path::FastLocal,
+        From::Vxlan => Path::FastDecap,
+        From::Underlay => Path::FastTcDecap,
+        From::Direct => Path::FastDirectIn,
+    })
+}
+
+/// To a remote pod through `vxlan.1`, whose FDB maps the peer's VTEP MAC to
+/// its host: the kernel encapsulates. Counted under `why`.
+#[inline(always)]
+fn via_vxlan(
+    ctx: &TcContext,
+    cfg: &DpConfig,
+    ip: &Ip,
+    node: &RemoteNode,
+    why: Path,
+) -> Result<Path, Path> {
+    dec_ttl(ctx, ETH_HLEN, ip)?;
+    set_macs(ctx, 0, node.vtep_mac, cfg.vtep_mac)?;
+    // SAFETY: a helper call; it only sets the redirect target.
+    if unsafe { bpf_redirect(cfg.vxlan_ifindex, 0) } != TC_ACT_REDIRECT as i64 {
+        return Err(Path::KernelError);
+    }
+    Ok(why)
+}
+
+/// To a pod of a direct-routed peer: forwarded as the kernel would, by its
+/// own route (`podCIDR via <host IP>` on the underlay) and neighbour
+/// entry; anything but a plain success out of the underlay is the kernel's.
+#[inline(always)]
+fn direct(ctx: &TcContext, cfg: &DpConfig, ip: &Ip) -> Result<Path, Path> {
+    // SAFETY: plain reads of the context.
+    let (iif, gso_size) = unsafe { ((*skb(ctx)).ingress_ifindex, (*skb(ctx)).gso_size) };
+    let seg = if gso_size != 0 {
+        ip.hdr_len + gso_size
+    } else {
+        ip.tot_len
+    };
+    // SAFETY: all-zero is a valid bpf_fib_lookup.
+    let mut p: FibParams = unsafe { core::mem::zeroed() };
+    p.family = AF_INET;
+    p.l4_protocol = ip.l4proto;
+    p.__bindgen_anon_1.tot_len = seg as u16;
+    // From the pod's veth, as the kernel's forwarding sees the packet.
+    p.ifindex = iif;
+    p.__bindgen_anon_2.tos = ip.tos;
+    p.__bindgen_anon_3.ipv4_src = ip.saddr;
+    p.__bindgen_anon_4.ipv4_dst = ip.daddr;
+    // SAFETY: the helper reads and fills `p`, of the size given.
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx.as_ptr(),
+            &mut p,
+            core::mem::size_of::<FibParams>() as i32,
+            0,
+        )
+    } as u32;
+    if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+        || p.ifindex != cfg.underlay_ifindex
+    {
+        return Err(Path::KernelDirectFib);
+    }
+    dec_ttl(ctx, ETH_HLEN, ip)?;
+    // SAFETY: helper calls; they only set the redirect target.
+    let verdict = if rc == BPF_FIB_LKUP_RET_SUCCESS {
+        // SAFETY: the helper filled the MACs on success.
+        let (dmac, smac) = unsafe {
+            (
+                p.__bindgen_anon_6.__bindgen_anon_2.dmac,
+                p.__bindgen_anon_6.__bindgen_anon_2.smac,
+            )
+        };
+        set_macs(ctx, 0, dmac, smac)?;
+        unsafe { bpf_redirect(p.ifindex, 0) }
+    } else {
+        unsafe { bpf_redirect_neigh(p.ifindex, core::ptr::null_mut(), 0, 0) }
+    };
+    if verdict != TC_ACT_REDIRECT as i64 {
+        return Err(Path::KernelError);
+    }
+    Ok(Path::FastDirect)
+}
+
+/// How an encapsulated packet leaves: the underlay device, and the outer
+/// MACs when the kernel already knows the next hop's (else the neighbour
+/// subsystem resolves it).
+struct Plan {
+    ifindex: u32,
+    macs: Option<([u8; 6], [u8; 6])>,
+}
+
+/// Whether the program may encapsulate this packet itself, and how it
+/// leaves; else the reason to hand it to `vxlan.1`.
+#[inline(always)]
+fn encap_plan(ctx: &TcContext, cfg: &DpConfig, ip: &Ip, node: &RemoteNode) -> Result<Plan, Path> {
+    if cfg.flags & CFG_TC_ENCAP == 0
+        || cfg.underlay_ifindex == 0
+        || cfg.host_ip == 0
+        || node.host_ip == 0
+    {
+        return Err(Path::FastVxlanNoEncap);
+    }
+    // Outer IPv4 and UDP lengths are 16 bits; a GSO aggregate that would
+    // overflow them is the kernel's to build (it writes 0, as for BIG TCP).
+    if ip.tot_len + VXLAN_OVERHEAD > 0xffff {
+        return Err(Path::FastVxlanGso);
+    }
+    // SAFETY: a plain read of the context.
+    let gso_size = unsafe { (*skb(ctx)).gso_size };
+    // What one packet on the wire carries: the route's MTU must take it.
+    let inner = if gso_size != 0 {
+        ip.hdr_len + gso_size
+    } else {
+        ip.tot_len
+    };
+    // SAFETY: all-zero is a valid bpf_fib_lookup.
+    let mut p: FibParams = unsafe { core::mem::zeroed() };
+    p.family = AF_INET;
+    p.l4_protocol = IPPROTO_UDP;
+    p.dport = cfg.vxlan_port.to_be();
+    p.__bindgen_anon_1.tot_len = (inner + VXLAN_OVERHEAD) as u16;
+    p.ifindex = cfg.underlay_ifindex;
+    p.__bindgen_anon_3.ipv4_src = cfg.host_ip;
+    p.__bindgen_anon_4.ipv4_dst = node.host_ip;
+    // From the sender's side, out of vxlan.1's `dev`: the lookup vxlan.1
+    // itself makes for the outer packet.
+    // SAFETY: the helper reads and fills `p`, of the size given.
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx.as_ptr(),
+            &mut p,
+            core::mem::size_of::<FibParams>() as i32,
+            BPF_FIB_LOOKUP_OUTPUT,
+        )
+    };
+    let rc = rc as u32;
+    if rc == BPF_FIB_LKUP_RET_FRAG_NEEDED {
+        return Err(Path::FastVxlanMtu);
+    }
+    if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+        || p.ifindex != cfg.underlay_ifindex
+    {
+        return Err(Path::FastVxlanFib);
+    }
+    // SAFETY: reading the MAC member of the union; the helper filled it on
+    // success (and it is plain bytes either way).
+    let found = unsafe { p.__bindgen_anon_6.__bindgen_anon_2 };
+    let macs = (rc == BPF_FIB_LKUP_RET_SUCCESS).then_some((found.dmac, found.smac));
+    Ok(Plan {
+        ifindex: p.ifindex,
+        macs,
+    })
+}
+
+/// One's complement sum of the outer IPv4 header (RFC 1071).
+#[inline(always)]
+fn ip_checksum(h: &[u8]) -> u16 {
+    let mut sum: u32 = 0;
+    let mut i = 0;
+    while i + 1 < h.len() {
+        sum += u32::from(u16::from_be_bytes([h[i], h[i + 1]]));
+        i += 2;
+    }
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    !(sum as u16)
+}
+
+/// Wraps the packet in outer Ethernet + IPv4 + UDP + VXLAN + inner Ethernet,
+/// each field as `vxlan.1` sets it, and sends it out of the underlay.
+#[inline(always)]
+fn encap(
+    ctx: &TcContext,
+    cfg: &DpConfig,
+    ip: &Ip,
+    node: &RemoteNode,
+    plan: &Plan,
+) -> Result<Path, Path> {
+    // The kernel's udp_flow_src_port(): the skb's flow hash (the sending
+    // socket's, which the packet keeps through the veth, or the dissected
+    // tuple's), folded and scaled into [port_min, port_max). The same
+    // packet thus leaves from the same port on either path.
+    // SAFETY: a helper call on the context.
+    let mut hash = unsafe { bpf_get_hash_recalc(ctx.as_ptr() as *mut __sk_buff) };
+    hash ^= hash << 16;
+    let range = u64::from(cfg.port_max.saturating_sub(cfg.port_min));
+    let sport = ((u64::from(hash) * range) >> 32) as u16 + cfg.port_min;
+
+    // FIXED_GSO: segments keep their size (the pod MTU already leaves room
+    // for the overhead) and the kernel marks aggregates as UDP-tunnelled, so
+    // TSO/GSO still cut them correctly.
+    let flags = u64::from(BPF_F_ADJ_ROOM_FIXED_GSO)
+        | u64::from(BPF_F_ADJ_ROOM_ENCAP_L3_IPV4)
+        | u64::from(BPF_F_ADJ_ROOM_ENCAP_L4_UDP)
+        | u64::from(BPF_F_ADJ_ROOM_ENCAP_L2_ETH)
+        | ((ETH_HLEN as u64) << 56);
+    if ctx
+        .adjust_room(VXLAN_OVERHEAD as i32, BPF_ADJ_ROOM_MAC, flags)
+        .is_err()
+    {
+        // Nothing changed: the kernel may still take it through vxlan.1.
+        return via_vxlan(ctx, cfg, ip, node, Path::FastVxlanGso);
+    }
+    dec_ttl(ctx, ENCAP, ip)?;
+
+    let mut h = [0u8; ENCAP];
+    if let Some((dmac, smac)) = plan.macs {
+        h[0..6].copy_from_slice(&dmac);
+        h[6..12].copy_from_slice(&smac);
+    }
+    h[12..14].copy_from_slice(&ETH_P_IP.to_be_bytes());
+    // Outer IPv4: TOS 0 but the inner ECN bits (CE becomes ECT(0)), as
+    // ip_tunnel_ecn_encap; DF clear; `vxlan.1`'s TTL.
+    let ecn = ip.tos & 0x03;
+    h[14] = 0x45;
+    h[15] = if ecn == 0x03 { 0x02 } else { ecn };
+    h[16..18].copy_from_slice(&((ip.tot_len + VXLAN_OVERHEAD) as u16).to_be_bytes());
+    // SAFETY: a helper call without arguments.
+    let id = unsafe { bpf_get_prandom_u32() } as u16;
+    h[18..20].copy_from_slice(&id.to_be_bytes());
+    h[22] = cfg.ttl;
+    h[23] = IPPROTO_UDP;
+    h[26..30].copy_from_slice(&cfg.host_ip.to_ne_bytes());
+    h[30..34].copy_from_slice(&node.host_ip.to_ne_bytes());
+    let csum = ip_checksum(&h[14..34]);
+    h[24..26].copy_from_slice(&csum.to_be_bytes());
+    // UDP, checksum 0 like `vxlan.1` on IPv4 (noudpcsum, set by the agent).
+    h[34..36].copy_from_slice(&sport.to_be_bytes());
+    h[36..38].copy_from_slice(&cfg.vxlan_port.to_be_bytes());
+    let udp_len = ip.tot_len + (UDP_HLEN + VXLAN_HLEN + ETH_HLEN) as u32;
+    h[38..40].copy_from_slice(&(udp_len as u16).to_be_bytes());
+    // VXLAN: I flag, VNI.
+    h[42] = VXLAN_FLAG_I;
+    let vni = cfg.vni.to_be_bytes();
+    h[46..49].copy_from_slice(&vni[1..4]);
+    // Inner Ethernet: what vxlan.1 would carry, so a peer that leaves the
+    // packet to its kernel finds it addressed to its own vxlan.1.
+    h[50..56].copy_from_slice(&node.vtep_mac);
+    h[56..62].copy_from_slice(&cfg.vtep_mac);
+    h[62..64].copy_from_slice(&ETH_P_IP.to_be_bytes());
+    ctx.store(0, &h, 0).map_err(|_| Path::KernelError)?;
+
+    // SAFETY: helper calls; they only set the redirect target.
+    let verdict = unsafe {
+        if plan.macs.is_some() {
+            bpf_redirect(plan.ifindex, 0)
+        } else {
+            bpf_redirect_neigh(plan.ifindex, core::ptr::null_mut(), 0, 0)
         }
     };
     if verdict != TC_ACT_REDIRECT as i64 {
-        return (Path::KernelError, TCX_NEXT);
+        return Err(Path::KernelError);
     }
-    (path, TC_ACT_REDIRECT)
+    Ok(Path::FastEncap)
+}
+
+/// On the underlay: unwrap VXLAN from a known peer for a pod here, or
+/// forward a direct-routed peer's packet to a pod here.
+#[inline(always)]
+fn from_underlay(ctx: &TcContext, cfg: &DpConfig) -> (Path, i32) {
+    let r = match decap(ctx, cfg) {
+        Err(Path::KernelUnderlayOther) if cfg.flags & CFG_TC_DECAP != 0 => direct_in(ctx, cfg),
+        r => r,
+    };
+    match r {
+        Ok(path) => (path, TC_ACT_REDIRECT),
+        Err(path) => (path, TCX_NEXT),
+    }
+}
+
+/// An unencapsulated packet on the underlay: fast only when it is for a pod
+/// here and from a direct-routed peer's pod; anything else is the node's own
+/// traffic, or a stranger's, and the kernel's.
+#[inline(always)]
+fn direct_in(ctx: &TcContext, cfg: &DpConfig) -> Result<Path, Path> {
+    const L3: usize = ETH_HLEN;
+    let (data, _) = linear(ctx, L3 + IP_HLEN).ok_or(Path::KernelUnderlayOther)?;
+    // SAFETY (raw reads): in range, checked by `linear`.
+    let proto = u16::from_be(unsafe { ((data + 12) as *const u16).read_unaligned() });
+    let daddr = unsafe { ((data + L3 + 16) as *const [u8; 4]).read_unaligned() };
+    // SAFETY: read-only map lookup.
+    if proto != ETH_P_IP || unsafe { LOCAL.get(&daddr) }.is_none() {
+        return Err(Path::KernelUnderlayOther);
+    }
+    let (ip, next) = inspect::<0>(ctx, From::Direct, cfg, 0)?;
+    let Next::Local(ep) = next else {
+        return Err(Path::KernelUnknownDest);
+    };
+    deliver(ctx, From::Direct, &ip, &ep)
+}
+
+#[inline(always)]
+fn decap(ctx: &TcContext, cfg: &DpConfig) -> Result<Path, Path> {
+    const L3: usize = ETH_HLEN;
+    const L4: usize = L3 + IP_HLEN;
+    const VX: usize = L4 + UDP_HLEN;
+    const INNER_ETH: usize = VX + VXLAN_HLEN;
+    if cfg.flags & CFG_TC_DECAP == 0 || cfg.underlay_ifindex == 0 {
+        return Err(Path::KernelUnderlayOther);
+    }
+    let (data, _) = linear(ctx, L4).ok_or(Path::KernelUnderlayOther)?;
+    // SAFETY (raw reads): in range, checked by `linear`.
+    let proto = u16::from_be(unsafe { ((data + 12) as *const u16).read_unaligned() });
+    let vihl = unsafe { *((data + L3) as *const u8) };
+    let l4proto = unsafe { *((data + L3 + 9) as *const u8) };
+    let daddr = unsafe { ((data + L3 + 16) as *const u32).read_unaligned() };
+    if proto != ETH_P_IP || vihl >> 4 != 4 || l4proto != IPPROTO_UDP || daddr != cfg.host_ip {
+        return Err(Path::KernelUnderlayOther);
+    }
+    // A fragment may be part of VXLAN (a non-first one has no UDP header to
+    // tell): reassembly is the kernel's.
+    let frag = u16::from_be(unsafe { ((data + L3 + 6) as *const u16).read_unaligned() });
+    if frag & IP_MF_OFFSET != 0 {
+        return Err(Path::KernelDecapFragment);
+    }
+    if vihl & 0x0f != 5 {
+        return Err(Path::KernelUnderlayOther);
+    }
+    let (data, _) = linear(ctx, VX).ok_or(Path::KernelUnderlayOther)?;
+    let dport = u16::from_be(unsafe { ((data + L4 + 2) as *const u16).read_unaligned() });
+    if dport != cfg.vxlan_port {
+        return Err(Path::KernelUnderlayOther);
+    }
+    // VXLAN for this host from here on: who sent it?
+    let saddr = unsafe { ((data + L3 + 12) as *const u32).read_unaligned() };
+    // SAFETY: read-only map lookup.
+    if unsafe { PEERS.get(&saddr.to_ne_bytes()) }.is_none() {
+        return Err(Path::KernelDecapNotPeer);
+    }
+    // SAFETY: a plain read of the context.
+    let (pkt_type, gso_size) = unsafe { ((*skb(ctx)).pkt_type, (*skb(ctx)).gso_size) };
+    let (data, _) = linear(ctx, ENCAP).ok_or(Path::KernelDecapHeader)?;
+    let tot_len = u32::from(u16::from_be(unsafe {
+        ((data + L3 + 2) as *const u16).read_unaligned()
+    }));
+    let udp_len = u32::from(u16::from_be(unsafe {
+        ((data + L4 + 4) as *const u16).read_unaligned()
+    }));
+    let udp_csum = unsafe { ((data + L4 + 6) as *const u16).read_unaligned() };
+    let vxh = unsafe { ((data + VX) as *const [u8; 8]).read_unaligned() };
+    let inner_dst = unsafe { ((data + INNER_ETH) as *const [u8; 6]).read_unaligned() };
+    let outer = unsafe { ((data + L3) as *const [u8; IP_HLEN]).read_unaligned() };
+    let vni = cfg.vni.to_be_bytes();
+    // Lengths are exact on a single packet; on a GSO aggregate they are the
+    // sender's and the inner header's length is what counts.
+    let lengths_ok =
+        gso_size != 0 || (tot_len + L3 as u32 <= ctx.len() && udp_len + IP_HLEN as u32 == tot_len);
+    // A UDP checksum would need verifying, which the kernel does: ours and
+    // vxlan.1 send none.
+    // The kernel drops a bad outer header checksum; so must this path.
+    if pkt_type != PACKET_HOST
+        || ip_checksum(&outer) != 0
+        || !lengths_ok
+        || udp_csum != 0
+        || vxh != [VXLAN_FLAG_I, 0, 0, 0, vni[1], vni[2], vni[3], 0]
+        || inner_dst != cfg.vtep_mac
+    {
+        return Err(Path::KernelDecapHeader);
+    }
+    let (ip, next) = inspect::<{ VX + VXLAN_HLEN }>(ctx, From::Underlay, cfg, saddr)?;
+    let Next::Local(ep) = next else {
+        return Err(Path::KernelUnknownDest);
+    };
+    // FIXED_GSO keeps an aggregate's segment size (Calico once passed it as
+    // the mode and grew gso_size by 50: calico#11160). The kernel refuses
+    // aggregates other than TCP, which then go through vxlan.1.
+    ctx.adjust_room(
+        -(VXLAN_OVERHEAD as i32),
+        BPF_ADJ_ROOM_MAC,
+        u64::from(BPF_F_ADJ_ROOM_FIXED_GSO),
+    )
+    .map_err(|_| Path::KernelDecapGso)?;
+    deliver(ctx, From::Underlay, &ip, &ep)
 }
 
 #[cfg(not(test))]

@@ -22,10 +22,14 @@ use std::path::Path as FsPath;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+use mycni_agent::ebpf::sync_peers;
 use mycni_agent::ebpf::{
     Datapath, Prog, embedded_object, read_counters, sync_local, sync_remote, write_config,
 };
-use mycni_common::{DpConfig, LocalEndpoint, Path, PathCounter, RemoteNode, TCX_NEXT};
+use mycni_common::{
+    CFG_TC_DECAP, CFG_TC_ENCAP, DpConfig, LocalEndpoint, Path, PathCounter, PeerNode, RemoteNode,
+    TCX_NEXT,
+};
 use mycni_tests::testrun::{Outcome, run_skb_from};
 use mycni_tests::{BpfFs, NetNs};
 
@@ -42,6 +46,13 @@ const SVC_TO_B: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 11);
 const SERVER_PORT: u16 = 7777;
 
 const VXLAN_IFINDEX: u32 = 1000;
+const VXLAN_PORT: u16 = 8472;
+/// The underlay: this node's host IP, the peer's (as in [`remote_map`]) and
+/// a host on the same segment that is no peer.
+const UL_HOST: Ipv4Addr = Ipv4Addr::new(192, 168, 0, 1);
+const UL_PEER: Ipv4Addr = Ipv4Addr::new(192, 168, 0, 2);
+const UL_STRANGER: Ipv4Addr = Ipv4Addr::new(192, 168, 0, 3);
+const UL_PEER_MAC: [u8; 6] = [0x02, 0x55, 0x00, 0x00, 0x00, 0x02];
 const VTEP_MAC: [u8; 6] = [0x02, 0x00, 0x00, 0x00, 0x01, 0x01];
 const PEER_VTEP_MAC: [u8; 6] = [0x02, 0x00, 0x00, 0x00, 0x02, 0x01];
 const POD_A_MAC: [u8; 6] = [0x02, 0xaa, 0x00, 0x00, 0x00, 0x05];
@@ -88,14 +99,50 @@ fn config() -> DpConfig {
         udp_timeout_ms: 120_000,
         vtep_mac: VTEP_MAC,
         _pad: [0; 2],
+        underlay_ifindex: 0,
+        host_ip: 0,
+        vni: 1,
+        vxlan_port: VXLAN_PORT,
+        port_min: 32768,
+        port_max: 60999,
+        ttl: 64,
+        flags: 0,
     }
+}
+
+/// [`config`] with encapsulation and decapsulation in tc, out of and into
+/// `ul0` (see [`Node::with_underlay`]).
+fn encap_config() -> Result<DpConfig> {
+    let ul0 = ifindex("ul0")?;
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")?;
+    let mut it = range.split_whitespace().map(str::parse::<u16>);
+    let (Some(Ok(port_min)), Some(Ok(port_max))) = (it.next(), it.next()) else {
+        bail!("cannot parse ip_local_port_range {range:?}");
+    };
+    Ok(DpConfig {
+        underlay_ifindex: ul0,
+        host_ip: u32::from_ne_bytes(UL_HOST.octets()),
+        port_min,
+        port_max,
+        flags: CFG_TC_ENCAP | CFG_TC_DECAP,
+        ..config()
+    })
+}
+
+fn ifindex(name: &str) -> Result<u32> {
+    let c = std::ffi::CString::new(name)?;
+    // SAFETY: a NUL-terminated name; the call only reads it.
+    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    ensure!(i != 0, "no interface {name}");
+    Ok(i)
 }
 
 fn remote_map() -> BTreeMap<(Ipv4Addr, u8), RemoteNode> {
     let peer = RemoteNode {
         vtep_mac: PEER_VTEP_MAC,
-        _pad: [0; 2],
-        host_ip: u32::from_ne_bytes([192, 168, 0, 2]),
+        flags: 0,
+        _pad: 0,
+        host_ip: u32::from_ne_bytes(UL_PEER.octets()),
     };
     BTreeMap::from([((Ipv4Addr::new(10, 244, 2, 0), 24), peer)])
 }
@@ -150,6 +197,50 @@ impl Node {
         Ok(node)
     }
 
+    /// Adds the underlay: `ul0` (UL_HOST/24, one end of a veth pair whose
+    /// other end `ul0p` only listens) with the peer's MAC as a permanent
+    /// neighbour, and a `vxlan.1` over it set up as the agent does, with the
+    /// peer's FDB entry, so the device's own frames can be compared with
+    /// the program's.
+    fn with_underlay(self) -> Result<Self> {
+        let vtep = mac_str(&VTEP_MAC);
+        let peer_vtep = mac_str(&PEER_VTEP_MAC);
+        let peer_mac = mac_str(&UL_PEER_MAC);
+        for args in [
+            "link add ul0 type veth peer name ul0p",
+            &format!("addr add {UL_HOST}/24 dev ul0"),
+            "link set ul0 up",
+            "link set ul0p up",
+            &format!("neigh replace {UL_PEER} lladdr {peer_mac} dev ul0 nud permanent"),
+            &format!(
+                "link add vxlan.1 address {vtep} type vxlan id 1 dev ul0 local {UL_HOST} \
+                 dstport {VXLAN_PORT} nolearning noudpcsum"
+            ),
+            "link set vxlan.1 up",
+        ] {
+            let args: Vec<&str> = args.split_whitespace().collect();
+            self.ns.exec("ip", &args)?;
+        }
+        // bpf_fib_lookup answers only for interfaces that forward (the
+        // agent turns forwarding on for every node).
+        self.ns.exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
+        self.ns.exec(
+            "bridge",
+            &[
+                "fdb",
+                "add",
+                &peer_vtep,
+                "dev",
+                "vxlan.1",
+                "dst",
+                &UL_PEER.to_string(),
+                "self",
+                "permanent",
+            ],
+        )?;
+        Ok(self)
+    }
+
     /// Also DNATs the Service IPs, like kube-proxy, to pods R and B.
     fn with_services(self) -> Result<Self> {
         self.ns
@@ -177,6 +268,11 @@ impl Node {
             let dp = Datapath::load(object, pin)?;
             sync_remote(pin, &remote_map())?;
             sync_local(pin, &local_map())?;
+            let peer = PeerNode {
+                vtep_mac: PEER_VTEP_MAC,
+                _pad: [0; 2],
+            };
+            sync_peers(pin, &BTreeMap::from([(UL_PEER, peer)]))?;
             f(&Dp {
                 dp,
                 pin,
@@ -256,7 +352,11 @@ impl Dp<'_> {
             ),
             TC_ACT_REDIRECT => {
                 ensure!(path.is_fast(), "redirect counted under {}", path.name());
-                ensure_only_forwarding_rewrite(pkt, &out.data)?;
+                // Wrapping and unwrapping are checked field by field by
+                // their own tests.
+                if !matches!(path, Path::FastEncap | Path::FastTcDecap) {
+                    ensure_only_forwarding_rewrite(pkt, &out.data)?;
+                }
             }
             other => bail!("{}: unexpected verdict {other}", prog.name()),
         }
@@ -530,6 +630,13 @@ fn with_ttl(frame: &[u8], ttl: u8) -> Vec<u8> {
     edit_ip(frame, |ip| ip[8] = ttl)
 }
 
+fn mac_str(m: &[u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -679,6 +786,7 @@ const TO_A: ([u8; 6], [u8; 6]) = (POD_A_MAC, HOST_A_MAC);
 const TO_B: ([u8; 6], [u8; 6]) = (POD_B_MAC, HOST_B_MAC);
 const POD: Prog = Prog::FromPod;
 const VX: Prog = Prog::FromVxlan;
+const UL: Prog = Prog::FromUnderlay;
 
 type FastCase = (&'static str, Prog, Vec<u8>, Path, ([u8; 6], [u8; 6]));
 type KernelCase = (&'static str, Prog, Vec<u8>, Path);
@@ -701,13 +809,13 @@ fn tcp_established_takes_the_fast_path() -> Result<()> {
         padded.extend_from_slice(&[0; 6]);
         #[rustfmt::skip]
         let cases: [FastCase; 11] = [
-            ("tcp A->R (remote)", POD, from_a(&tcp(a_r.flow, ACK | PSH, b"GET /")), Path::FastRemote, TO_PEER),
-            ("tcp A->R bare ACK", POD, ack.clone(), Path::FastRemote, TO_PEER),
-            ("tcp A->R without DF", POD, edit_ip(&ack, |ip| ip[6] = 0), Path::FastRemote, TO_PEER),
-            ("tcp A->R TTL 2", POD, with_ttl(&ack, 2), Path::FastRemote, TO_PEER),
-            ("tcp A->R TTL 255", POD, with_ttl(&ack, 255), Path::FastRemote, TO_PEER),
-            ("tcp A->R 1400 B payload", POD, from_a(&tcp(a_r.flow, ACK, &[0x5a; 1400])), Path::FastRemote, TO_PEER),
-            ("tcp A->R, Ethernet padding", POD, padded, Path::FastRemote, TO_PEER),
+            ("tcp A->R (remote)", POD, from_a(&tcp(a_r.flow, ACK | PSH, b"GET /")), Path::FastVxlanNoEncap, TO_PEER),
+            ("tcp A->R bare ACK", POD, ack.clone(), Path::FastVxlanNoEncap, TO_PEER),
+            ("tcp A->R without DF", POD, edit_ip(&ack, |ip| ip[6] = 0), Path::FastVxlanNoEncap, TO_PEER),
+            ("tcp A->R TTL 2", POD, with_ttl(&ack, 2), Path::FastVxlanNoEncap, TO_PEER),
+            ("tcp A->R TTL 255", POD, with_ttl(&ack, 255), Path::FastVxlanNoEncap, TO_PEER),
+            ("tcp A->R 1400 B payload", POD, from_a(&tcp(a_r.flow, ACK, &[0x5a; 1400])), Path::FastVxlanNoEncap, TO_PEER),
+            ("tcp A->R, Ethernet padding", POD, padded, Path::FastVxlanNoEncap, TO_PEER),
             ("tcp A->B (local)", POD, from_a(&tcp(a_b.flow, ACK, b"hello")), Path::FastLocal, TO_B),
             // Either direction of the flow matches its conntrack entry.
             ("tcp B->A (local, reply)", POD, from_b(&tcp(a_b.flow.rev(), ACK, b"world")), Path::FastLocal, TO_A),
@@ -750,8 +858,8 @@ fn udp_takes_the_fast_path_once_assured() -> Result<()> {
 
         #[rustfmt::skip]
         let cases: [FastCase; 4] = [
-            ("udp A->R (remote)", POD, pkt.clone(), Path::FastRemote, TO_PEER),
-            ("udp A->R empty datagram", POD, from_a(&udp(a_r.flow, b"")), Path::FastRemote, TO_PEER),
+            ("udp A->R (remote)", POD, pkt.clone(), Path::FastVxlanNoEncap, TO_PEER),
+            ("udp A->R empty datagram", POD, from_a(&udp(a_r.flow, b"")), Path::FastVxlanNoEncap, TO_PEER),
             ("udp A->B (local)", POD, from_a(&udp(a_b.flow, b"data")), Path::FastLocal, TO_B),
             ("udp R->A (decap, reply)", VX, from_peer(&udp(a_r.flow.rev(), b"re")), Path::FastDecap, TO_A),
         ];
@@ -893,7 +1001,7 @@ fn everything_else_is_left_to_the_kernel_untouched() -> Result<()> {
 
         // The flows themselves still go fast: the cases above were refused
         // for what they changed, not for the flow.
-        dp.fast("tcp A->R ACK", POD, &ack, Path::FastRemote, TO_PEER)?;
+        dp.fast("tcp A->R ACK", POD, &ack, Path::FastVxlanNoEncap, TO_PEER)?;
         let ab = from_a(&tcp(a_b.flow, ACK, b""));
         dp.fast("tcp A->B ACK", POD, &ab, Path::FastLocal, TO_B)?;
 
@@ -950,7 +1058,7 @@ fn without_config_everything_is_left_to_the_kernel() -> Result<()> {
         // Never written: the array's only slot is all zeroes.
         dp.kernel("config never written", POD, &ar, Path::KernelNoConfig)?;
         dp.kernel("vxlan: config never written", VX, &ra, Path::KernelNoConfig)?;
-        dp.kernel("arp, config never written", POD, &arp, Path::KernelNotIpv4)?;
+        dp.kernel("arp, config never written", POD, &arp, Path::KernelNoConfig)?;
 
         dp.configure(&DpConfig {
             vxlan_ifindex: 0,
@@ -960,7 +1068,7 @@ fn without_config_everything_is_left_to_the_kernel() -> Result<()> {
         dp.kernel("vxlan: vxlan_ifindex 0", VX, &ra, Path::KernelNoConfig)?;
 
         dp.configure(&config())?;
-        dp.fast("configured", POD, &ar, Path::FastRemote, TO_PEER)?;
+        dp.fast("configured", POD, &ar, Path::FastVxlanNoEncap, TO_PEER)?;
         dp.fast("vxlan: configured", VX, &ra, Path::FastDecap, TO_A)?;
         Ok(())
     })
@@ -993,15 +1101,16 @@ fn hostile_packets_are_each_counted_once() -> Result<()> {
         .and_then(|s| s.parse().ok())
         .unwrap_or(0x6d79_636e_6921u64);
     eprintln!("seed {seed} (set EBPF_PROG_SEED to replay another)");
-    let node = Node::new("hostile")?;
+    let node = Node::new("hostile")?.with_underlay()?;
     node.run(|dp| {
-        dp.configure(&config())?;
+        dp.configure(&encap_config()?)?;
         // A real flow, so mutations that keep its tuple reach the rewrite.
         let at_r = TcpListener::bind(SocketAddrV4::new(POD_R, SERVER_PORT))?;
         let a_r = tcp_conn(POD_A, SocketAddrV4::new(POD_R, SERVER_PORT), &at_r)?;
         ensure_ct(a_r.flow, &["ESTABLISHED"])?;
         let ack = from_a(&tcp(a_r.flow, ACK, b"abcdefgh"));
         let ra = from_peer(&tcp(a_r.flow.rev(), ACK, b"abcdefgh"));
+        let ul = wrapped(UL_PEER, &ra, |_| {});
 
         let total = |dp: &Dp| -> Result<(u64, u64)> {
             Ok(dp
@@ -1025,7 +1134,11 @@ fn hostile_packets_are_each_counted_once() -> Result<()> {
 
         let mut rng = Rng(seed);
         for prog in Prog::ALL {
-            let base = if prog == Prog::FromPod { &ack } else { &ra };
+            let base = match prog {
+                Prog::FromPod => &ack,
+                Prog::FromVxlan => &ra,
+                Prog::FromUnderlay => &ul,
+            };
             // Every short frame: nothing, a partial or bare Ethernet header,
             // partial IPv4 and IPv6 headers.
             for ethertype in [ETH_P_IP, ETH_P_IPV6, ETH_P_ARP] {
@@ -1039,11 +1152,14 @@ fn hostile_packets_are_each_counted_once() -> Result<()> {
             // Every version and ihl nibble on an otherwise fast packet.
             for vihl in 0..=255u8 {
                 let pkt = edit_ip(base, |ip| ip[0] = vihl);
-                let want = match (vihl >> 4, vihl & 0x0f) {
-                    (v, _) if v != 4 => Path::KernelNotIpv4,
-                    (_, ihl) if ihl < 5 => Path::KernelTruncated,
-                    (_, ihl) if ihl > 5 => Path::KernelIpOptionsOrFragment,
-                    _ if prog == Prog::FromPod => Path::FastRemote,
+                let want = match (prog, vihl >> 4, vihl & 0x0f) {
+                    // On the underlay, the outer header: not VXLAN for us.
+                    (Prog::FromUnderlay, 4, 5) => Path::FastTcDecap,
+                    (Prog::FromUnderlay, ..) => Path::KernelUnderlayOther,
+                    (_, v, _) if v != 4 => Path::KernelNotIpv4,
+                    (_, _, ihl) if ihl < 5 => Path::KernelTruncated,
+                    (_, _, ihl) if ihl > 5 => Path::KernelIpOptionsOrFragment,
+                    (Prog::FromPod, ..) => Path::FastEncap,
                     _ => Path::FastDecap,
                 };
                 let got = count(dp, prog, &pkt)?.context("refused")?;
@@ -1098,6 +1214,335 @@ fn hostile_packets_are_each_counted_once() -> Result<()> {
             "{runs} hostile runs, each counted once ({fast} took the fast path); \
              {refused} frames refused by BPF_PROG_TEST_RUN"
         );
+        Ok(())
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Datapath v2: encapsulation and decapsulation in tc.
+
+/// Outer header offsets in a VXLAN frame on the wire.
+const O_IP_ID: usize = 14 + 4;
+const O_IP_CSUM: usize = 14 + 10;
+const O_UDP: usize = 34;
+const INNER: usize = 64;
+
+/// `inner` (a frame as vxlan.1 carries it) wrapped as a peer's VXLAN frame
+/// to this host; `edit` may change any byte of the result.
+fn wrapped(src: Ipv4Addr, inner: &[u8], edit: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+    let mut udp = vec![0u8; 16];
+    udp[0..2].copy_from_slice(&40_000u16.to_be_bytes());
+    udp[2..4].copy_from_slice(&VXLAN_PORT.to_be_bytes());
+    let len = u16::try_from(16 + inner.len()).expect("fits");
+    udp[4..6].copy_from_slice(&len.to_be_bytes());
+    udp[8] = 0x08;
+    udp[14] = 1; // VNI 1
+    udp.extend_from_slice(inner);
+    let mut ip = ipv4(IPPROTO_UDP, src, UL_HOST, &[], &udp);
+    ip[6] = 0; // DF clear, as vxlan.1 sends
+    let c = {
+        ip[10..12].fill(0);
+        csum(&ip[..20])
+    };
+    ip[10..12].copy_from_slice(&c.to_be_bytes());
+    // BPF_PROG_TEST_RUN builds the skb on loopback, whose MAC is all zero:
+    // a frame to it is PACKET_HOST, as one to the underlay's MAC is.
+    let mut f = eth([0; 6], UL_PEER_MAC, ETH_P_IP, &ip);
+    edit(&mut f);
+    f
+}
+
+/// Fixes the outer IPv4 checksum after an edit.
+fn fix_outer(f: &mut [u8]) {
+    set_ip_csum(f);
+}
+
+/// A raw AF_PACKET socket bound to `ifname` (receives every protocol).
+fn packet_socket(ifname: &str, timeout: Duration) -> Result<OwnedFd> {
+    let proto = (libc::ETH_P_ALL as u16).to_be();
+    // SAFETY: plain socket creation; the fd is owned right away.
+    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(proto)) };
+    ensure!(
+        fd >= 0,
+        "AF_PACKET socket: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: fd is a fresh, valid descriptor nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: zeroed sockaddr_ll is valid; fields set below.
+    let mut sa: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    sa.sll_family = libc::AF_PACKET as u16;
+    sa.sll_protocol = proto;
+    sa.sll_ifindex = i32::try_from(ifindex(ifname)?)?;
+    use std::os::fd::AsRawFd;
+    // SAFETY: sa is a valid sockaddr_ll of the size passed.
+    let rc = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            &sa as *const libc::sockaddr_ll as *const libc::sockaddr,
+            std::mem::size_of::<libc::sockaddr_ll>() as u32,
+        )
+    };
+    ensure!(
+        rc == 0,
+        "bind to {ifname}: {}",
+        std::io::Error::last_os_error()
+    );
+    let tv = libc::timeval {
+        tv_sec: timeout.as_secs() as i64,
+        tv_usec: 0,
+    };
+    // SAFETY: tv is a valid timeval of the size passed.
+    unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            &tv as *const libc::timeval as *const libc::c_void,
+            std::mem::size_of::<libc::timeval>() as u32,
+        )
+    };
+    Ok(fd)
+}
+
+/// Sends `frame` out of `fd`'s interface as it is.
+fn packet_send(fd: &OwnedFd, frame: &[u8]) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the buffer is valid for its length.
+    let n = unsafe { libc::send(fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+    ensure!(
+        n == frame.len() as isize,
+        "send: {}",
+        std::io::Error::last_os_error()
+    );
+    Ok(())
+}
+
+/// The next frame on `fd` that `want` accepts (until the receive timeout).
+fn packet_recv(fd: &OwnedFd, want: impl Fn(&[u8]) -> bool) -> Result<Vec<u8>> {
+    use std::os::fd::AsRawFd;
+    let mut buf = vec![0u8; 65536];
+    loop {
+        // SAFETY: the buffer is valid for its length.
+        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        ensure!(n >= 0, "recv: {}", std::io::Error::last_os_error());
+        let f = &buf[..n as usize];
+        if want(f) {
+            return Ok(f.to_vec());
+        }
+    }
+}
+
+fn is_vxlan(f: &[u8]) -> bool {
+    f.len() > INNER
+        && f[12..14] == ETH_P_IP.to_be_bytes()
+        && f[14 + 9] == IPPROTO_UDP
+        && f[O_UDP + 2..O_UDP + 4] == VXLAN_PORT.to_be_bytes()
+}
+
+#[test]
+fn encap_sends_what_vxlan1_sends() -> Result<()> {
+    let node = Node::new("encap")?.with_underlay()?;
+    node.run(|dp| {
+        dp.configure(&encap_config()?)?;
+        let at_r = TcpListener::bind(SocketAddrV4::new(POD_R, SERVER_PORT))?;
+        let a_r = tcp_conn(POD_A, SocketAddrV4::new(POD_R, SERVER_PORT), &at_r)?;
+        ensure_ct(a_r.flow, &["ESTABLISHED"])?;
+        let cap = packet_socket("ul0p", Duration::from_secs(2))?;
+        let into_vxlan = packet_socket("vxlan.1", Duration::from_secs(2))?;
+        for (what, payload, tos) in [
+            ("tcp A->R", &b"GET / HTTP/1.1"[..], 0u8),
+            ("tcp A->R, 1400 B", &[0x5a; 1400][..], 0),
+            ("tcp A->R, ECT(0)", &b"ecn"[..], 0x02),
+            ("tcp A->R, CE, DSCP 46", &b"ce"[..], 0xbb),
+        ] {
+            let pkt = edit_ip(&from_a(&tcp(a_r.flow, ACK | PSH, payload)), |ip| {
+                ip[1] = tos
+            });
+            let (path, out) = dp.run(POD, &pkt).with_context(|| what.to_string())?;
+            ensure!(
+                path == Path::FastEncap && out.retval == TC_ACT_REDIRECT,
+                "{what}: {} with verdict {}",
+                path.name(),
+                out.retval
+            );
+            // The same inner frame, as the kernel forwards it into vxlan.1
+            // (TTL already one less, VTEP MACs), through the real device.
+            let mut inner = pkt.clone();
+            inner[..6].copy_from_slice(&PEER_VTEP_MAC);
+            inner[6..12].copy_from_slice(&VTEP_MAC);
+            inner[TTL] -= 1;
+            set_ip_csum(&mut inner);
+            packet_send(&into_vxlan, &inner)?;
+            let wire = packet_recv(&cap, is_vxlan)?;
+
+            ensure!(
+                ip_csum_ok(&out.data),
+                "{what}: bad outer checksum {}",
+                hex(&out.data)
+            );
+            ensure!(
+                out.data.len() == wire.len(),
+                "{what}: {} bytes, vxlan.1 sent {}",
+                out.data.len(),
+                wire.len()
+            );
+            ensure!(
+                out.data[INNER..] == inner[14..],
+                "{what}: inner packet differs"
+            );
+            // The IP ID is the kernel's own hashed counter (and the
+            // checksum follows it): the only bytes allowed to differ.
+            let differ: Vec<usize> = (0..wire.len())
+                .filter(|&i| out.data[i] != wire[i])
+                .filter(|&i| !(O_IP_ID..O_IP_ID + 2).contains(&i))
+                .filter(|&i| !(O_IP_CSUM..O_IP_CSUM + 2).contains(&i))
+                .collect();
+            ensure!(
+                differ.is_empty(),
+                "{what}: bytes {differ:?} differ\n  tc:      {}\n  vxlan.1: {}",
+                hex(&out.data[..INNER]),
+                hex(&wire[..INNER])
+            );
+            eprintln!(
+                "ok  {what}: byte for byte as vxlan.1 but the IP ID (source port {})",
+                u16::from_be_bytes([wire[O_UDP], wire[O_UDP + 1]])
+            );
+        }
+        Ok(())
+    })
+}
+
+#[test]
+fn encap_falls_back_to_vxlan1_when_unsure() -> Result<()> {
+    let node = Node::new("encapfb")?.with_underlay()?;
+    node.run(|dp| {
+        let cfg = encap_config()?;
+        dp.configure(&cfg)?;
+        let at_r = TcpListener::bind(SocketAddrV4::new(POD_R, SERVER_PORT))?;
+        let a_r = tcp_conn(POD_A, SocketAddrV4::new(POD_R, SERVER_PORT), &at_r)?;
+        ensure_ct(a_r.flow, &["ESTABLISHED"])?;
+        // 1451 B of IP: 1501 on the underlay, over its 1500 MTU.
+        let big = from_a(&tcp(a_r.flow, ACK, &[1; 1451 - 40]));
+        dp.fast(
+            "over the underlay MTU",
+            POD,
+            &big,
+            Path::FastVxlanMtu,
+            TO_PEER,
+        )?;
+        let fits = from_a(&tcp(a_r.flow, ACK, &[1; 1450 - 40]));
+        let (path, _) = dp.run(POD, &fits)?;
+        ensure!(path == Path::FastEncap, "1450 B: {}", path.name());
+        dp.configure(&DpConfig { flags: 0, ..cfg })?;
+        dp.fast("encap off", POD, &fits, Path::FastVxlanNoEncap, TO_PEER)?;
+        // A route to elsewhere does not count: the lookup, like vxlan.1's
+        // own, is made out of the underlay device.
+        dp.configure(&cfg)?;
+        node_exec(&["route", "add", "192.168.0.2/32", "dev", "lo"])?;
+        let (path, _) = dp.run(POD, &fits)?;
+        ensure!(path == Path::FastEncap, "route via lo: {}", path.name());
+        // The peer's host unreachable: not a plain unicast success.
+        node_exec(&["route", "replace", "unreachable", "192.168.0.2/32"])?;
+        dp.fast("peer unreachable", POD, &fits, Path::FastVxlanFib, TO_PEER)?;
+        Ok(())
+    })
+}
+
+/// `ip` in the calling thread's namespace.
+fn node_exec(args: &[&str]) -> Result<()> {
+    let out = std::process::Command::new("ip").args(args).output()?;
+    ensure!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+#[test]
+fn decap_only_from_peers_for_local_pods() -> Result<()> {
+    let node = Node::new("decap")?.with_underlay()?;
+    node.run(|dp| {
+        dp.configure(&encap_config()?)?;
+        let at_a = TcpListener::bind(SocketAddrV4::new(POD_A, SERVER_PORT))?;
+        let at_r = TcpListener::bind(SocketAddrV4::new(POD_R, SERVER_PORT))?;
+        let a_r = tcp_conn(POD_A, SocketAddrV4::new(POD_R, SERVER_PORT), &at_r)?;
+        let b_a = tcp_conn(POD_B, SocketAddrV4::new(POD_A, SERVER_PORT), &at_a)?;
+        ensure_ct(a_r.flow, &["ESTABLISHED"])?;
+        let ra = from_peer(&tcp(a_r.flow.rev(), ACK, b"200 OK"));
+        let ok = wrapped(UL_PEER, &ra, |_| {});
+
+        // Unwrapped and delivered: exactly the inner packet, as a router
+        // would hand it to pod A.
+        let (path, out) = dp.run(UL, &ok)?;
+        ensure!(
+            path == Path::FastTcDecap && out.retval == TC_ACT_REDIRECT,
+            "peer's VXLAN: {} verdict {}",
+            path.name(),
+            out.retval
+        );
+        let mut want = ra.clone();
+        want[..6].copy_from_slice(&POD_A_MAC);
+        want[6..12].copy_from_slice(&HOST_A_MAC);
+        want[TTL] -= 1;
+        set_ip_csum(&mut want);
+        ensure!(
+            out.data == want,
+            "decap\n  want: {}\n  got:  {}",
+            hex(&want),
+            hex(&out.data)
+        );
+        eprintln!("ok  {:<16} {:<48} -> fast_tc_decap", UL.name(), "peer's VXLAN");
+
+        let syn = from_peer(&tcp(a_r.flow.rev(), SYN, b""));
+        let new_flow = from_peer(&tcp(
+            Flow {
+                src: SocketAddrV4::new(POD_R, 1),
+                dst: SocketAddrV4::new(POD_A, 2),
+            },
+            ACK,
+            b"",
+        ));
+        // B -> A rides an established flow, but B is no pod of the peer.
+        let spoofed = from_peer(&tcp(b_a.flow, ACK, b""));
+        let to_unknown = from_peer(&udp(
+            Flow {
+                src: SocketAddrV4::new(POD_R, 1),
+                dst: SocketAddrV4::new(UNKNOWN, 2),
+            },
+            b"",
+        ));
+        let arp = eth([0xff; 6], UL_PEER_MAC, ETH_P_ARP, &[0; 28]);
+        #[rustfmt::skip]
+        let cases: Vec<KernelCase> = vec![
+            ("from a host that is no peer", UL, wrapped(UL_STRANGER, &ra, |_| {}), Path::KernelDecapNotPeer),
+            ("VNI 2", UL, wrapped(UL_PEER, &ra, |f| f[O_UDP + 14] = 2), Path::KernelDecapHeader),
+            ("VXLAN flags 0x0c", UL, wrapped(UL_PEER, &ra, |f| f[O_UDP + 8] = 0x0c), Path::KernelDecapHeader),
+            ("a UDP checksum", UL, wrapped(UL_PEER, &ra, |f| f[O_UDP + 7] = 1), Path::KernelDecapHeader),
+            ("UDP length lies", UL, wrapped(UL_PEER, &ra, |f| f[O_UDP + 5] ^= 4), Path::KernelDecapHeader),
+            ("inner MAC not this VTEP's", UL, wrapped(UL_PEER, &ra, |f| f[50] ^= 1), Path::KernelDecapHeader),
+            ("outer fragment (MF)", UL, wrapped(UL_PEER, &ra, |f| { f[20] = 0x20; fix_outer(f) }), Path::KernelDecapFragment),
+            ("outer fragment (offset)", UL, wrapped(UL_PEER, &ra, |f| { f[21] = 0x10; fix_outer(f) }), Path::KernelDecapFragment),
+            ("another UDP port", UL, wrapped(UL_PEER, &ra, |f| f[O_UDP + 3] ^= 1), Path::KernelUnderlayOther),
+            ("to another host", UL, wrapped(UL_PEER, &ra, |f| { f[33] = 9; fix_outer(f) }), Path::KernelUnderlayOther),
+            ("ARP", UL, arp, Path::KernelUnderlayOther),
+            ("inner source not the peer's pod", UL, wrapped(UL_PEER, &spoofed, |_| {}), Path::KernelDecapInnerSource),
+            ("inner to no local pod", UL, wrapped(UL_PEER, &to_unknown, |_| {}), Path::KernelUnknownDest),
+            ("inner SYN", UL, wrapped(UL_PEER, &syn, |_| {}), Path::KernelTcpControl),
+            ("inner flow unknown to conntrack", UL, wrapped(UL_PEER, &new_flow, |_| {}), Path::KernelNotEstablished),
+            ("inner TTL 1", UL, wrapped(UL_PEER, &with_ttl(&ra, 1), |_| {}), Path::KernelTtl),
+        ];
+        for (what, prog, pkt, want) in cases {
+            dp.kernel(what, prog, &pkt, want)?;
+        }
+
+        // Decapsulation off: everything stays with vxlan.1.
+        dp.configure(&DpConfig {
+            flags: CFG_TC_ENCAP,
+            ..encap_config()?
+        })?;
+        dp.kernel("decap off", UL, &ok, Path::KernelUnderlayOther)?;
         Ok(())
     })
 }

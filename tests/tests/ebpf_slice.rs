@@ -40,7 +40,7 @@ fn ping_is_counted_in_pinned_map() -> anyhow::Result<()> {
     let icmp = get(Path::KernelNoConfig);
     assert_eq!(icmp.packets, 5, "counters: {counters:?}");
     assert_eq!(icmp.bytes, 5 * 98, "counters: {counters:?}");
-    assert_eq!(get(Path::FastRemote).packets, 0);
+    assert_eq!(get(Path::FastVxlanNoEncap).packets, 0);
 
     // bpftool reads the same pinned map, with field names from BTF.
     let map = bpffs.path().join(COUNTERS_MAP);
