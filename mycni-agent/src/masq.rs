@@ -26,7 +26,7 @@ pub fn ruleset(cluster: Cidr) -> String {
     )
 }
 
-fn nft(script: &str) -> Result<()> {
+pub(crate) fn nft(script: &str) -> Result<()> {
     let mut child = Command::new("nft")
         .args(["-f", "-"])
         .stdin(Stdio::piped())

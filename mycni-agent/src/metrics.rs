@@ -34,6 +34,10 @@ pub struct Metrics {
     pub pin_dir: Mutex<Option<PathBuf>>,
     pub dp_local: AtomicU64,
     pub dp_remote: AtomicU64,
+    /// Host IPs the underlay filter accepts VXLAN from (the peers').
+    pub underlay_filter_peers: AtomicU64,
+    /// Failed writes of the underlay filter (nft); each is retried.
+    pub underlay_filter_errors: AtomicU64,
 }
 
 impl Metrics {
@@ -140,6 +144,20 @@ impl Metrics {
             "Failed loads of the eBPF programs (the node then runs the kernel path).",
             "counter",
             self.ebpf_load_failures.load(Ordering::Relaxed),
+        );
+        g(
+            &mut out,
+            "mycni_underlay_filter_peers",
+            "Host IPs VXLAN is accepted from (nftables set mycni_underlay/peers).",
+            "gauge",
+            self.underlay_filter_peers.load(Ordering::Relaxed),
+        );
+        g(
+            &mut out,
+            "mycni_underlay_filter_errors_total",
+            "Failed writes of the VXLAN underlay filter (nft); retried on the next pass.",
+            "counter",
+            self.underlay_filter_errors.load(Ordering::Relaxed),
         );
         out.push_str("# HELP mycni_datapath_entries Entries in the fast path's maps.\n# TYPE mycni_datapath_entries gauge\n");
         out.push_str(&format!(

@@ -34,11 +34,16 @@ impl Drop for TestLab {
 }
 
 /// A lab with the API fixture in this process and a 1 s resync.
+#[allow(
+    dead_code,
+    reason = "not every test binary that includes common uses it"
+)]
 pub fn lab(nodes: usize, pods: usize) -> Result<TestLab> {
     lab_with(nodes, pods, &[])
 }
 
-/// [`lab`], with extra arguments for every agent.
+/// [`lab`], with extra arguments for every agent; a `--resync` among them
+/// replaces the 1 s (the agent refuses a flag given twice).
 pub fn lab_with(nodes: usize, pods: usize, agent_args: &[&str]) -> Result<TestLab> {
     let b = bins();
     if !b.agent.exists() || !b.plugin.exists() {
@@ -58,6 +63,7 @@ pub fn lab_with(nodes: usize, pods: usize, agent_args: &[&str]) -> Result<TestLa
         bins: b,
         agent_args: ["--resync", "1s"]
             .iter()
+            .filter(|_| !agent_args.contains(&"--resync"))
             .chain(agent_args)
             .map(|a| a.to_string())
             .collect(),

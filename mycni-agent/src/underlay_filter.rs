@@ -1,0 +1,248 @@
+//! Only peer nodes may tunnel in: an nftables rule that drops VXLAN
+//! datagrams for this host from any address that is not a peer Node's host
+//! IP. `vxlan.1` checks nothing about the sender (learning is off, but any
+//! host that can reach UDP 8472 could otherwise inject frames into pods,
+//! with any inner source address).
+//!
+//! The rule lives in a table of its own, `ip mycni_underlay`, not in the
+//! masquerade table: `masq::install` replaces that table wholesale and only
+//! runs with `--masquerade`, while this rule must always exist and its set
+//! changes with every peer change. Two tables keep the two lifecycles apart,
+//! and neither replace can open a window in the other.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use anyhow::Result;
+
+use crate::masq::nft;
+use crate::metrics::Metrics;
+
+pub const TABLE: &str = "mycni_underlay";
+pub const SET: &str = "peers";
+const CHAIN: &str = "input";
+
+/// The chain and its one rule, as `add` commands.
+///
+/// The input hook sees only datagrams this host delivers to its own
+/// sockets, i.e. to `vxlan.1`'s UDP socket: traffic forwarded through the
+/// node with destination port 8472 (a pod speaking VXLAN to some other
+/// host) is not our tunnel and is left alone, which prerouting would only
+/// match with an extra `fib daddr type local`. It also runs after
+/// reassembly, so fragments cannot slip past the port match. Priority -10
+/// is before the `filter` priority chains (iptables INPUT, kube-proxy,
+/// firewalls), which then never spend work on these datagrams, and before
+/// conntrack confirms the flow, so spoofed datagrams leave no entries.
+/// Only IPv4: `vxlan.1` has an IPv4 local address, so the kernel opens no
+/// IPv6 socket for it.
+fn chain_and_rule(port: u16) -> String {
+    format!(
+        "add chain ip {TABLE} {CHAIN} {{ type filter hook input priority -10; policy accept; }}\n\
+         flush chain ip {TABLE} {CHAIN}\n\
+         add rule ip {TABLE} {CHAIN} udp dport {port} ip saddr != @{SET} counter drop comment \"mycni: VXLAN from a host that is not a peer node\"\n"
+    )
+}
+
+fn elements(peers: &BTreeSet<Ipv4Addr>) -> String {
+    let mut s = String::new();
+    for (i, ip) in peers.iter().enumerate() {
+        let _ = write!(s, "{}{ip}", if i == 0 { "" } else { ", " });
+    }
+    s
+}
+
+/// At start: creates the table, set and rule if missing, and replaces the
+/// rule (the port may have changed), but keeps the set's elements. An agent
+/// restarted while the API is away keeps its peers' tunnels up until the
+/// first pass, after the Node list, writes the set again.
+pub fn ensure_script(port: u16) -> String {
+    format!(
+        "add table ip {TABLE}\n\
+         add set ip {TABLE} {SET} {{ type ipv4_addr; }}\n{}",
+        chain_and_rule(port)
+    )
+}
+
+/// The whole table, replaced in one transaction with the set holding
+/// `peers`: for a first write after a failure, whatever state the table
+/// was left in (deleted, set of another type, chain of another priority).
+pub fn replace_script(port: u16, peers: &BTreeSet<Ipv4Addr>) -> String {
+    // `add table` then `delete table` makes the delete succeed whether or
+    // not the table exists; nft applies the whole file atomically.
+    let mut s = format!(
+        "add table ip {TABLE}\n\
+         delete table ip {TABLE}\n\
+         add table ip {TABLE}\n\
+         add set ip {TABLE} {SET} {{ type ipv4_addr; }}\n"
+    );
+    if !peers.is_empty() {
+        let _ = writeln!(s, "add element ip {TABLE} {SET} {{ {} }}", elements(peers));
+    }
+    s.push_str(&chain_and_rule(port));
+    s
+}
+
+/// The set alone, flushed and refilled in one transaction: no datagram
+/// ever meets a half-written set. An empty set drops all VXLAN.
+pub fn update_script(peers: &BTreeSet<Ipv4Addr>) -> String {
+    let mut s = format!("flush set ip {TABLE} {SET}\n");
+    if !peers.is_empty() {
+        let _ = writeln!(s, "add element ip {TABLE} {SET} {{ {} }}", elements(peers));
+    }
+    s
+}
+
+pub fn uninstall_script() -> String {
+    format!("add table ip {TABLE}\ndelete table ip {TABLE}\n")
+}
+
+/// Removes the table (`mycni-agent uninstall`).
+pub fn uninstall() -> Result<()> {
+    nft(&uninstall_script())
+}
+
+/// The filter as the reconcile loop keeps it.
+pub struct UnderlayFilter {
+    port: u16,
+    metrics: Arc<Metrics>,
+    /// The table, set and rule are known to be in place.
+    installed: bool,
+    /// The set as last written; None: unknown (start) or a write failed.
+    written: Option<BTreeSet<Ipv4Addr>>,
+}
+
+impl UnderlayFilter {
+    /// Puts the rule in place, keeping the set's elements. Never fails: an
+    /// error is logged and counted and the next `sync` replaces the table.
+    pub fn start(port: u16, metrics: Arc<Metrics>) -> Self {
+        let mut f = UnderlayFilter {
+            port,
+            metrics,
+            installed: false,
+            written: None,
+        };
+        match nft(&ensure_script(port)) {
+            Ok(()) => f.installed = true,
+            Err(e) => f.failed("installing the underlay filter", &e),
+        }
+        f
+    }
+
+    /// Makes the set hold exactly `peers`' host IPs; writes only when they
+    /// changed since the last good write, so the blocking `nft` run (a few
+    /// ms) is rare. Errors are logged and counted, not returned: the overlay
+    /// must still follow the Nodes, and the next pass writes again.
+    pub fn sync(&mut self, peers: impl IntoIterator<Item = Ipv4Addr>) {
+        let want: BTreeSet<Ipv4Addr> = peers.into_iter().collect();
+        if self.installed && self.written.as_ref() == Some(&want) {
+            return;
+        }
+        let updated = self.installed
+            && match nft(&update_script(&want)) {
+                Ok(()) => true,
+                Err(e) => {
+                    // Someone removed the table or the set: put it all back
+                    // in this pass, not one resync later.
+                    self.failed("updating the underlay filter's peer set", &e);
+                    false
+                }
+            };
+        let result = if updated {
+            Ok(())
+        } else {
+            nft(&replace_script(self.port, &want))
+        };
+        match result {
+            Ok(()) => {
+                tracing::info!(
+                    peers = want.len(),
+                    "underlay filter: VXLAN accepted from peer host IPs only"
+                );
+                self.metrics
+                    .underlay_filter_peers
+                    .store(want.len() as u64, Ordering::Relaxed);
+                self.installed = true;
+                self.written = Some(want);
+            }
+            Err(e) => {
+                self.failed("replacing the underlay filter", &e);
+                self.installed = false;
+                self.written = None;
+            }
+        }
+    }
+
+    fn failed(&self, what: &str, e: &anyhow::Error) {
+        self.metrics
+            .underlay_filter_errors
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(error = %format!("{e:#}"), "{what} failed; retrying on the next pass");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(ips: &[[u8; 4]]) -> BTreeSet<Ipv4Addr> {
+        ips.iter().map(|o| Ipv4Addr::from(*o)).collect()
+    }
+
+    #[test]
+    fn update_flushes_and_refills_in_one_script() {
+        assert_eq!(
+            update_script(&set(&[[192, 168, 77, 13], [192, 168, 77, 12]])),
+            "flush set ip mycni_underlay peers\n\
+             add element ip mycni_underlay peers { 192.168.77.12, 192.168.77.13 }\n"
+        );
+    }
+
+    #[test]
+    fn no_peers_leaves_the_set_empty_so_all_vxlan_drops() {
+        assert_eq!(
+            update_script(&BTreeSet::new()),
+            "flush set ip mycni_underlay peers\n"
+        );
+        let r = replace_script(8472, &BTreeSet::new());
+        assert!(!r.contains("add element"), "{r}");
+        assert!(
+            r.contains("udp dport 8472 ip saddr != @peers counter drop"),
+            "{r}"
+        );
+    }
+
+    #[test]
+    fn replace_rebuilds_the_whole_table() {
+        assert_eq!(
+            replace_script(4789, &set(&[[10, 0, 0, 2]])),
+            "add table ip mycni_underlay\n\
+             delete table ip mycni_underlay\n\
+             add table ip mycni_underlay\n\
+             add set ip mycni_underlay peers { type ipv4_addr; }\n\
+             add element ip mycni_underlay peers { 10.0.0.2 }\n\
+             add chain ip mycni_underlay input { type filter hook input priority -10; policy accept; }\n\
+             flush chain ip mycni_underlay input\n\
+             add rule ip mycni_underlay input udp dport 4789 ip saddr != @peers counter drop comment \"mycni: VXLAN from a host that is not a peer node\"\n"
+        );
+    }
+
+    #[test]
+    fn start_keeps_the_set_and_replaces_the_rule() {
+        let s = ensure_script(8472);
+        assert!(!s.contains("delete"), "{s}");
+        assert!(!s.contains("flush set"), "{s}");
+        assert!(s.contains("flush chain ip mycni_underlay input\n"), "{s}");
+        assert_eq!(s.matches("add rule").count(), 1, "{s}");
+    }
+
+    #[test]
+    fn uninstall_works_whether_or_not_the_table_exists() {
+        assert_eq!(
+            uninstall_script(),
+            "add table ip mycni_underlay\ndelete table ip mycni_underlay\n"
+        );
+    }
+}
