@@ -25,6 +25,7 @@ use crate::peers::{
     select_peers,
 };
 use crate::reconcile::{self, OverlayState};
+use crate::underlay_filter::UnderlayFilter;
 
 /// Everything `mycni-agent run` is configured with.
 #[derive(Debug, Clone)]
@@ -52,6 +53,11 @@ pub struct Config {
     pub datapath: Mode,
     /// Enable the programs' aya-log output (every packet; debugging only).
     pub ebpf_log: bool,
+    /// Encapsulate and decapsulate in tc (datapath v2); else through `vxlan.1`.
+    pub tc_encap: bool,
+    /// Route peers on the underlay's own subnets straight to their host IP,
+    /// without VXLAN (flannel's DirectRouting, Calico's CrossSubnet).
+    pub direct_routing: bool,
     /// Load this eBPF object instead of the embedded one.
     pub ebpf_object: Option<PathBuf>,
     /// Where maps, programs and links are pinned (`<bpffs>/mycni`).
@@ -60,8 +66,7 @@ pub struct Config {
 
 pub const CONFLIST_NAME: &str = "00-mycni.conflist";
 pub const NETWORK_NAME: &str = "mycni0";
-/// VXLAN over IPv4 costs 50 bytes: outer IP 20 + UDP 8 + VXLAN 8 + inner Ethernet 14.
-pub const VXLAN_OVERHEAD: u32 = 50;
+pub use mycni_common::VXLAN_OVERHEAD;
 
 fn node_view(n: &Node) -> NodeView {
     NodeView {
@@ -196,10 +201,16 @@ struct Loop {
     /// found within one resync period.
     kernel_cache: Option<OverlayState>,
     fast: FastPath,
+    /// The underlay subnets whose peers are routed directly (empty: direct
+    /// routing off, every peer through vxlan.1).
+    direct: Vec<Cidr>,
+    filter: UnderlayFilter,
 }
 
 impl Loop {
-    async fn pass(&mut self, nodes: &[Arc<Node>], full: bool) -> Result<()> {
+    /// `read_pods`: the kernel said pods came or went (`kwatch`); full
+    /// passes read them anyway.
+    async fn pass(&mut self, nodes: &[Arc<Node>], full: bool, read_pods: bool) -> Result<()> {
         let started = Instant::now();
         let (index, recreated) = self.kernel.ensure_vxlan(&self.vx).await?;
         if recreated || full {
@@ -225,25 +236,31 @@ impl Loop {
         if let Ok(mut r) = self.metrics.rejected.lock() {
             *r = by_reason;
         }
-        let want = reconcile::desired(&peers);
+        self.filter.sync(peers.iter().map(|p| p.host_ip));
+        let want = reconcile::desired_direct(&peers, &self.direct);
+        let underlay = if self.direct.is_empty() {
+            0
+        } else {
+            self.vx.underlay_index
+        };
         let mut have = match self.kernel_cache.take() {
             Some(c) => c,
-            None => self.kernel.dump(index).await?,
+            None => self.kernel.dump(index, underlay).await?,
         };
         let actions = reconcile::diff(&want, &have);
-        let failed = self.kernel.apply(index, &actions).await;
+        let failed = self.kernel.apply(index, underlay, &actions).await;
         if failed == 0 {
             reconcile::apply(&mut have, &actions);
             if self.fast.active() {
-                // Pods change only through the plugin: read them on full
-                // passes, not on every Node event.
-                let pods = if full {
+                // Pods change only through the plugin: read them when the
+                // kernel says so and on full passes, not on every Node event.
+                let pods = if full || read_pods {
                     Some(self.kernel.pod_endpoints().await?)
                 } else {
                     None
                 };
                 self.fast
-                    .sync(index, self.vx.mac, &have, pods.as_ref())
+                    .sync(index, &self.vx, &have, pods.as_ref())
                     .context("syncing the eBPF maps")?;
             }
             self.kernel_cache = Some(have);
@@ -342,6 +359,9 @@ async fn run_inner(cfg: &Config, metrics: Arc<Metrics>) -> Result<()> {
         tokio::time::sleep(Duration::from_secs(2)).await;
     };
 
+    // Before vxlan.1 can exist: a fresh node accepts no VXLAN until its
+    // first pass knows the peers; a restarted one keeps its peer set.
+    let filter = UnderlayFilter::start(cfg.vxlan_port, metrics.clone());
     let kernel = Kernel::new()?;
     let underlay = kernel.underlay(cfg.iface.as_deref()).await?;
     let existing_mac = kernel.link(&cfg.vxlan_name).await?.map(|l| l.mac);
@@ -366,6 +386,7 @@ async fn run_inner(cfg: &Config, metrics: Arc<Metrics>) -> Result<()> {
     };
     let fast = FastPath::start(
         cfg.datapath,
+        cfg.tc_encap,
         object.as_deref(),
         cfg.ebpf_log,
         &cfg.pin_dir,
@@ -434,6 +455,14 @@ async fn run_inner(cfg: &Config, metrics: Arc<Metrics>) -> Result<()> {
     });
     synced.notified().await;
 
+    // Subscribed before the first (full) pass reads the pods, so none is
+    // missed in between. Only the fast path reads pods.
+    let pods_changed = Arc::new(Notify::new());
+    if fast.active()
+        && let Err(e) = crate::kwatch::spawn(pods_changed.clone())
+    {
+        tracing::warn!(error = %e, "cannot subscribe to kernel notifications; new pods reach the fast path at the next full pass");
+    }
     let mut lp = Loop {
         kernel,
         vx: vx.clone(),
@@ -444,12 +473,18 @@ async fn run_inner(cfg: &Config, metrics: Arc<Metrics>) -> Result<()> {
         last_desired: None,
         kernel_cache: None,
         fast,
+        filter,
+        direct: if cfg.direct_routing {
+            underlay.subnets.clone()
+        } else {
+            vec![]
+        },
     };
     let mut handed_over = false;
     let mut republish = false;
     let mut tick = tokio::time::interval(cfg.resync);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut full = true;
+    let (mut full, mut read_pods) = (true, true);
     loop {
         let snapshot = reader.state();
         if let Some(n) = snapshot
@@ -469,17 +504,22 @@ async fn run_inner(cfg: &Config, metrics: Arc<Metrics>) -> Result<()> {
         }
         if full {
             match lp.kernel.underlay(cfg.iface.as_deref()).await {
-                Ok(u) if u.ip != lp.vx.local_ip || u.index != lp.vx.underlay_index => {
-                    tracing::warn!(old = %lp.vx.local_ip, new = %u.ip, underlay = %u.name, "the underlay address changed; moving vxlan.1 and republishing");
-                    lp.vx.local_ip = u.ip;
-                    lp.vx.underlay_index = u.index;
-                    republish = true;
+                Ok(u) => {
+                    if cfg.direct_routing && u.subnets != lp.direct {
+                        tracing::info!(subnets = ?u.subnets, "peers on these underlay subnets are routed directly");
+                        lp.direct = u.subnets.clone();
+                    }
+                    if u.ip != lp.vx.local_ip || u.index != lp.vx.underlay_index {
+                        tracing::warn!(old = %lp.vx.local_ip, new = %u.ip, underlay = %u.name, "the underlay address changed; moving vxlan.1 and republishing");
+                        lp.vx.local_ip = u.ip;
+                        lp.vx.underlay_index = u.index;
+                        republish = true;
+                    }
                 }
-                Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "cannot read the underlay"),
             }
         }
-        match lp.pass(&snapshot, full).await {
+        match lp.pass(&snapshot, full, read_pods).await {
             Ok(()) if !handed_over || !cfg.cni_conf_dir.join(CONFLIST_NAME).exists() => {
                 // The conflist goes out only once the overlay is up and peers
                 // are programmed: the runtime starts pods as soon as it sees it.
@@ -540,9 +580,10 @@ async fn run_inner(cfg: &Config, metrics: Arc<Metrics>) -> Result<()> {
                 }
             }
         }
-        full = tokio::select! {
-            () = changed.notified() => false,
-            _ = tick.tick() => true,
+        (full, read_pods) = tokio::select! {
+            () = changed.notified() => (false, false),
+            () = pods_changed.notified() => (false, true),
+            _ = tick.tick() => (true, true),
         };
     }
 }
@@ -611,12 +652,14 @@ pub async fn set_network_available(nodes: &Api<Node>, name: &str) -> Result<()> 
 }
 
 /// Removes what `run` leaves on a node for good: the conflist, the ready
-/// marker, the masquerade rules and the VXLAN device (with every route,
-/// neighbour and FDB entry on it). Used by `mycni-agent uninstall`.
+/// marker, the masquerade and underlay filter tables and the VXLAN device
+/// (with every route, neighbour and FDB entry on it). Used by
+/// `mycni-agent uninstall`.
 pub async fn uninstall(cfg: &Config) -> Result<()> {
     let _ = std::fs::remove_file(cfg.cni_conf_dir.join(CONFLIST_NAME));
     let _ = std::fs::remove_file(cfg.state_dir.join("ready"));
     crate::masq::uninstall()?;
+    crate::underlay_filter::uninstall()?;
     match crate::ebpf::detach_all(&cfg.pin_dir) {
         Ok(n) => tracing::info!(links = n, "detached the fast path"),
         Err(e) => tracing::warn!(error = %e, "cannot detach the fast path"),

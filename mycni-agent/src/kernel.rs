@@ -21,7 +21,7 @@ use rtnetlink::{Handle, LinkUnspec, LinkVxlan, RouteMessageBuilder};
 use thiserror::Error;
 
 use crate::peers::{Cidr, Mac};
-use crate::reconcile::{Action, OverlayState};
+use crate::reconcile::{self, Action, OverlayState};
 
 /// Route protocol number marking the agent's routes (the plugin uses 0x6d),
 /// so a restarted agent finds its stale routes and nobody else's.
@@ -80,6 +80,9 @@ pub struct Underlay {
     pub index: u32,
     pub ip: Ipv4Addr,
     pub mtu: u32,
+    /// The directly connected IPv4 subnets of the underlay: peers whose host
+    /// IP lies in one share its L2 segment (candidates for direct routing).
+    pub subnets: Vec<Cidr>,
 }
 
 #[derive(Debug, Clone)]
@@ -219,20 +222,32 @@ impl Kernel {
                 })?
             }
         };
-        let ip = self
+        let addrs: Vec<(Ipv4Addr, u8)> = self
             .ipv4_addrs(link.index)
             .await?
             .into_iter()
-            .map(|(ip, _)| ip)
-            .find(|ip| !ip.is_loopback() && !ip.is_link_local())
-            .ok_or_else(|| {
-                KernelError::Other(format!("underlay {} has no IPv4 address", link.name))
-            })?;
+            .filter(|(ip, _)| !ip.is_loopback() && !ip.is_link_local())
+            .collect();
+        let ip = addrs.first().map(|(ip, _)| *ip).ok_or_else(|| {
+            KernelError::Other(format!("underlay {} has no IPv4 address", link.name))
+        })?;
+        let subnets = addrs
+            .iter()
+            .filter(|(_, prefix)| *prefix < 32)
+            .map(|&(addr, prefix)| {
+                let c = Cidr { addr, prefix };
+                Cidr {
+                    addr: c.network(),
+                    prefix,
+                }
+            })
+            .collect();
         Ok(Underlay {
             name: link.name,
             index: link.index,
             ip,
             mtu: link.mtu,
+            subnets,
         })
     }
 
@@ -261,6 +276,10 @@ impl Kernel {
                     .local(spec.local_ip)
                     .port(spec.port)
                     .learning(false)
+                    // No outer UDP checksum (the IPv4 default, made explicit):
+                    // the tc encapsulation sends none either, and both paths
+                    // must put the same bytes on the wire.
+                    .udp_csum(false)
                     .mtu(spec.mtu)
                     .address(spec.mac.to_vec())
                     .build();
@@ -321,7 +340,10 @@ impl Kernel {
     /// The entries on `vxlan` that the agent owns: routes with its protocol,
     /// permanent IPv4 neighbours, permanent `self` FDB entries (the
     /// all-zeros default entry excluded).
-    pub async fn dump(&self, vxlan: u32) -> Result<OverlayState, KernelError> {
+    ///
+    /// `underlay` is the device direct routes (gateway: a peer's host IP)
+    /// leave by; 0 when direct routing is off, so any such route is stale.
+    pub async fn dump(&self, vxlan: u32, underlay: u32) -> Result<OverlayState, KernelError> {
         let mut s = OverlayState::default();
         let req = RouteMessageBuilder::<Ipv4Addr>::new().build();
         let mut routes = self.handle.route().get(req).execute();
@@ -343,7 +365,12 @@ impl Kernel {
                     addr: d,
                     prefix: m.header.destination_prefix_length,
                 };
-                if oif == Some(vxlan) {
+                let dev = if reconcile::via_vxlan(c, g) {
+                    vxlan
+                } else {
+                    underlay
+                };
+                if dev != 0 && oif == Some(dev) {
                     s.routes.insert(c, g);
                 } else {
                     // Ours, but on a device that is gone or replaced: stale.
@@ -390,7 +417,7 @@ impl Kernel {
     /// Applies a diff. Deletes run first, then sets in dependency order,
     /// each group with bounded concurrency. Returns the number of failed
     /// actions (each logged); a failure never stops the rest.
-    pub async fn apply(&self, vxlan: u32, actions: &[Action]) -> usize {
+    pub async fn apply(&self, vxlan: u32, underlay: u32, actions: &[Action]) -> usize {
         let (dels, sets): (Vec<&Action>, Vec<&Action>) =
             actions.iter().partition(|a| a.is_delete());
         let mut failed = 0;
@@ -407,7 +434,7 @@ impl Kernel {
             }
             for phase in phases {
                 let results: Vec<Result<(), KernelError>> = stream::iter(phase)
-                    .map(|a| self.apply_one(vxlan, a))
+                    .map(|a| self.apply_one(vxlan, underlay, a))
                     .buffer_unordered(CONCURRENCY)
                     .collect()
                     .await;
@@ -422,12 +449,16 @@ impl Kernel {
         failed
     }
 
-    async fn apply_one(&self, vxlan: u32, a: &Action) -> Result<(), KernelError> {
+    async fn apply_one(&self, vxlan: u32, underlay: u32, a: &Action) -> Result<(), KernelError> {
         let gone =
             |e: &rtnetlink::Error| matches!(errno(e), libc::ENOENT | libc::ESRCH | libc::ENODEV);
         match a {
             Action::SetRoute(c, gw) => {
-                let msg = route_msg(*c, Some(*gw), vxlan);
+                let msg = if reconcile::via_vxlan(*c, *gw) {
+                    route_msg(*c, Some(*gw), vxlan)
+                } else {
+                    direct_route_msg(*c, *gw, underlay)
+                };
                 self.handle
                     .route()
                     .add(msg)
@@ -599,6 +630,16 @@ impl Kernel {
     }
 }
 
+/// A peer's podCIDR straight to its host IP on the underlay (direct routing).
+fn direct_route_msg(c: Cidr, host: Ipv4Addr, underlay: u32) -> RouteMessage {
+    RouteMessageBuilder::<Ipv4Addr>::new()
+        .destination_prefix(c.addr, c.prefix)
+        .protocol(RouteProtocol::Other(RTPROT_MYCNI_AGENT))
+        .output_interface(underlay)
+        .gateway(host)
+        .build()
+}
+
 fn route_msg(c: Cidr, gw: Option<Ipv4Addr>, oif: u32) -> RouteMessage {
     let mut b = RouteMessageBuilder::<Ipv4Addr>::new()
         .destination_prefix(c.addr, c.prefix)
@@ -655,6 +696,7 @@ fn vxlan_matches(l: &LinkFacts, spec: &VxlanSpec) -> bool {
     let mut port = None;
     let mut learning = None;
     let mut link = None;
+    let mut udp_csum = None;
     for i in info {
         match i {
             InfoVxlan::Id(x) => id = Some(*x),
@@ -662,6 +704,7 @@ fn vxlan_matches(l: &LinkFacts, spec: &VxlanSpec) -> bool {
             InfoVxlan::Port(x) => port = Some(*x),
             InfoVxlan::Learning(x) => learning = Some(*x),
             InfoVxlan::Link(x) => link = Some(*x),
+            InfoVxlan::UDPCsum(x) => udp_csum = Some(*x),
             _ => {}
         }
     }
@@ -670,4 +713,5 @@ fn vxlan_matches(l: &LinkFacts, spec: &VxlanSpec) -> bool {
         && port == Some(spec.port)
         && learning == Some(false)
         && link == Some(spec.underlay_index)
+        && udp_csum != Some(true)
 }

@@ -110,6 +110,18 @@ struct RunArgs {
     /// debugging only. Off, the logging code is pruned at load time.
     #[arg(long, env = "MYCNI_EBPF_LOG")]
     ebpf_log: bool,
+    /// With --datapath ebpf: encapsulate traffic to remote pods in tc and
+    /// send it out of the underlay, and decapsulate VXLAN from peers at the
+    /// underlay's ingress (datapath v2). `false` hands remote traffic to
+    /// `vxlan.1` instead (the kernel encapsulates), as agents before v2 did.
+    #[arg(long, env = "MYCNI_TC_ENCAP", default_value_t = true, action = clap::ArgAction::Set)]
+    tc_encap: bool,
+    /// Route peers whose host IP is on one of the underlay's own subnets
+    /// (one L2 segment) straight to that host, without VXLAN: `podCIDR via
+    /// <host IP>` on the underlay (flannel's DirectRouting, Calico's
+    /// CrossSubnet). Peers elsewhere still go through VXLAN.
+    #[arg(long, env = "MYCNI_DIRECT_ROUTING", default_value_t = false, action = clap::ArgAction::Set)]
+    direct_routing: bool,
     /// Load this eBPF object instead of the one built into the agent.
     #[arg(long, env = "MYCNI_EBPF_OBJECT")]
     ebpf_object: Option<PathBuf>,
@@ -167,6 +179,8 @@ impl RunArgs {
             plugin_log_file: self.plugin_log_file,
             datapath: self.datapath,
             ebpf_log: self.ebpf_log,
+            tc_encap: self.tc_encap,
+            direct_routing: self.direct_routing,
             ebpf_object: self.ebpf_object,
             pin_dir: self.bpffs.join("mycni"),
         })

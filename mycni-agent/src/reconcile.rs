@@ -12,7 +12,9 @@ use crate::peers::{Cidr, Mac, Peer};
 /// changed MAC, host IP or podCIDR shows up as a replace or delete+add.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OverlayState {
-    /// podCIDR -> gateway (podCIDR.0), `onlink` via vxlan.1.
+    /// podCIDR -> gateway: podCIDR.0 `onlink` via vxlan.1, or, for a peer
+    /// on a directly connected underlay subnet under direct routing, the
+    /// peer's host IP via the underlay device (no encapsulation).
     pub routes: BTreeMap<Cidr, Ipv4Addr>,
     /// gateway -> VTEP MAC, permanent.
     pub neighbours: BTreeMap<Ipv4Addr, Mac>,
@@ -43,13 +45,31 @@ impl Action {
 }
 
 pub fn desired(peers: &[Peer]) -> OverlayState {
+    desired_direct(peers, &[])
+}
+
+/// [`desired`] under direct routing (flannel's DirectRouting, Calico's
+/// CrossSubnet): a peer whose host IP lies in one of `direct` (the
+/// underlay's own subnets) is routed straight to its host IP. Its FDB entry
+/// stays, so VXLAN it still sends (a peer not in direct mode) is accepted.
+pub fn desired_direct(peers: &[Peer], direct: &[Cidr]) -> OverlayState {
     let mut s = OverlayState::default();
     for p in peers {
-        s.routes.insert(p.pod_cidr, p.gateway());
-        s.neighbours.insert(p.gateway(), p.vtep_mac);
+        if direct.iter().any(|d| d.contains(p.host_ip)) {
+            s.routes.insert(p.pod_cidr, p.host_ip);
+        } else {
+            s.routes.insert(p.pod_cidr, p.gateway());
+            s.neighbours.insert(p.gateway(), p.vtep_mac);
+        }
         s.fdb.insert(p.vtep_mac, p.host_ip);
     }
     s
+}
+
+/// Whether a route of [`OverlayState::routes`] goes through `vxlan.1`
+/// (gateway podCIDR.0) rather than straight over the underlay.
+pub fn via_vxlan(cidr: Cidr, gw: Ipv4Addr) -> bool {
+    gw == cidr.network()
 }
 
 fn diff_map<K: Ord + Clone, V: PartialEq + Clone>(
@@ -156,6 +176,30 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn direct_peers_are_routed_to_their_host_without_a_neighbour() {
+        let lan = Cidr::parse("192.168.0.0/24").unwrap();
+        let a = peer("a", "10.244.1.0/24", 1, 2);
+        let mut far = peer("b", "10.244.2.0/24", 2, 3);
+        far.host_ip = Ipv4Addr::new(172, 16, 0, 3);
+        let want = desired_direct(&[a.clone(), far.clone()], &[lan]);
+        assert_eq!(want.routes[&a.pod_cidr], a.host_ip);
+        assert!(!via_vxlan(a.pod_cidr, a.host_ip));
+        assert_eq!(want.routes[&far.pod_cidr], far.gateway());
+        assert!(via_vxlan(far.pod_cidr, far.gateway()));
+        assert_eq!(want.neighbours.len(), 1);
+        assert_eq!(want.fdb.len(), 2);
+        // Turning direct routing on replaces the route and drops the
+        // neighbour; off again restores both.
+        let vxlan = desired(std::slice::from_ref(&a));
+        let direct = desired_direct(std::slice::from_ref(&a), &[lan]);
+        let mut s = vxlan.clone();
+        apply(&mut s, &diff(&direct, &vxlan));
+        assert_eq!(s, direct);
+        apply(&mut s, &diff(&vxlan, &direct));
+        assert_eq!(s, vxlan);
     }
 
     #[test]

@@ -70,13 +70,13 @@ fn applied_state_reads_back_exactly() {
             peer("b", "10.244.2.0/24", 2, 3),
         ]);
         let acts = reconcile::diff(&want, &OverlayState::default());
-        assert_eq!(k.apply(idx, &acts).await, 0);
-        let have = k.dump(idx).await.unwrap();
+        assert_eq!(k.apply(idx, 0, &acts).await, 0);
+        let have = k.dump(idx, 0).await.unwrap();
         let first = reconcile::diff(&want, &have);
         // A second device setup must adopt, not recreate, and keep entries.
         let (idx2, created2) = k.ensure_vxlan(&spec).await.unwrap();
         assert_eq!((idx2, created2), (idx, false));
-        let second = reconcile::diff(&want, &k.dump(idx).await.unwrap());
+        let second = reconcile::diff(&want, &k.dump(idx, 0).await.unwrap());
         (first, second)
     });
     assert!(first.is_empty(), "after apply, dump differs: {first:?}");
@@ -105,7 +105,7 @@ fn stale_entries_and_foreign_ones() {
     let left = in_node(&ns, async |k, spec| {
         let (idx, _) = k.ensure_vxlan(&spec).await.unwrap();
         let want = reconcile::desired(&[peer("a", "10.244.1.0/24", 1, 2)]);
-        k.apply(idx, &reconcile::diff(&want, &OverlayState::default()))
+        k.apply(idx, 0, &reconcile::diff(&want, &OverlayState::default()))
             .await;
         idx
     });
@@ -114,11 +114,11 @@ fn stale_entries_and_foreign_ones() {
     let _ = left;
     let empty = in_node(&ns, async |k, spec| {
         let (idx, _) = k.ensure_vxlan(&spec).await.unwrap();
-        let have = k.dump(idx).await.unwrap();
+        let have = k.dump(idx, 0).await.unwrap();
         let acts = reconcile::diff(&OverlayState::default(), &have);
         assert_eq!(acts.len(), 3, "{acts:?}");
-        assert_eq!(k.apply(idx, &acts).await, 0);
-        k.dump(idx).await.unwrap()
+        assert_eq!(k.apply(idx, 0, &acts).await, 0);
+        k.dump(idx, 0).await.unwrap()
     });
     assert_eq!(empty, OverlayState::default());
     let routes = ns.exec("ip", &["route"]).unwrap();
