@@ -3,11 +3,14 @@
 //! API fixture, and P pods per node made by the real plugin binary from the
 //! conflist the agent wrote. Used by `cargo xtask lab` and the lab tests.
 
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -46,9 +49,224 @@ pub const API_ADDR: Ipv4Addr = Ipv4Addr::new(192, 168, 77, 1);
 pub const API_PORT: u16 = 6443;
 pub const ECHO_PORT: u16 = 7777;
 pub const METRICS_PORT: u16 = 9971;
+/// Bytes each matrix cell echoes over its TCP connection once established.
+/// Pings and every connection's SYN and FIN take the kernel path by design,
+/// so without a transfer the matrix would say nothing about the fast path;
+/// 200 KB is ~140 full-size segments each way, a few ms per cell, and full
+/// segments also catch an MTU or encapsulation mistake small probes miss.
+pub const MATRIX_BULK_BYTES: usize = 200 * 1024;
 
 pub fn node_ip(i: usize) -> Ipv4Addr {
     Ipv4Addr::new(192, 168, 77, 10 + i as u8)
+}
+
+// ---------------------------------------------------------------- interrupts
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// SIGINT, SIGTERM and SIGHUP set a flag instead of killing the process, so
+/// `lab up`, the bench and the soak stop at their next check and still tear
+/// down what they made. Children get the default dispositions back at exec.
+pub fn catch_interrupts() {
+    let handler = on_signal as extern "C" fn(libc::c_int);
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: the handler only stores to an atomic (async-signal-safe).
+        unsafe { libc::signal(sig, handler as *const () as libc::sighandler_t) };
+    }
+}
+
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
+pub fn check_interrupted() -> Result<()> {
+    if interrupted() {
+        bail!("interrupted");
+    }
+    Ok(())
+}
+
+// ----------------------------------------------------------------- datapath
+
+/// Packets per path name (`mycni_common::Path::name`), as a node's agent
+/// exports them.
+pub type Counters = BTreeMap<String, u64>;
+
+/// `mycni_datapath_packets_total{path="...",fast="..."} N` lines of a
+/// metrics page.
+pub fn parse_counters(metrics: &str) -> Counters {
+    let mut out = Counters::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("mycni_datapath_packets_total{path=\"") else {
+            continue;
+        };
+        let name = rest.split('"').next().unwrap_or_default().to_string();
+        let n = rest
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        out.insert(name, n);
+    }
+    out
+}
+
+/// The value of the last `flag value` or `flag=value` in `args`.
+fn flag_value(args: &[String], flag: &str) -> Option<String> {
+    let mut found = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == flag {
+            found = it.next().cloned();
+        } else if let Some(v) = a.strip_prefix(flag).and_then(|r| r.strip_prefix('=')) {
+            found = Some(v.to_string());
+        }
+    }
+    found
+}
+
+/// What the agent's readiness detail says of its datapath (mycni-agent's
+/// `FastPath::describe`): the kernel path's reason follows the first.
+const KERNEL_DETAIL: &str = "datapath kernel: ";
+const EBPF_TC_ENCAP_DETAIL: &str = "datapath ebpf, tc encap";
+const EBPF_VXLAN_DETAIL: &str = "datapath ebpf, via vxlan.1";
+
+/// The reason in a `/readyz` answer for running the kernel datapath, or the
+/// whole answer when it gives none.
+fn kernel_reason(readyz: &str) -> String {
+    match readyz.find(KERNEL_DETAIL) {
+        Some(k) => readyz[k + KERNEL_DETAIL.len()..].trim().to_string(),
+        None => format!("the agent gives no reason ({})", readyz.trim()),
+    }
+}
+
+/// The datapath a node's agent runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeDatapath {
+    /// The tc programs, encapsulating to remote pods themselves (datapath v2).
+    EbpfTcEncap,
+    /// The tc programs, handing remote traffic to `vxlan.1` (`--tc-encap false`).
+    EbpfVxlan,
+    /// Routes, ARP and FDB only, for the reason the agent gives.
+    Kernel(String),
+}
+
+impl NodeDatapath {
+    /// Its `--datapath` value.
+    pub fn mode(&self) -> &'static str {
+        match self {
+            NodeDatapath::EbpfTcEncap | NodeDatapath::EbpfVxlan => "ebpf",
+            NodeDatapath::Kernel(_) => "kernel",
+        }
+    }
+}
+
+impl std::fmt::Display for NodeDatapath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NodeDatapath::EbpfTcEncap => f.write_str("ebpf with tc encap"),
+            NodeDatapath::EbpfVxlan => f.write_str("ebpf via vxlan.1"),
+            NodeDatapath::Kernel(why) => write!(f, "kernel ({why})"),
+        }
+    }
+}
+
+fn path_named(name: &str) -> Option<mycni_common::Path> {
+    mycni_common::Path::ALL
+        .into_iter()
+        .find(|p| p.name() == name)
+}
+
+/// What a node's programs saw over an interval, summed the ways a fast
+/// share needs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PathShare {
+    /// Pod traffic (`Path::is_pod_traffic`): what a fast share is out of.
+    /// The underlay program also sees the node's own traffic (the API, the
+    /// metrics scrapes), which says nothing about pods.
+    pub pod: u64,
+    /// Of `pod`, the packets the programs forwarded (`Path::is_fast`).
+    pub fast: u64,
+    /// Of `fast`, those that still crossed `vxlan.1` (`Path::crossed_vxlan`).
+    pub crossed_vxlan: u64,
+    /// Pod packets left to the kernel, by path name.
+    pub kernel: Counters,
+}
+
+impl PathShare {
+    /// From counters read before and after the interval. A path name this
+    /// build does not know counts as pod traffic left to the kernel, so the
+    /// share can only come out too low, never too high.
+    pub fn between(before: &Counters, after: &Counters) -> PathShare {
+        let mut s = PathShare::default();
+        for (name, n) in after {
+            let d = n.saturating_sub(before.get(name).copied().unwrap_or(0));
+            if d == 0 {
+                continue;
+            }
+            let path = path_named(name);
+            if path.is_some_and(|p| !p.is_pod_traffic()) {
+                continue;
+            }
+            s.pod += d;
+            match path {
+                Some(p) if p.is_fast() => {
+                    s.fast += d;
+                    if p.crossed_vxlan() {
+                        s.crossed_vxlan += d;
+                    }
+                }
+                _ => *s.kernel.entry(name.clone()).or_default() += d,
+            }
+        }
+        s
+    }
+
+    pub fn add(&mut self, o: &PathShare) {
+        self.pod += o.pod;
+        self.fast += o.fast;
+        self.crossed_vxlan += o.crossed_vxlan;
+        for (k, v) in &o.kernel {
+            *self.kernel.entry(k.clone()).or_default() += v;
+        }
+    }
+
+    /// Fast packets per pod packet, in percent; None when no pod packet was seen.
+    pub fn fast_pct(&self) -> Option<f64> {
+        (self.pod > 0).then(|| 100.0 * self.fast as f64 / self.pod as f64)
+    }
+
+    /// Fast packets that crossed `vxlan.1`, in percent of the fast ones.
+    pub fn crossed_pct(&self) -> Option<f64> {
+        (self.fast > 0).then(|| 100.0 * self.crossed_vxlan as f64 / self.fast as f64)
+    }
+
+    /// `87.3% fast of 2345 pod packets, 0.0% of those through vxlan.1;
+    /// kernel: kernel_tcp_control 300, ...`
+    pub fn describe(&self) -> String {
+        let Some(fast) = self.fast_pct() else {
+            return "the programs saw no pod packets".into();
+        };
+        let mut s = format!("{fast:.1}% fast of {} pod packets", self.pod);
+        if let Some(c) = self.crossed_pct() {
+            let _ = write!(s, ", {c:.1}% of those through vxlan.1");
+        }
+        let mut kernel: Vec<(&String, &u64)> = self.kernel.iter().collect();
+        kernel.sort_by(|a, b| b.1.cmp(a.1));
+        if !kernel.is_empty() {
+            let top: Vec<String> = kernel
+                .iter()
+                .take(4)
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect();
+            let _ = write!(s, "; kernel: {}", top.join(", "));
+        }
+        s
+    }
 }
 
 impl Spec {
@@ -154,6 +372,7 @@ fn stop_pidfile(pidfile: &Path) {
 fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Result<()> {
     let start = Instant::now();
     while start.elapsed() < timeout {
+        check_interrupted()?;
         if f() {
             return Ok(());
         }
@@ -169,6 +388,20 @@ pub struct Pod {
     pub index: usize,
     pub ns: String,
     pub ip: Ipv4Addr,
+}
+
+/// A matrix's table, its failed cells and, when counted, every node's
+/// counters before it, after its pod rows and after its node rows.
+#[derive(Debug, Default)]
+pub struct MatrixRun {
+    pub table: String,
+    pub failed: usize,
+    pub counters: Vec<Vec<Counters>>,
+}
+
+/// A pod's short name in tables: `n<node>p<index>`.
+pub fn pod_label(p: &Pod) -> String {
+    format!("n{}p{}", p.node, p.index)
 }
 
 pub struct Lab {
@@ -247,6 +480,7 @@ impl Lab {
         }
         let s = &self.spec;
         for i in 1..=s.nodes {
+            check_interrupted()?;
             self.add_node(i)?;
         }
         for i in 1..=s.nodes {
@@ -275,6 +509,7 @@ impl Lab {
         let mut pods = Vec::new();
         for i in 1..=s.nodes {
             for j in 1..=s.pods {
+                check_interrupted()?;
                 pods.push(self.add_pod(i, j)?);
             }
         }
@@ -347,34 +582,135 @@ impl Lab {
         in_netns(&self.spec.underlay_ns(), || http_get(&addr, "/metrics"))?
     }
 
+    /// A node's `/readyz` answer: status line and the agent's readiness
+    /// detail (which says why a node runs the kernel datapath).
+    pub fn readyz(&self, i: usize) -> Result<String> {
+        let addr = format!("{}:{METRICS_PORT}", node_ip(i));
+        in_netns(&self.spec.underlay_ns(), || http_get(&addr, "/readyz"))?
+    }
+
     /// A node's fast-path counters (packets per path name, e.g.
-    /// `fast_remote`), read from its metrics endpoint.
-    pub fn counters(&self, i: usize) -> Result<std::collections::BTreeMap<String, u64>> {
+    /// `fast_encap`), read from its metrics endpoint. Empty while the node
+    /// runs the kernel datapath.
+    pub fn counters(&self, i: usize) -> Result<Counters> {
+        Ok(parse_counters(&self.metrics(i)?))
+    }
+
+    /// Every node's counters, in node order; a node that does not answer
+    /// counts as empty, so a delta over it is zero rather than an error.
+    pub fn all_counters(&self) -> Vec<Counters> {
+        (1..=self.spec.nodes)
+            .map(|i| self.counters(i).unwrap_or_default())
+            .collect()
+    }
+
+    /// The command line of node `i`'s agent. `ip netns exec` execs the
+    /// agent in place, so the pid file's process is the agent itself; this
+    /// is what tells a lab attached later which flags it was started with.
+    fn agent_cmdline(&self, i: usize) -> Option<Vec<String>> {
+        let pid = std::fs::read_to_string(self.spec.node_dir(i).join("agent.pid")).ok()?;
+        let raw = std::fs::read(format!("/proc/{}/cmdline", pid.trim())).ok()?;
+        Some(
+            raw.split(|b| *b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect(),
+        )
+    }
+
+    /// The value of `flag` on node `i`'s agent command line (the last one,
+    /// as clap takes it), else in the lab's agent arguments.
+    pub fn agent_flag(&self, i: usize, flag: &str) -> Option<String> {
+        let args = self
+            .agent_cmdline(i)
+            .unwrap_or_else(|| self.spec.agent_args.clone());
+        flag_value(&args, flag)
+    }
+
+    /// Which datapath node `i`'s agent runs: ebpf or kernel from its
+    /// metrics; the kernel path's reason, and whether the fast path
+    /// encapsulates in tc, from its readiness detail (`datapath ebpf, tc
+    /// encap (...)`), else from its `--tc-encap` flag.
+    pub fn datapath(&self, i: usize) -> Result<NodeDatapath> {
         let m = self.metrics(i)?;
-        let mut out = std::collections::BTreeMap::new();
-        for line in m.lines() {
-            let Some(rest) = line.strip_prefix("mycni_datapath_packets_total{path=\"") else {
-                continue;
-            };
-            let name = rest.split('"').next().unwrap_or_default().to_string();
-            let n = rest
-                .rsplit(' ')
-                .next()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            out.insert(name, n);
+        let ready = self.readyz(i).unwrap_or_else(|e| format!("/readyz: {e:#}"));
+        if !m.lines().any(|l| l == "mycni_datapath_ebpf 1") {
+            return Ok(NodeDatapath::Kernel(kernel_reason(&ready)));
         }
-        Ok(out)
+        let tc_encap = if ready.contains(EBPF_VXLAN_DETAIL) {
+            false
+        } else if ready.contains(EBPF_TC_ENCAP_DETAIL) {
+            true
+        } else {
+            // An agent whose detail names neither; the flag's default is true.
+            self.agent_flag(i, "--tc-encap").as_deref() != Some("false")
+        };
+        Ok(if tc_encap {
+            NodeDatapath::EbpfTcEncap
+        } else {
+            NodeDatapath::EbpfVxlan
+        })
+    }
+
+    /// Fails unless every agent runs the `want` datapath (`ebpf` or
+    /// `kernel`), naming each node that does not and the reason its agent
+    /// gives: an agent built without the eBPF object, or whose programs do
+    /// not load, falls back to the kernel path, and a lab must not pass that
+    /// off as the fast path.
+    pub fn check_datapath(&self, want: &str) -> Result<()> {
+        // Nodes grouped by what they run, so one cause reads once.
+        let mut wrong: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for i in 1..=self.spec.nodes {
+            let d = self.datapath(i)?;
+            if d.mode() != want {
+                wrong
+                    .entry(d.to_string())
+                    .or_default()
+                    .push(self.spec.node_name(i));
+            }
+        }
+        if !wrong.is_empty() {
+            let what: Vec<String> = wrong
+                .iter()
+                .map(|(d, nodes)| {
+                    format!(
+                        "{} run{} {d}",
+                        nodes.join(", "),
+                        if nodes.len() == 1 { "s" } else { "" }
+                    )
+                })
+                .collect();
+            bail!("asked for the {want} datapath, but {}", what.join("; "));
+        }
+        Ok(())
     }
 
     /// Restarts every agent with `--datapath mode` (`ebpf` or `kernel`) and
     /// waits until each is ready again and reports that datapath.
     pub fn set_datapath(&mut self, mode: &str) -> Result<()> {
-        let args = &mut self.spec.agent_args;
-        if let Some(k) = args.iter().position(|a| a == "--datapath") {
-            args.drain(k..(k + 2).min(args.len()));
+        self.set_agent_flags(&[("--datapath", mode)])
+    }
+
+    /// Restarts every agent on the fast path, encapsulating in tc or handing
+    /// remote traffic to `vxlan.1`, and waits until each runs it.
+    pub fn set_fast_path(&mut self, tc_encap: bool) -> Result<()> {
+        let encap = if tc_encap { "true" } else { "false" };
+        self.set_agent_flags(&[("--datapath", "ebpf"), ("--tc-encap", encap)])
+    }
+
+    /// Replaces `flags` in the agents' arguments, restarts every agent and
+    /// waits until each is ready and runs the datapath `--datapath` asks for;
+    /// an agent that came up on the other one fails this at once, with its
+    /// reason, rather than after a timeout.
+    fn set_agent_flags(&mut self, flags: &[(&str, &str)]) -> Result<()> {
+        for (flag, value) in flags {
+            let args = &mut self.spec.agent_args;
+            while let Some(k) = args.iter().position(|a| a == flag) {
+                args.drain(k..(k + 2).min(args.len()));
+            }
+            args.extend([flag.to_string(), value.to_string()]);
         }
-        args.extend(["--datapath".to_string(), mode.to_string()]);
+        let mode = flag_value(&self.spec.agent_args, "--datapath").unwrap_or_else(|| "ebpf".into());
         for i in 1..=self.spec.nodes {
             self.restart_agent(i)?;
         }
@@ -382,18 +718,18 @@ impl Lab {
             wait_for(
                 &format!("node {i} to run the {mode} datapath"),
                 Duration::from_secs(30),
-                || {
-                    self.metrics(i)
-                        .map(|m| {
-                            m.lines().any(|l| {
-                                l == format!("mycni_datapath_ebpf {}", u8::from(mode == "ebpf"))
-                            })
-                        })
-                        .unwrap_or(false)
+                || match self.datapath(i) {
+                    Ok(d) if d.mode() == mode => true,
+                    // The agent says it settled on the kernel path: no
+                    // point waiting for the fast path any longer.
+                    Ok(NodeDatapath::Kernel(_)) => {
+                        self.readyz(i).is_ok_and(|r| r.contains(KERNEL_DETAIL))
+                    }
+                    _ => false,
                 },
             )?;
         }
-        Ok(())
+        self.check_datapath(&mode)
     }
 
     fn add_node(&self, i: usize) -> Result<()> {
@@ -631,54 +967,128 @@ impl Lab {
             .collect()
     }
 
-    /// Connectivity matrix: every pod and node to every pod, by ping and TCP.
-    /// Returns the printable table and the number of failed cells.
+    /// Connectivity matrix: every pod and node to every pod, by ping, a TCP
+    /// round trip and a bulk echo over the same connection. Returns the
+    /// printable table and the number of failed cells.
     pub fn matrix(&self) -> Result<(String, usize)> {
+        let run = self.run_matrix(false)?;
+        Ok((run.table, run.failed))
+    }
+
+    /// [`Lab::matrix`], with every node's counters read before it, after
+    /// the pod rows and after the node rows, so the pod-to-pod cells get a
+    /// fast share of their own (see [`Lab::datapath_report`]).
+    pub fn matrix_counted(&self) -> Result<MatrixRun> {
+        self.run_matrix(true)
+    }
+
+    fn run_matrix(&self, counted: bool) -> Result<MatrixRun> {
+        const CELL: usize = 16;
         let pods = self.pods()?;
-        let mut sources: Vec<(String, String)> = pods
-            .iter()
-            .map(|p| (format!("n{}p{}", p.node, p.index), p.ns.clone()))
+        let pod_rows: Vec<(String, String)> =
+            pods.iter().map(|p| (pod_label(p), p.ns.clone())).collect();
+        let node_rows: Vec<(String, String)> = (1..=self.spec.nodes)
+            .map(|i| (format!("node{i}"), self.spec.node_name(i)))
             .collect();
-        for i in 1..=self.spec.nodes {
-            sources.push((format!("node{i}"), self.spec.node_name(i)));
-        }
-        let mut out = String::new();
-        out.push_str(&format!("{:<8}", "from\\to"));
+        let mut run = MatrixRun::default();
+        let _ = write!(run.table, "{:<8}", "from\\to");
         for p in &pods {
-            out.push_str(&format!(
-                "{:>14}",
-                format!("n{}p{} {}", p.node, p.index, p.ip.octets()[3])
-            ));
+            let _ = write!(run.table, "{:>CELL$}", pod_label(p));
         }
-        out.push('\n');
-        let mut failed = 0;
-        for (label, ns) in &sources {
-            out.push_str(&format!("{label:<8}"));
-            for p in &pods {
-                if *ns == p.ns {
-                    out.push_str(&format!("{:>14}", "-"));
+        run.table.push('\n');
+        let lab = self.spec.bins.lab.to_string_lossy();
+        let bulk = MATRIX_BULK_BYTES.to_string();
+        if counted {
+            run.counters.push(self.all_counters());
+        }
+        for rows in [&pod_rows, &node_rows] {
+            for (label, ns) in rows {
+                check_interrupted()?;
+                let _ = write!(run.table, "{label:<8}");
+                for p in &pods {
+                    if *ns == p.ns {
+                        let _ = write!(run.table, "{:>CELL$}", "-");
+                        continue;
+                    }
+                    let ping =
+                        ns_exec(ns, "ping", &["-c", "1", "-W", "1", &p.ip.to_string()]).is_ok();
+                    let target = format!("{}:{ECHO_PORT}", p.ip);
+                    let probe = Command::new("ip")
+                        .args(["netns", "exec", ns, &lab, "tcp-probe", &target])
+                        .args(["--bulk", &bulk])
+                        .stdin(Stdio::null())
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .status()
+                        .with_context(|| format!("running {lab} tcp-probe in {ns}"))?;
+                    let (tcp, transfer) = match probe.code() {
+                        Some(0) => ("tcp", "bulk"),
+                        Some(PROBE_BULK_FAILED) => ("tcp", "BULK!"),
+                        // The round trip failed: no transfer was tried.
+                        _ => ("TCP!", "-"),
+                    };
+                    if !ping || probe.code() != Some(0) {
+                        run.failed += 1;
+                    }
+                    let cell = format!("{}/{tcp}/{transfer}", if ping { "ping" } else { "PING!" });
+                    let _ = write!(run.table, "{cell:>CELL$}");
+                }
+                run.table.push('\n');
+            }
+            if counted {
+                run.counters.push(self.all_counters());
+            }
+        }
+        Ok(run)
+    }
+
+    /// Per node, after [`Lab::matrix_counted`]: the datapath its agent runs
+    /// and the share of the pod packets its programs saw that the fast path
+    /// forwarded, for the pod-to-pod cells and for all cells.
+    pub fn datapath_report(&self, run: &MatrixRun) -> String {
+        let mut out = format!(
+            "datapath per node, and the fast share: of the pod packets the node's programs saw \
+             during the matrix (as the programs count them: a GSO batch of segments is one \
+             packet, and a packet counts on each node whose program sees it; the node's own \
+             underlay traffic is left out), those the fast path forwarded, and of those the \
+             ones that still crossed vxlan.1. Pings and each connection's SYN and FIN take the \
+             kernel path by design; each cell's {} KB echo is what the fast path can take. \
+             Node rows add the nodes' own addresses, which are no pod's and stay on the kernel \
+             path.\n",
+            MATRIX_BULK_BYTES / 1024
+        );
+        let empty = Counters::new();
+        let snap = |k: usize, i: usize| run.counters.get(k).and_then(|c| c.get(i - 1));
+        for i in 1..=self.spec.nodes {
+            let d = match self.datapath(i) {
+                Ok(d @ NodeDatapath::Kernel(_)) => {
+                    let _ = writeln!(
+                        out,
+                        "  {}: {d}: no tc program attached, every packet takes the kernel path",
+                        self.spec.node_name(i)
+                    );
                     continue;
                 }
-                let ping = ns_exec(ns, "ping", &["-c", "1", "-W", "1", &p.ip.to_string()]).is_ok();
-                let tcp = ns_exec(
-                    ns,
-                    &self.spec.bins.lab.to_string_lossy(),
-                    &["tcp-probe", &format!("{}:{ECHO_PORT}", p.ip)],
+                Ok(d) => d.to_string(),
+                Err(e) => format!("unknown ({e:#})"),
+            };
+            let share = |from: usize, to: usize| {
+                PathShare::between(
+                    snap(from, i).unwrap_or(&empty),
+                    snap(to, i).unwrap_or(&empty),
                 )
-                .is_ok();
-                if !(ping && tcp) {
-                    failed += 1;
-                }
-                let cell = format!(
-                    "{}/{}",
-                    if ping { "ping" } else { "PING!" },
-                    if tcp { "tcp" } else { "TCP!" }
-                );
-                out.push_str(&format!("{cell:>14}"));
-            }
-            out.push('\n');
+            };
+            let pods = share(0, 1);
+            let all = share(0, 2);
+            let _ = writeln!(
+                out,
+                "  {}: {d}\n    pod rows: {}\n    all rows: {}",
+                self.spec.node_name(i),
+                pods.describe(),
+                all.describe()
+            );
         }
-        Ok((out, failed))
+        out
     }
 
     /// Agent readiness and metrics address per node.
@@ -766,17 +1176,84 @@ pub fn echo_server(port: u16) -> Result<()> {
     Ok(())
 }
 
-/// `mycni-lab tcp-probe IP:PORT`: one round trip through the echo server.
-pub fn tcp_probe(addr: &str) -> Result<()> {
-    let addr: SocketAddr = addr.parse()?;
-    let mut c = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    c.set_read_timeout(Some(Duration::from_secs(2)))?;
-    c.write_all(b"mycni\n")?;
-    let mut buf = [0u8; 6];
-    c.read_exact(&mut buf)?;
-    if &buf != b"mycni\n" {
-        bail!("echo mismatch");
+/// `mycni-lab tcp-probe`'s exit status when the round trip worked but the
+/// bulk echo after it did not (an MTU or encapsulation problem, typically).
+pub const PROBE_BULK_FAILED: i32 = 3;
+
+/// Why a `tcp-probe` failed.
+#[derive(Debug)]
+pub enum ProbeError {
+    /// No connection, or no round trip through it.
+    RoundTrip(anyhow::Error),
+    /// The round trip worked, the bulk echo after it did not.
+    Bulk(anyhow::Error),
+}
+
+/// `mycni-lab tcp-probe IP:PORT [--bulk N]`: one round trip through the
+/// echo server, then, with `bulk` > 0, `bulk` bytes echoed over the same
+/// (by then established) connection.
+pub fn tcp_probe(addr: &str, bulk: usize) -> std::result::Result<(), ProbeError> {
+    let round_trip = || -> Result<TcpStream> {
+        let addr: SocketAddr = addr.parse()?;
+        let mut c = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+        c.set_read_timeout(Some(Duration::from_secs(2)))?;
+        c.write_all(b"mycni\n")?;
+        let mut buf = [0u8; 6];
+        c.read_exact(&mut buf)?;
+        if &buf != b"mycni\n" {
+            bail!("echo mismatch");
+        }
+        Ok(c)
+    };
+    let c = round_trip().map_err(ProbeError::RoundTrip)?;
+    if bulk > 0 {
+        echo_bulk(c, bulk).map_err(ProbeError::Bulk)?;
     }
+    Ok(())
+}
+
+/// Byte `i` of a bulk echo: a pattern that is not periodic in any power of
+/// two, so a reordered or repeated segment shows as a mismatch.
+fn bulk_byte(i: usize) -> u8 {
+    (i % 251) as u8
+}
+
+/// Sends `n` bytes and reads them back at the same time: written first and
+/// read after, the echo server's writes would stall once every buffer on
+/// the way is full, and both ends would wait on each other.
+fn echo_bulk(mut c: TcpStream, n: usize) -> Result<()> {
+    let mut w = c.try_clone()?;
+    let writer = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut sent = 0;
+        while sent < n {
+            let k = (n - sent).min(buf.len());
+            for (j, b) in buf[..k].iter_mut().enumerate() {
+                *b = bulk_byte(sent + j);
+            }
+            w.write_all(&buf[..k])?;
+            sent += k;
+        }
+        Ok(())
+    });
+    let mut got = 0;
+    let mut buf = vec![0u8; 64 * 1024];
+    while got < n {
+        let k = c
+            .read(&mut buf)
+            .with_context(|| format!("bulk echo: read after {got} of {n} bytes"))?;
+        if k == 0 {
+            bail!("bulk echo: connection closed after {got} of {n} bytes");
+        }
+        if let Some(j) = (0..k).find(|j| buf[*j] != bulk_byte(got + j)) {
+            bail!("bulk echo: byte {} differs", got + j);
+        }
+        got += k;
+    }
+    writer
+        .join()
+        .map_err(|_| anyhow::anyhow!("bulk echo: writer thread panicked"))?
+        .context("bulk echo: write")?;
     Ok(())
 }
 
@@ -793,4 +1270,80 @@ pub fn http_get(addr: &str, path: &str) -> Result<String> {
     let status = s.lines().next().unwrap_or_default().to_string();
     let body = s.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
     Ok(format!("{status} {body}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_parse_from_the_metrics_page() {
+        let m = "# TYPE mycni_datapath_packets_total counter\n\
+                 mycni_datapath_packets_total{path=\"fast_encap\",fast=\"true\"} 120\n\
+                 mycni_datapath_packets_total{path=\"kernel_tcp_control\",fast=\"false\"} 7\n\
+                 mycni_datapath_bytes_total{path=\"fast_encap\",fast=\"true\"} 99999\n";
+        let c = parse_counters(m);
+        assert_eq!(c.len(), 2);
+        assert_eq!(c["fast_encap"], 120);
+        assert_eq!(c["kernel_tcp_control"], 7);
+    }
+
+    #[test]
+    fn agent_flags_take_the_last_value_in_either_form() {
+        let args: Vec<String> = [
+            "run",
+            "--tc-encap",
+            "true",
+            "--resync=1s",
+            "--tc-encap=false",
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+        assert_eq!(flag_value(&args, "--tc-encap").as_deref(), Some("false"));
+        assert_eq!(flag_value(&args, "--resync").as_deref(), Some("1s"));
+        assert_eq!(flag_value(&args, "--datapath"), None);
+    }
+
+    #[test]
+    fn the_kernel_paths_reason_comes_from_readyz() {
+        let r = "HTTP/1.1 200 OK ready: overlay up, 2 peers; datapath kernel: this agent was built without the eBPF object (cargo xtask build-ebpf --release)\n";
+        assert_eq!(
+            kernel_reason(r),
+            "this agent was built without the eBPF object (cargo xtask build-ebpf --release)"
+        );
+        assert!(kernel_reason("HTTP/1.1 503 x").contains("no reason"));
+    }
+
+    #[test]
+    fn the_fast_share_counts_pod_traffic_only() {
+        let c = |v: &[(&str, u64)]| -> Counters {
+            v.iter().map(|(k, n)| (k.to_string(), *n)).collect()
+        };
+        let before = c(&[("fast_encap", 100), ("kernel_underlay_other", 5)]);
+        let after = c(&[
+            ("fast_encap", 190),
+            ("fast_tc_decap", 0),
+            ("fast_vxlan_mtu", 10),
+            ("kernel_tcp_control", 20),
+            ("kernel_underlay_other", 500),
+            ("some_future_path", 10),
+        ]);
+        let s = PathShare::between(&before, &after);
+        // 90 + 10 fast, 20 + 10 kernel; the underlay's own traffic left out.
+        assert_eq!((s.pod, s.fast, s.crossed_vxlan), (130, 100, 10));
+        assert_eq!(s.kernel.len(), 2);
+        assert_eq!(s.fast_pct().map(|p| (p * 10.0).round()), Some(769.0));
+        assert_eq!(s.crossed_pct(), Some(10.0));
+        let d = s.describe();
+        assert!(d.starts_with("76.9% fast of 130 pod packets, 10.0% of those through vxlan.1; kernel: kernel_tcp_control 20"), "{d}");
+        assert_eq!(
+            PathShare::default().describe(),
+            "the programs saw no pod packets"
+        );
+        assert_eq!(
+            NodeDatapath::Kernel("--datapath kernel".into()).to_string(),
+            "kernel (--datapath kernel)"
+        );
+    }
 }

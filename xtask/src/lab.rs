@@ -19,36 +19,49 @@ pub struct LabArgs {
     /// Pods per node.
     #[arg(long, default_value_t = 2, global = true)]
     pods: usize,
+    /// The agents' datapath: `ebpf` (the tc fast path) or `kernel`. `up`
+    /// fails when an agent runs another one (e.g. built without the eBPF
+    /// object), naming the reason it gives.
+    #[arg(long, default_value = "ebpf", value_parser = ["ebpf", "kernel"], global = true)]
+    datapath: String,
+    /// With `--datapath ebpf`: encapsulate in tc (datapath v2), or hand
+    /// remote traffic to vxlan.1 (`false`).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, global = true)]
+    tc_encap: bool,
 }
 
 #[derive(Subcommand, Clone)]
 pub enum LabCmd {
-    /// Build everything, start N node netns on an underlay bridge, each with
-    /// the real agent against the API fixture, and P pods per node.
+    /// Build everything (the eBPF object first, which the agent embeds),
+    /// start N node netns on an underlay bridge, each with the real agent
+    /// against the API fixture, and P pods per node.
     Up,
-    /// Print the connectivity matrix (ping and TCP) of a running lab.
+    /// Print the connectivity matrix (ping, TCP, a bulk echo) of a running
+    /// lab, then per node its datapath and the fast share of pod traffic.
     Test,
     /// Show nodes, pods, agent readiness and metrics endpoints.
     Status,
     /// Remove every namespace, process and file the lab created.
     Down,
     /// Datapath benchmarks side by side in one run: a direct veth, the
-    /// underlay and overlay node to node (the floors), the kernel path and
-    /// the eBPF fast path (node1 pod -> node2 pod), with and without a
-    /// kube-proxy-sized iptables ruleset; prints a table with
-    /// ratios and writes it to target/lab-bench.md. Brings up its own 2-node
-    /// x 1-pod lab (mycnib-*, /run/mycni-bench-lab) and tears it down;
-    /// --nodes/--pods do not apply.
+    /// underlay and overlay node to node (the floors), the kernel path, the
+    /// eBPF fast path via vxlan.1 and with tc encap (node1 pod -> node2
+    /// pod), with and without a kube-proxy-sized iptables ruleset; prints a
+    /// table with medians, min-max, ratios against the targets and the fast
+    /// share from the counters, and writes it to target/lab-bench.md. Brings
+    /// up its own 2-node x 1-pod lab (mycnib-*, /run/mycni-bench-lab) and
+    /// tears it down; --nodes/--pods/--datapath/--tc-encap do not apply.
     Bench(BenchArgs),
 }
 
 #[derive(Args, Clone)]
 pub struct BenchArgs {
-    /// Interleaved runs of every variant (the table shows medians).
-    #[arg(long, default_value_t = 3)]
+    /// Interleaved runs of every variant (the table shows medians and
+    /// min-max). The default bench takes about a quarter of an hour.
+    #[arg(long, default_value_t = 5)]
     runs: usize,
     /// Seconds per measure (latency, stream, small packets).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 4)]
     seconds: u64,
     /// Services (2 endpoints each) in the kube-proxy ruleset.
     #[arg(long, default_value_t = 2000)]
@@ -77,19 +90,27 @@ pub fn run(args: LabArgs) -> Result<()> {
     };
     if cmds.contains(&"up") {
         setup::run()?;
+        // The agent embeds the object at build time: without it every node
+        // would come up on the kernel path.
+        crate::build_ebpf(true)?;
         build_release()?;
     }
     let lab = root.join("target/release/mycni-lab");
     for c in cmds {
-        Cmd::new(&lab.to_string_lossy())
+        let mut cmd = Cmd::new(&lab.to_string_lossy())
             .args([
                 "--nodes",
                 &args.nodes.to_string(),
                 "--pods",
                 &args.pods.to_string(),
             ])
-            .arg(c)
-            .run()?;
+            .arg(c);
+        if c == "up" {
+            cmd = cmd
+                .args(["--datapath", &args.datapath])
+                .args(["--tc-encap", &args.tc_encap.to_string()]);
+        }
+        cmd.run_interruptible()?;
     }
     Ok(())
 }
@@ -120,7 +141,7 @@ fn bench(b: &BenchArgs) -> Result<()> {
         .args(["--pin-cpu", &b.pin_cpu])
         .arg("--out")
         .arg(root.join("target/lab-bench.md"))
-        .run()
+        .run_interruptible()
 }
 
 /// `cargo xtask soak`: the long reliability cases, on labs of their own.
@@ -133,5 +154,5 @@ pub fn soak() -> Result<()> {
         .arg("soak")
         .arg("--out")
         .arg(root.join("target/soak.md"))
-        .run()
+        .run_interruptible()
 }

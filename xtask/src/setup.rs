@@ -25,6 +25,10 @@ const PACKAGES: &[(&str, &str)] = &[
     ),
     ("iputils-ping", "connectivity checks in tests and the lab"),
     ("iperf3", "TCP stream tests and benchmarks"),
+    (
+        "ethtool",
+        "turns segmentation and checksum offloads on and off in the datapath tests",
+    ),
     ("sockperf", "latency benchmarks"),
     ("iptables", "masquerade and kube-proxy-like rules in tests"),
     ("nftables", "masquerade rules"),

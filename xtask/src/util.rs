@@ -84,6 +84,29 @@ impl Cmd {
         Ok(())
     }
 
+    /// [`Cmd::run`] for a child that tears down what it made on SIGINT (the
+    /// lab, the bench, the soak). Ctrl-C reaches the whole foreground
+    /// process group; xtask ignores it while the child runs, so it waits for
+    /// the child's teardown instead of exiting under it and handing the
+    /// terminal back mid-cleanup.
+    pub fn run_interruptible(mut self) -> Result<()> {
+        // Spawned before SIGINT is ignored: an ignored disposition survives
+        // exec, and the child must still see the signal.
+        let mut child = self
+            .inner
+            .spawn()
+            .with_context(|| format!("cannot start `{}`", self.shown))?;
+        let status = {
+            let _ignored = IgnoreSigint::new();
+            child.wait()
+        }
+        .with_context(|| format!("waiting for `{}`", self.shown))?;
+        if !status.success() {
+            bail!("`{}` failed: {status}", self.shown);
+        }
+        Ok(())
+    }
+
     /// Runs quietly and returns stdout; a non-zero exit is an error with stderr.
     pub fn output(mut self) -> Result<String> {
         let out = self
@@ -100,5 +123,28 @@ impl Cmd {
             );
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+/// SIGINT ignored in this process until dropped, then the previous
+/// disposition back.
+struct IgnoreSigint {
+    previous: libc::sighandler_t,
+}
+
+impl IgnoreSigint {
+    fn new() -> Self {
+        // SAFETY: signal(2) with SIG_IGN installs no handler code.
+        let previous = unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+        Self { previous }
+    }
+}
+
+impl Drop for IgnoreSigint {
+    fn drop(&mut self) {
+        if self.previous != libc::SIG_ERR {
+            // SAFETY: restores the disposition signal(2) returned above.
+            unsafe { libc::signal(libc::SIGINT, self.previous) };
+        }
     }
 }

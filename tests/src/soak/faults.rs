@@ -694,7 +694,7 @@ pub fn upgrade_changed_layout(lab: &Lab) -> Result<CaseResult> {
     // Traffic still takes the fast path with the rebuilt maps.
     let fast = |l: &Lab| {
         l.counters(1)
-            .map_or(0, |c| c.get("fast_remote").copied().unwrap_or(0))
+            .map_or(0, |c| c.get("fast_encap").copied().unwrap_or(0))
     };
     let f0 = fast(lab);
     std::thread::sleep(Duration::from_millis(500));
