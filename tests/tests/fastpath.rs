@@ -28,10 +28,21 @@ fn delta(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>, k: &str)
     after.get(k).copied().unwrap_or(0) - before.get(k).copied().unwrap_or(0)
 }
 
+/// Packets of pods the programs left to the kernel (the node's own traffic
+/// on the underlay, `kernel_underlay_other`, is no pod's).
 fn kernel_total(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> u64 {
     after
         .keys()
-        .filter(|k| k.starts_with("kernel_"))
+        .filter(|k| k.starts_with("kernel_") && *k != "kernel_underlay_other")
+        .map(|k| delta(after, before, k))
+        .sum()
+}
+
+/// Fast-pathed packets that still went through vxlan.1, either way.
+fn crossed_vxlan(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> u64 {
+    after
+        .keys()
+        .filter(|k| k.starts_with("fast_vxlan_") || *k == "fast_decap")
         .map(|k| delta(after, before, k))
         .sum()
 }
@@ -147,7 +158,7 @@ fn fast_path_forwards_established_flows_and_leaves_control_and_nat_to_the_kernel
         "unreachable pairs on the fast path:\n{fast_table}"
     );
     let c = l.counters(1)?;
-    for k in ["fast_remote", "fast_local", "fast_decap"] {
+    for k in ["fast_encap", "fast_local", "fast_tc_decap"] {
         assert!(c.get(k).copied().unwrap_or(0) > 0, "{k} never used: {c:?}");
     }
 
@@ -155,16 +166,26 @@ fn fast_path_forwards_established_flows_and_leaves_control_and_nat_to_the_kernel
     let (b1, b2) = (l.counters(1)?, l.counters(2)?);
     let (_, bytes) = iperf3(&b, 5201, &a, SocketAddr::from((b.ip, 5201)), &["-t", "2"])?;
     let (a1, a2c) = (l.counters(1)?, l.counters(2)?);
-    let fast = delta(&a1, &b1, "fast_remote");
+    let fast = delta(&a1, &b1, "fast_encap");
     let slow = kernel_total(&a1, &b1);
     let share = fast as f64 / (fast + slow).max(1) as f64;
+    let crossed = crossed_vxlan(&a1, &b1) + crossed_vxlan(&a2c, &b2);
     eprintln!(
-        "iperf3 {bytes} bytes; node1 from-pod: {fast} fast, {slow} kernel ({:.2}% fast); node2: {} fast_decap, {} kernel_tcp_control",
+        "iperf3 {bytes} bytes; node1 from-pod: {fast} encapsulated in tc, {slow} kernel ({:.2}% fast); node2: {} fast_tc_decap, {} kernel_tcp_control; {crossed} fast packets crossed vxlan.1",
         share * 100.0,
-        delta(&a2c, &b2, "fast_decap"),
+        delta(&a2c, &b2, "fast_tc_decap"),
         delta(&a2c, &b2, "kernel_tcp_control"),
     );
     assert!(share >= 0.95, "only {:.2}% fast: {a1:?}", share * 100.0);
+    // Datapath v2: neither way through vxlan.1 (nor the host's UDP stack).
+    assert!(
+        crossed * 100 <= fast,
+        "{crossed} fast packets crossed vxlan.1: {a1:?} / {a2c:?}"
+    );
+    assert!(
+        delta(&a2c, &b2, "fast_tc_decap") * 100 >= fast * 95,
+        "node 2 did not unwrap the stream in tc: {a2c:?}"
+    );
     // SYN and FIN of iperf3's control and data connections: the client's on
     // node 1, the server's SYN-ACKs and FINs on node 2.
     assert!(delta(&a1, &b1, "kernel_tcp_control") >= 4, "{a1:?}");
@@ -201,7 +222,7 @@ fn fast_path_forwards_established_flows_and_leaves_control_and_nat_to_the_kernel
         eprintln!(
             "Service {vip} ({what}): {moved} bytes; node1 kernel_nat +{nat}, kernel_unknown_dest +{}, fast +{}",
             delta(&after, &before, "kernel_unknown_dest"),
-            delta(&after, &before, "fast_remote")
+            delta(&after, &before, "fast_encap")
                 + delta(&after, &before, "fast_local")
                 + delta(&after, &before, "fast_decap"),
         );
@@ -236,7 +257,8 @@ fn fast_path_forwards_established_flows_and_leaves_control_and_nat_to_the_kernel
         a2.ip.to_string(),
         "10.244.2.0/24".to_string(),
         "mycni_from_vxlan".to_string(),
-        "fast_remote".to_string(),
+        "mycni_from_underlay".to_string(),
+        "fast_encap".to_string(),
         "kernel_nat".to_string(),
     ] {
         assert!(inspect.contains(&want), "inspect lacks {want}:\n{inspect}");
@@ -268,7 +290,7 @@ fn streams_survive_detaching_every_program_and_restarting_the_agent_and_maps_sta
     let stream = common::echo_stream(&src.ns, SocketAddr::from((dst.ip, ECHO_PORT)), stop.clone());
     let fast_now = |l: &Lab| -> u64 {
         l.counters(1)
-            .map_or(0, |c| c.get("fast_remote").copied().unwrap_or(0))
+            .map_or(0, |c| c.get("fast_encap").copied().unwrap_or(0))
     };
     std::thread::sleep(Duration::from_millis(500));
     let f0 = fast_now(l);
