@@ -12,41 +12,40 @@ use std::net::Ipv4Addr;
 
 use libfuzzer_sys::fuzz_target;
 use mycni_fuzz::peers::{
-    ANNOTATION_HOST_IP, ANNOTATION_VTEP_MAC, Cidr, NodeView, Peer, format_mac, parse_mac,
-    parse_peer, select_peers,
+    ANNOTATION_HOST_IP, ANNOTATION_VTEP_MAC, Cidr, Mac, NodeView, Peer, parse_peer, select_peers,
 };
 
 const OWN: &str = "n0";
 
 fn default_cluster() -> Cidr {
-    Cidr {
-        addr: Ipv4Addr::new(10, 244, 0, 0),
-        prefix: 16,
+    match Cidr::new(Ipv4Addr::new(10, 244, 0, 0), 16) {
+        Some(c) => c,
+        None => unreachable!("/16 is an IPv4 prefix"),
     }
 }
 
 /// A parsed CIDR is the canonical text it came from, and round-trips.
 fn check_cidr(s: &str) -> Option<Cidr> {
-    let c = Cidr::parse(s)?;
-    assert!(c.prefix <= 32);
-    assert_eq!(c.network(), c.addr, "host bits kept in {s:?}");
+    let c = Cidr::parse_network(s).ok()?;
+    assert!(c.prefix() <= 32);
+    assert_eq!(c.network(), c.addr(), "host bits kept in {s:?}");
     assert_eq!(c.to_string(), s, "accepted a non-canonical CIDR");
-    assert_eq!(Cidr::parse(&c.to_string()), Some(c));
-    assert!(c.covers(c) && c.overlaps(c) && c.contains(c.addr));
+    assert_eq!(Cidr::parse_network(&c.to_string()), Ok(c));
+    assert!(c.covers(c) && c.overlaps(c) && c.contains(c.addr()));
     Some(c)
 }
 
 /// A parsed MAC is the text it came from (up to case), and round-trips.
 fn check_mac(s: &str) {
-    if let Some(m) = parse_mac(s) {
-        assert_eq!(format_mac(&m), s.to_ascii_lowercase(), "accepted {s:?}");
-        assert_eq!(parse_mac(&format_mac(&m)), Some(m));
+    if let Ok(m) = s.parse::<Mac>() {
+        assert_eq!(m.to_string(), s.to_ascii_lowercase(), "accepted {s:?}");
+        assert_eq!(m.to_string().parse::<Mac>(), Ok(m));
     }
 }
 
 fn check_peer(p: &Peer, node: &NodeView, cluster: Cidr) {
     assert_eq!(p.name, node.name);
-    let m = p.vtep_mac;
+    let m = p.vtep_mac.0;
     assert!(
         m != [0; 6] && m[0] & 1 == 0,
         "VTEP MAC {m:02x?} is not unicast"
@@ -61,9 +60,9 @@ fn check_peer(p: &Peer, node: &NodeView, cluster: Cidr) {
             || ip.octets()[0] == 0),
         "host IP {ip}"
     );
-    assert!((8..=30).contains(&p.pod_cidr.prefix));
+    assert!((8..=30).contains(&p.pod_cidr.prefix()));
     assert!(cluster.covers(p.pod_cidr));
-    assert_eq!(p.gateway(), p.pod_cidr.addr);
+    assert_eq!(p.gateway(), p.pod_cidr.addr());
     assert_eq!(
         node.pod_cidr.as_deref(),
         Some(p.pod_cidr.to_string().as_str())

@@ -6,7 +6,7 @@
 //! and building them with coverage instrumentation (and AddressSanitizer)
 //! took 13m46s on the 2-core machine, against ~2 min for this crate with
 //! mycni-plugin alone. The code fuzzed is the same file the agent compiles;
-//! peers.rs says it must stay std-only.
+//! peers.rs says it must use std and `mycni_common` only.
 
 use std::net::Ipv4Addr;
 

@@ -15,15 +15,13 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
+use mycni_common::contract::{self, Conflist, IpamConf, PluginConf};
 use tokio::sync::Notify;
 
 use crate::fastpath::{FastPath, Mode};
 use crate::kernel::{Kernel, VxlanSpec};
 use crate::metrics::Metrics;
-use crate::peers::{
-    ANNOTATION_HOST_IP, ANNOTATION_VTEP_MAC, Cidr, Mac, NodeView, format_mac, parse_mac,
-    select_peers,
-};
+use crate::peers::{ANNOTATION_HOST_IP, ANNOTATION_VTEP_MAC, Cidr, Mac, NodeView, select_peers};
 use crate::reconcile::{self, OverlayState};
 use crate::underlay_filter::UnderlayFilter;
 
@@ -64,9 +62,8 @@ pub struct Config {
     pub pin_dir: PathBuf,
 }
 
-pub const CONFLIST_NAME: &str = "00-mycni.conflist";
-pub const NETWORK_NAME: &str = "mycni0";
 pub use mycni_common::VXLAN_OVERHEAD;
+pub use mycni_common::contract::{CONFLIST_NAME, NETWORK_NAME};
 
 fn node_view(n: &Node) -> NodeView {
     NodeView {
@@ -120,25 +117,21 @@ async fn resolve_node_name(cfg: &Config, client: &kube::Client) -> Result<String
 fn vtep_mac(data_dir: &Path, existing: Option<&[u8]>) -> Result<Mac> {
     let file = data_dir.join("vtep-mac");
     if let Ok(s) = std::fs::read_to_string(&file)
-        && let Some(m) = parse_mac(s.trim())
+        && let Ok(m) = s.trim().parse::<Mac>()
     {
         return Ok(m);
     }
-    let mac = match existing {
-        Some(e) if e.len() == 6 && e[0] & 1 == 0 && e != [0; 6] => {
-            let mut m = [0u8; 6];
-            m.copy_from_slice(e);
-            m
-        }
+    let mac = match existing.and_then(|e| Mac::try_from(e).ok()) {
+        Some(m) if m.is_unicast() => m,
         _ => {
-            let mut m: Mac = rand::random();
+            let mut m: [u8; 6] = rand::random();
             m[0] = (m[0] & 0xfe) | 0x02; // unicast, locally administered
-            m
+            Mac(m)
         }
     };
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("creating {}", data_dir.display()))?;
-    write_atomic(&file, format!("{}\n", format_mac(&mac)).as_bytes())?;
+    write_atomic(&file, format!("{mac}\n").as_bytes())?;
     Ok(mac)
 }
 
@@ -159,26 +152,25 @@ pub fn write_atomic(path: &Path, content: &[u8]) -> Result<()> {
     Ok(())
 }
 
-pub fn conflist(cfg: &Config, pod_cidr: Cidr, mtu: u32) -> serde_json::Value {
-    let mut v = serde_json::json!({
-        "cniVersion": "1.1.0",
-        "cniVersions": ["0.3.1", "0.4.0", "1.0.0", "1.1.0"],
-        "name": NETWORK_NAME,
-        "plugins": [{
-            "type": "mycni",
-            "mtu": mtu,
-            "readyFile": cfg.state_dir.join("ready"),
-            "vxlanDevice": cfg.vxlan_name,
-            "ipam": { "type": "mycni-ipam", "subnet": pod_cidr.to_string() },
-        }],
-    });
-    if let Some(d) = &cfg.ipam_data_dir {
-        v["plugins"][0]["ipam"]["dataDir"] = serde_json::json!(d);
-    }
-    if let Some(f) = &cfg.plugin_log_file {
-        v["plugins"][0]["logFile"] = serde_json::json!(f);
-    }
-    v
+/// The ready marker the plugin's STATUS looks for (the conflist names it).
+pub fn ready_file(cfg: &Config) -> PathBuf {
+    cfg.state_dir.join(contract::READY_FILE_NAME)
+}
+
+/// The conflist for this node, in the contract's shape the plugin parses.
+pub fn conflist(cfg: &Config, pod_cidr: Cidr, mtu: u32) -> Conflist {
+    Conflist::new(PluginConf {
+        ipam: IpamConf {
+            data_dir: cfg.ipam_data_dir.clone(),
+            subnet: pod_cidr.into(),
+            ipam_type: contract::BUILTIN_IPAM_TYPE.into(),
+        },
+        log_file: cfg.plugin_log_file.clone(),
+        mtu,
+        ready_file: ready_file(cfg),
+        plugin_type: contract::PLUGIN_TYPE.into(),
+        vxlan_device: cfg.vxlan_name.clone(),
+    })
 }
 
 fn set_sysctl(proc_sys: &Path, key: &str, value: &str) -> Result<()> {
@@ -316,7 +308,7 @@ pub async fn run(
         r = run_inner(&cfg, metrics.clone()) => r,
         () = &mut shutdown => {
             tracing::info!("shutting down; the datapath stays in place");
-            let _ = std::fs::remove_file(cfg.state_dir.join("ready"));
+            let _ = std::fs::remove_file(ready_file(&cfg));
             Ok(())
         }
     }
@@ -339,7 +331,7 @@ async fn run_inner(cfg: &Config, metrics: Arc<Metrics>) -> Result<()> {
                 .spec
                 .as_ref()
                 .and_then(|s| s.pod_cidr.as_deref())
-                .map(|c| (c, Cidr::parse(c)))
+                .map(|c| (c, Cidr::parse_network(c).ok()))
             {
                 Some((_, Some(c))) if cfg.cluster_cidr.covers(c) => break c,
                 Some((raw, _)) => {
@@ -376,7 +368,7 @@ async fn run_inner(cfg: &Config, metrics: Arc<Metrics>) -> Result<()> {
         mac,
         address: own_cidr.network(),
     };
-    tracing::info!(node = %node_name, pod_cidr = %own_cidr, underlay = %underlay.name, host_ip = %underlay.ip, vtep_mac = %format_mac(&mac), mtu = vx.mtu, "bringing the overlay up");
+    tracing::info!(node = %node_name, pod_cidr = %own_cidr, underlay = %underlay.name, host_ip = %underlay.ip, vtep_mac = %mac, mtu = vx.mtu, "bringing the overlay up");
     kernel.ensure_vxlan(&vx).await?;
     let object = match &cfg.ebpf_object {
         Some(p) => Some(
@@ -400,7 +392,7 @@ async fn run_inner(cfg: &Config, metrics: Arc<Metrics>) -> Result<()> {
 
     // Publish ourselves: what peers need to reach our pods.
     let patch = serde_json::json!({ "metadata": { "annotations": {
-        ANNOTATION_VTEP_MAC: format_mac(&mac),
+        ANNOTATION_VTEP_MAC: mac.to_string(),
         ANNOTATION_HOST_IP: underlay.ip.to_string(),
     }}});
     let (pp, merge) = (PatchParams::default(), Patch::Merge(&patch));
@@ -492,7 +484,7 @@ async fn run_inner(cfg: &Config, metrics: Arc<Metrics>) -> Result<()> {
             .find(|n| n.metadata.name.as_deref() == Some(node_name.as_str()))
         {
             let now = n.spec.as_ref().and_then(|s| s.pod_cidr.as_deref());
-            if now.and_then(Cidr::parse) != Some(own_cidr) {
+            if now.and_then(|c| Cidr::parse_network(c).ok()) != Some(own_cidr) {
                 // Pods, the conflist and vxlan.1's address all derive from
                 // the podCIDR: start over with the new one (the DaemonSet
                 // restarts the agent), rather than half-adopt it.
@@ -528,7 +520,7 @@ async fn run_inner(cfg: &Config, metrics: Arc<Metrics>) -> Result<()> {
                     &cfg.cni_conf_dir.join(CONFLIST_NAME),
                     serde_json::to_string_pretty(&conf)?.as_bytes(),
                 )?;
-                write_atomic(&cfg.state_dir.join("ready"), b"ready\n")?;
+                write_atomic(&ready_file(cfg), b"ready\n")?;
                 if let Err(e) = set_network_available(&nodes, &node_name).await {
                     tracing::warn!(error = %e, "cannot set NetworkUnavailable=False yet");
                 } else {
@@ -542,8 +534,8 @@ async fn run_inner(cfg: &Config, metrics: Arc<Metrics>) -> Result<()> {
             }
             Ok(()) => {
                 // Drift repair recreated the ready marker's precondition.
-                if !cfg.state_dir.join("ready").exists() {
-                    write_atomic(&cfg.state_dir.join("ready"), b"ready\n")?;
+                if !ready_file(cfg).exists() {
+                    write_atomic(&ready_file(cfg), b"ready\n")?;
                 }
                 metrics.set_ready(format!(
                     "overlay up, {} peers; {}",
@@ -657,7 +649,7 @@ pub async fn set_network_available(nodes: &Api<Node>, name: &str) -> Result<()> 
 /// `mycni-agent uninstall`.
 pub async fn uninstall(cfg: &Config) -> Result<()> {
     let _ = std::fs::remove_file(cfg.cni_conf_dir.join(CONFLIST_NAME));
-    let _ = std::fs::remove_file(cfg.state_dir.join("ready"));
+    let _ = std::fs::remove_file(ready_file(cfg));
     crate::masq::uninstall()?;
     crate::underlay_filter::uninstall()?;
     match crate::ebpf::detach_all(&cfg.pin_dir) {

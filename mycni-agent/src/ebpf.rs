@@ -17,8 +17,8 @@ use aya::programs::links::{FdLink, LinkError, PinnedLink};
 use aya::programs::{LinkOrder, SchedClassifier, TcAttach, TcAttachType};
 use aya::{Ebpf, EbpfLoader};
 use mycni_common::{
-    CONFIG_MAP, COUNTERS_MAP, DpConfig, LOCAL_MAP, LocalEndpoint, PEERS_MAP, Path as DpPath,
-    PathCounter, PeerNode, REMOTE_MAP, RemoteNode,
+    CONFIG_MAP, COUNTERS_MAP, DpConfig, DpPath, LOCAL_MAP, LocalEndpoint, PEERS_MAP, PathCounter,
+    PeerNode, REMOTE_MAP, RemoteNode,
 };
 use thiserror::Error;
 
@@ -509,7 +509,7 @@ pub fn sync_peers(
 }
 
 /// Sums the per-CPU counters of the map pinned under `pin_dir`, one entry per
-/// path, in `Path::ALL` order. Works while no agent runs (what `inspect` and
+/// path, in `DpPath::ALL` order. Works while no agent runs (what `inspect` and
 /// tests use).
 pub fn read_counters(pin_dir: &Path) -> Result<Vec<(DpPath, PathCounter)>, DatapathError> {
     let e = map_err(pin_dir, COUNTERS_MAP);

@@ -206,7 +206,7 @@ impl FastPath {
                     let mac = overlay.neighbours.get(gw)?;
                     let host = overlay.fdb.get(mac)?;
                     RemoteNode {
-                        vtep_mac: *mac,
+                        vtep_mac: mac.0,
                         flags: 0,
                         _pad: 0,
                         host_ip: u32::from_ne_bytes(host.octets()),
@@ -220,13 +220,13 @@ impl FastPath {
                         .find_map(|(m, h)| (h == gw).then_some(*m))
                         .unwrap_or_default();
                     RemoteNode {
-                        vtep_mac: mac,
+                        vtep_mac: mac.0,
                         flags: REMOTE_DIRECT,
                         _pad: 0,
                         host_ip: u32::from_ne_bytes(gw.octets()),
                     }
                 };
-                Some(((cidr.addr, cidr.prefix), node))
+                Some(((cidr.addr(), cidr.prefix()), node))
             })
             .collect();
         // The hosts VXLAN may come from: those the FDB sends to.
@@ -237,7 +237,7 @@ impl FastPath {
                 (
                     *host,
                     PeerNode {
-                        vtep_mac: *mac,
+                        vtep_mac: mac.0,
                         _pad: [0; 2],
                     },
                 )
@@ -265,8 +265,8 @@ impl FastPath {
                         *ip,
                         LocalEndpoint {
                             ifindex: p.ifindex,
-                            pod_mac: p.pod_mac,
-                            host_mac: p.host_mac,
+                            pod_mac: p.pod_mac.0,
+                            host_mac: p.host_mac.0,
                         },
                     )
                 })
@@ -340,7 +340,7 @@ impl FastPath {
                 &self.proc_sys,
                 "net/netfilter/nf_conntrack_udp_timeout_stream",
             ),
-            vtep_mac: vx.mac,
+            vtep_mac: vx.mac.0,
             _pad: [0; 2],
             underlay_ifindex: if self.tc_encap { vx.underlay_index } else { 0 },
             host_ip: u32::from_ne_bytes(vx.local_ip.octets()),

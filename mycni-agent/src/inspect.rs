@@ -8,7 +8,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 
 use crate::ebpf::{self, Prog};
-use crate::peers::format_mac;
+use crate::peers::Mac;
 
 fn ifname(index: u32) -> String {
     let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
@@ -50,7 +50,7 @@ pub fn render(pin_dir: &Path) -> Result<String> {
         "  vxlan: {} (ifindex {}), VTEP MAC {}",
         ifname(cfg.vxlan_ifindex),
         cfg.vxlan_ifindex,
-        format_mac(&cfg.vtep_mac)
+        Mac(cfg.vtep_mac)
     )?;
     if cfg.flags & mycni_common::CFG_TC_ENCAP != 0 {
         writeln!(
@@ -108,7 +108,7 @@ pub fn render(pin_dir: &Path) -> Result<String> {
             o,
             "  {:<18} -> VTEP {}  host {}{how}",
             format!("{addr}/{prefix}"),
-            format_mac(&r.vtep_mac),
+            Mac(r.vtep_mac),
             host
         )?;
     }
@@ -131,8 +131,8 @@ pub fn render(pin_dir: &Path) -> Result<String> {
             ip.to_string(),
             ifname(ep.ifindex),
             ep.ifindex,
-            format_mac(&ep.pod_mac),
-            format_mac(&ep.host_mac)
+            Mac(ep.pod_mac),
+            Mac(ep.host_mac)
         )?;
     }
 

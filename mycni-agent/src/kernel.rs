@@ -23,13 +23,16 @@ use thiserror::Error;
 use crate::peers::{Cidr, Mac};
 use crate::reconcile::{self, Action, OverlayState};
 
-/// Route protocol number marking the agent's routes (the plugin uses 0x6d),
-/// so a restarted agent finds its stale routes and nobody else's.
-pub const RTPROT_MYCNI_AGENT: u8 = 0x6e;
-/// Route protocol number of the plugin's per-pod host routes.
-pub const RTPROT_MYCNI_PLUGIN: u8 = 0x6d;
-/// Prefix of the alias the plugin sets on every host-side veth it owns.
-pub const VETH_ALIAS_PREFIX: &str = "mycni:";
+/// The agent's routes carry its own protocol so a restarted agent finds its
+/// stale routes and nobody else's; the plugin's pod routes and host veths
+/// are found by the plugin's marks. All of them are the contract's.
+pub use mycni_common::contract::{RTPROT_MYCNI_AGENT, RTPROT_MYCNI_PLUGIN, VethAlias};
+
+/// Whether a link with this alias is a pod's host veth, made by the plugin.
+pub fn is_pod_veth(alias: &str) -> bool {
+    VethAlias::is_mycni(alias)
+}
+
 /// Requests in flight at once when applying a diff: enough to hide the
 /// per-request round trip, few enough not to overrun the socket buffer.
 const CONCURRENCY: usize = 64;
@@ -234,13 +237,8 @@ impl Kernel {
         let subnets = addrs
             .iter()
             .filter(|(_, prefix)| *prefix < 32)
-            .map(|&(addr, prefix)| {
-                let c = Cidr { addr, prefix };
-                Cidr {
-                    addr: c.network(),
-                    prefix,
-                }
-            })
+            // An IPv4 address's prefix is below 32 here: none is dropped.
+            .filter_map(|&(addr, prefix)| Cidr::new(addr, prefix).map(Cidr::trunc))
             .collect();
         Ok(Underlay {
             name: link.name,
@@ -281,7 +279,7 @@ impl Kernel {
                     // must put the same bytes on the wire.
                     .udp_csum(false)
                     .mtu(spec.mtu)
-                    .address(spec.mac.to_vec())
+                    .address(spec.mac.0.to_vec())
                     .build();
                 self.handle
                     .link()
@@ -302,12 +300,12 @@ impl Kernel {
             .link_by_index(index)
             .await?
             .ok_or_else(|| KernelError::Other(format!("{} vanished", spec.name)))?;
-        if l.mac != spec.mac || l.mtu != spec.mtu || !l.up {
+        if l.mac != spec.mac.0 || l.mtu != spec.mtu || !l.up {
             self.handle
                 .link()
                 .set(
                     LinkUnspec::new_with_index(index)
-                        .address(spec.mac.to_vec())
+                        .address(spec.mac.0.to_vec())
                         .mtu(spec.mtu)
                         .up()
                         .build(),
@@ -360,11 +358,10 @@ impl Kernel {
                     _ => {}
                 }
             }
-            if let (Some(d), Some(g)) = (dst, gw) {
-                let c = Cidr {
-                    addr: d,
-                    prefix: m.header.destination_prefix_length,
-                };
+            // An IPv4 route's prefix is at most 32, so `Cidr::new` drops none.
+            if let (Some(d), Some(g)) = (dst, gw)
+                && let Some(c) = Cidr::new(d, m.header.destination_prefix_length)
+            {
                 let dev = if reconcile::via_vxlan(c, g) {
                     vxlan
                 } else {
@@ -406,7 +403,7 @@ impl Kernel {
                 continue;
             }
             if let (Some(ip), Some(mac)) = neigh_ip_mac(&m)
-                && mac != [0; 6]
+                && mac != Mac::ZERO
             {
                 s.fdb.insert(mac, ip);
             }
@@ -483,7 +480,7 @@ impl Kernel {
                 .handle
                 .neighbours()
                 .add(vxlan, IpAddr::V4(*ip))
-                .link_layer_address(mac)
+                .link_layer_address(&mac.0)
                 .state(NeighbourState::Permanent)
                 .replace()
                 .execute()
@@ -503,26 +500,23 @@ impl Kernel {
             Action::SetFdb(mac, ip) => self
                 .handle
                 .neighbours()
-                .add_bridge(vxlan, mac)
+                .add_bridge(vxlan, &mac.0)
                 .destination(IpAddr::V4(*ip))
                 .flags(NeighbourFlags::Own)
                 .state(NeighbourState::Permanent)
                 .replace()
                 .execute()
                 .await
-                .map_err(nl(format!("fdb {}", crate::peers::format_mac(mac)))),
+                .map_err(nl(format!("fdb {mac}"))),
             Action::DelFdb(mac) => {
                 let mut m = NeighbourMessage::default();
                 m.header.family = AddressFamily::Bridge;
                 m.header.ifindex = vxlan;
                 m.header.flags = NeighbourFlags::Own;
                 m.attributes
-                    .push(NeighbourAttribute::LinkLayerAddress(mac.to_vec()));
+                    .push(NeighbourAttribute::LinkLayerAddress(mac.0.to_vec()));
                 match self.handle.neighbours().del(m).execute().await {
-                    Err(e) if !gone(&e) => Err(nl(format!(
-                        "deleting fdb {}",
-                        crate::peers::format_mac(mac)
-                    ))(e)),
+                    Err(e) if !gone(&e) => Err(nl(format!("deleting fdb {mac}"))(e)),
                     _ => Ok(()),
                 }
             }
@@ -544,11 +538,11 @@ impl Kernel {
             let (mut alias, mut mac, mut peer_index, mut nsid) = (false, None, None, None);
             for a in &m.attributes {
                 match a {
-                    LinkAttribute::IfAlias(x) => alias = x.starts_with(VETH_ALIAS_PREFIX),
-                    LinkAttribute::Address(a) if a.len() == 6 => {
-                        let mut x = [0u8; 6];
-                        x.copy_from_slice(a);
-                        mac = Some(x);
+                    LinkAttribute::IfAlias(x) => alias = is_pod_veth(x),
+                    LinkAttribute::Address(a) => {
+                        if let Ok(x) = Mac::try_from(a.as_slice()) {
+                            mac = Some(x);
+                        }
                     }
                     LinkAttribute::Link(i) => peer_index = Some(*i),
                     LinkAttribute::LinkNetNsId(n) => nsid = Some(*n),
@@ -596,11 +590,7 @@ impl Kernel {
                 .push(LinkAttribute::IfNetnsId(nsid));
             let pod_mac = match req.execute().try_next().await {
                 Ok(Some(m)) => m.attributes.iter().find_map(|a| match a {
-                    LinkAttribute::Address(a) if a.len() == 6 => {
-                        let mut x = [0u8; 6];
-                        x.copy_from_slice(a);
-                        Some(x)
-                    }
+                    LinkAttribute::Address(a) => Mac::try_from(a.as_slice()).ok(),
                     _ => None,
                 }),
                 // The pod's netns is going away: no endpoint.
@@ -633,7 +623,7 @@ impl Kernel {
 /// A peer's podCIDR straight to its host IP on the underlay (direct routing).
 fn direct_route_msg(c: Cidr, host: Ipv4Addr, underlay: u32) -> RouteMessage {
     RouteMessageBuilder::<Ipv4Addr>::new()
-        .destination_prefix(c.addr, c.prefix)
+        .destination_prefix(c.addr(), c.prefix())
         .protocol(RouteProtocol::Other(RTPROT_MYCNI_AGENT))
         .output_interface(underlay)
         .gateway(host)
@@ -642,7 +632,7 @@ fn direct_route_msg(c: Cidr, host: Ipv4Addr, underlay: u32) -> RouteMessage {
 
 fn route_msg(c: Cidr, gw: Option<Ipv4Addr>, oif: u32) -> RouteMessage {
     let mut b = RouteMessageBuilder::<Ipv4Addr>::new()
-        .destination_prefix(c.addr, c.prefix)
+        .destination_prefix(c.addr(), c.prefix())
         .protocol(RouteProtocol::Other(RTPROT_MYCNI_AGENT));
     if oif != 0 {
         b = b.output_interface(oif);
@@ -676,10 +666,10 @@ fn neigh_ip_mac(m: &NeighbourMessage) -> (Option<Ipv4Addr>, Option<Mac>) {
             NeighbourAttribute::Destination(NeighbourAddress::Other(b)) if b.len() == 4 => {
                 ip = Some(Ipv4Addr::new(b[0], b[1], b[2], b[3]));
             }
-            NeighbourAttribute::LinkLayerAddress(l) if l.len() == 6 => {
-                let mut x = [0u8; 6];
-                x.copy_from_slice(l);
-                mac = Some(x);
+            NeighbourAttribute::LinkLayerAddress(l) => {
+                if let Ok(x) = Mac::try_from(l.as_slice()) {
+                    mac = Some(x);
+                }
             }
             _ => {}
         }

@@ -22,7 +22,7 @@ use rtnetlink::sys::AsyncSocket;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use crate::kernel::{RTPROT_MYCNI_PLUGIN, VETH_ALIAS_PREFIX};
+use crate::kernel::{RTPROT_MYCNI_PLUGIN, is_pod_veth};
 
 /// How long events are collected after the first before waking the loop:
 /// long enough to fold one plugin ADD's few notifications and a burst of
@@ -46,7 +46,7 @@ pub fn relevant(msg: &NetlinkMessage<RouteNetlinkMessage>) -> bool {
         ) => l
             .attributes
             .iter()
-            .any(|a| matches!(a, LinkAttribute::IfAlias(x) if x.starts_with(VETH_ALIAS_PREFIX))),
+            .any(|a| matches!(a, LinkAttribute::IfAlias(x) if is_pod_veth(x))),
         // Notifications were lost: any of them may have been a pod.
         NetlinkPayload::Overrun(_) => true,
         _ => false,

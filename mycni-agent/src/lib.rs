@@ -2,7 +2,11 @@
 //!
 //! The library holds everything the binary does, behind narrow seams, so that
 //! tests drive the same code the DaemonSet runs: `peers` and `reconcile` are
-//! pure, `kernel` talks netlink, `node` talks to the Kubernetes API.
+//! pure, `kernel` (and `kwatch`) talk netlink, `agent` talks to the
+//! Kubernetes API and runs the reconcile loop, `fastpath` and `ebpf` own the
+//! programs and maps. What the agent shares with the plugin (route
+//! protocols, veth aliases, the conflist, the ready file) is
+//! `mycni_common::contract`.
 
 pub mod agent;
 pub mod caps;

@@ -11,6 +11,9 @@ use mycni_agent::agent::{self, Config};
 use mycni_agent::fastpath::Mode;
 use mycni_agent::metrics::Metrics;
 use mycni_agent::peers::Cidr;
+use mycni_common::contract::{
+    DEFAULT_STATE_DIR, DEFAULT_VNI, DEFAULT_VXLAN_DEVICE, DEFAULT_VXLAN_PORT,
+};
 
 #[derive(Parser)]
 #[command(
@@ -66,11 +69,11 @@ struct RunArgs {
     /// Underlay interface; default: the interface of the default route.
     #[arg(long, env = "MYCNI_IFACE")]
     iface: Option<String>,
-    #[arg(long, default_value = "vxlan.1")]
+    #[arg(long, default_value = DEFAULT_VXLAN_DEVICE)]
     vxlan_name: String,
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = DEFAULT_VNI)]
     vni: u32,
-    #[arg(long, default_value_t = 8472)]
+    #[arg(long, default_value_t = DEFAULT_VXLAN_PORT)]
     vxlan_port: u16,
     /// Where the conflist is written (the host's /etc/cni/net.d).
     #[arg(
@@ -80,7 +83,7 @@ struct RunArgs {
     )]
     cni_conf_dir: PathBuf,
     /// The ready marker for the plugin's STATUS lives here; same path on host and in the container.
-    #[arg(long, env = "MYCNI_STATE_DIR", default_value = "/run/mycni")]
+    #[arg(long, env = "MYCNI_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
     state_dir: PathBuf,
     /// Persistent state (the VTEP MAC).
     #[arg(long, env = "MYCNI_DATA_DIR", default_value = "/var/lib/mycni")]
@@ -135,7 +138,7 @@ struct RunArgs {
 }
 
 fn parse_cidr(s: &str) -> Result<Cidr, String> {
-    Cidr::parse(s).ok_or_else(|| format!("{s:?} is not an IPv4 CIDR like 10.244.0.0/16"))
+    Cidr::parse_network(s).map_err(|_| format!("{s:?} is not an IPv4 CIDR like 10.244.0.0/16"))
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {

@@ -2,94 +2,20 @@
 //! host IP. Node objects are untrusted input: anything malformed or hostile
 //! is rejected with a reason (logged and counted), never programmed.
 //!
-//! This module uses std only: the `peer_node` fuzz target (fuzz/) compiles
-//! this file on its own, without the agent's dependencies.
+//! This module uses std and `mycni_common` only: the `peer_node` fuzz target
+//! (fuzz/) compiles this file on its own, without the agent's dependencies.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::Ipv4Addr;
 
-/// Annotation with the node's VTEP MAC (`vxlan.1`'s address).
-pub const ANNOTATION_VTEP_MAC: &str = "mycni.dev/vtep-mac";
-/// Annotation with the node's underlay IP (VXLAN packets go there).
-pub const ANNOTATION_HOST_IP: &str = "mycni.dev/host-ip";
+pub use mycni_common::contract::{ANNOTATION_HOST_IP, ANNOTATION_VTEP_MAC};
+pub use mycni_common::net::Mac;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Cidr {
-    pub addr: Ipv4Addr,
-    pub prefix: u8,
-}
-
-impl Cidr {
-    pub fn parse(s: &str) -> Option<Cidr> {
-        let (a, p) = s.split_once('/')?;
-        let prefix: u8 = p.parse().ok()?;
-        if prefix > 32 || p.starts_with('+') || (p.len() > 1 && p.starts_with('0')) {
-            return None;
-        }
-        let addr: Ipv4Addr = a.parse().ok()?;
-        let c = Cidr { addr, prefix };
-        // Host bits set means the writer meant something else: reject.
-        (c.network() == addr).then_some(c)
-    }
-
-    fn mask(self) -> u32 {
-        if self.prefix == 0 {
-            0
-        } else {
-            u32::MAX << (32 - self.prefix)
-        }
-    }
-
-    pub fn network(self) -> Ipv4Addr {
-        Ipv4Addr::from(u32::from(self.addr) & self.mask())
-    }
-
-    pub fn contains(self, ip: Ipv4Addr) -> bool {
-        u32::from(ip) & self.mask() == u32::from(self.addr) & self.mask()
-    }
-
-    /// True when `other` lies entirely inside `self`.
-    pub fn covers(self, other: Cidr) -> bool {
-        other.prefix >= self.prefix && self.contains(other.addr)
-    }
-
-    pub fn overlaps(self, other: Cidr) -> bool {
-        self.covers(other) || other.covers(self)
-    }
-}
-
-impl fmt::Display for Cidr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.addr, self.prefix)
-    }
-}
-
-pub type Mac = [u8; 6];
-
-pub fn format_mac(m: &Mac) -> String {
-    m.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
-}
-
-pub fn parse_mac(s: &str) -> Option<Mac> {
-    let parts: Vec<&str> = s.split(':').collect();
-    if parts.len() != 6 {
-        return None;
-    }
-    let mut m = [0u8; 6];
-    for (i, p) in parts.iter().enumerate() {
-        // Two hex digits; `from_str_radix` alone would also take "+f"
-        // (found by the `peer_node` fuzz target).
-        if p.len() != 2 || !p.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return None;
-        }
-        m[i] = u8::from_str_radix(p, 16).ok()?;
-    }
-    Some(m)
-}
+/// The agent is IPv4-only: every CIDR it handles is an IPv4 one, parsed by
+/// the one parser (`Cidr::parse_network` for networks, which rejects host
+/// bits).
+pub type Cidr = mycni_common::net::Cidr<Ipv4Addr>;
 
 /// A peer the agent will program.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -167,10 +93,6 @@ pub struct NodeView {
     pub annotations: BTreeMap<String, String>,
 }
 
-fn valid_unicast_mac(m: &Mac) -> bool {
-    m != &[0; 6] && m[0] & 1 == 0
-}
-
 fn valid_host_ip(ip: Ipv4Addr) -> bool {
     !(ip.is_unspecified()
         || ip.is_loopback()
@@ -186,8 +108,9 @@ pub fn parse_peer(node: &NodeView, cluster: Cidr) -> Result<Peer, Reject> {
         .pod_cidr
         .as_deref()
         .ok_or(Reject::Incomplete("no spec.podCIDR"))?;
-    let pod_cidr = Cidr::parse(cidr_s)
-        .filter(|c| (8..=30).contains(&c.prefix))
+    let pod_cidr = Cidr::parse_network(cidr_s)
+        .ok()
+        .filter(|c| (8..=30).contains(&c.prefix()))
         .ok_or_else(|| Reject::BadPodCidr(cidr_s.to_string()))?;
     if !cluster.covers(pod_cidr) {
         return Err(Reject::OutsideClusterCidr(cidr_s.to_string()));
@@ -196,8 +119,11 @@ pub fn parse_peer(node: &NodeView, cluster: Cidr) -> Result<Peer, Reject> {
         .annotations
         .get(ANNOTATION_VTEP_MAC)
         .ok_or(Reject::Incomplete("no VTEP MAC annotation"))?;
-    let vtep_mac = parse_mac(mac_s.trim())
-        .filter(valid_unicast_mac)
+    let vtep_mac = mac_s
+        .trim()
+        .parse::<Mac>()
+        .ok()
+        .filter(|m| m.is_unicast())
         .ok_or_else(|| Reject::BadMac(mac_s.clone()))?;
     let ip_s = node
         .annotations
@@ -242,11 +168,11 @@ pub fn select_peers(
     // Overlaps between peers: sorted by start address, a range can only
     // overlap the ones that start before it ends.
     ok.sort_by(|a, b| a.pod_cidr.cmp(&b.pod_cidr).then(a.name.cmp(&b.name)));
-    let end = |c: Cidr| u32::from(c.addr) | !c.mask();
+    let end = |c: Cidr| u32::from(c.last());
     let mut bad = vec![false; ok.len()];
     for i in 0..ok.len() {
         for j in i + 1..ok.len() {
-            if u32::from(ok[j].pod_cidr.addr) > end(ok[i].pod_cidr) {
+            if u32::from(ok[j].pod_cidr.addr()) > end(ok[i].pod_cidr) {
                 break;
             }
             bad[i] = true;
@@ -265,7 +191,7 @@ pub fn select_peers(
         } else if macs.get(&p.vtep_mac).copied().unwrap_or(0) > 1 {
             rejected.push((
                 p.name.clone(),
-                Reject::DuplicateVtepMac(format_mac(&p.vtep_mac)),
+                Reject::DuplicateVtepMac(p.vtep_mac.to_string()),
             ));
         } else {
             peers.push(p);
@@ -280,7 +206,7 @@ mod tests {
     use super::*;
 
     fn cluster() -> Cidr {
-        Cidr::parse("10.244.0.0/16").unwrap()
+        Cidr::parse_network("10.244.0.0/16").unwrap()
     }
 
     fn view(name: &str, cidr: Option<&str>, mac: Option<&str>, ip: Option<&str>) -> NodeView {
@@ -300,7 +226,7 @@ mod tests {
 
     #[test]
     fn cidr_parsing() {
-        assert!(Cidr::parse("10.244.1.0/24").is_some());
+        assert!(Cidr::parse_network("10.244.1.0/24").is_ok());
         for bad in [
             "10.244.1.1/24",
             "10.244.1.0/33",
@@ -310,30 +236,12 @@ mod tests {
             "10.244.1.0/024",
             "",
         ] {
-            assert!(Cidr::parse(bad).is_none(), "{bad}");
+            assert!(Cidr::parse_network(bad).is_err(), "{bad}");
         }
     }
 
-    #[test]
-    fn mac_parsing() {
-        assert_eq!(
-            parse_mac("02:AB:cd:00:00:01"),
-            Some([2, 0xab, 0xcd, 0, 0, 1])
-        );
-        // "+1" passed `u8::from_str_radix` (found by the peer_node fuzz target).
-        for bad in [
-            "02:00:00:00:00:+1",
-            "+2:00:00:00:00:01",
-            "02:00:00:00:00:1",
-            "02:00:00:00:00:001",
-            "02-00-00-00-00-01",
-            "02:00:00:00:00:0g",
-            "02:00:00:00:00:01:",
-            "",
-        ] {
-            assert_eq!(parse_mac(bad), None, "{bad}");
-        }
-    }
+    // The MAC parser's cases (the peer_node fuzz target's "+1" among
+    // them) are tested where it lives: mycni-common's `net::tests::macs`.
 
     #[test]
     fn hostile_nodes_are_rejected_with_reasons() {
@@ -483,7 +391,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(ok.gateway(), Ipv4Addr::new(10, 244, 1, 0));
-        assert_eq!(ok.vtep_mac, [2, 0xab, 0, 0, 0, 1]);
+        assert_eq!(ok.vtep_mac, Mac([2, 0xab, 0, 0, 0, 1]));
     }
 
     #[test]
@@ -532,7 +440,7 @@ mod tests {
                 Some("192.168.0.7"),
             ),
         ];
-        let own = Cidr::parse("10.244.0.0/24");
+        let own = Cidr::parse_network("10.244.0.0/24").ok();
         let (peers, rejected) = select_peers(&nodes, "me", own, cluster());
         let names: Vec<&str> = peers.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(names, ["a", "e"]);

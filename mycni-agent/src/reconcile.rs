@@ -155,8 +155,8 @@ mod tests {
     fn peer(name: &str, cidr: &str, mac: u8, ip: u8) -> Peer {
         Peer {
             name: name.into(),
-            pod_cidr: Cidr::parse(cidr).unwrap(),
-            vtep_mac: [2, 0, 0, 0, 0, mac],
+            pod_cidr: Cidr::parse_network(cidr).unwrap(),
+            vtep_mac: Mac([2, 0, 0, 0, 0, mac]),
             host_ip: Ipv4Addr::new(192, 168, 0, ip),
         }
     }
@@ -168,10 +168,10 @@ mod tests {
         assert_eq!(
             acts,
             vec![
-                Action::SetFdb([2, 0, 0, 0, 0, 1], Ipv4Addr::new(192, 168, 0, 2)),
-                Action::SetNeighbour(Ipv4Addr::new(10, 244, 1, 0), [2, 0, 0, 0, 0, 1]),
+                Action::SetFdb(Mac([2, 0, 0, 0, 0, 1]), Ipv4Addr::new(192, 168, 0, 2)),
+                Action::SetNeighbour(Ipv4Addr::new(10, 244, 1, 0), Mac([2, 0, 0, 0, 0, 1])),
                 Action::SetRoute(
-                    Cidr::parse("10.244.1.0/24").unwrap(),
+                    Cidr::parse_network("10.244.1.0/24").unwrap(),
                     Ipv4Addr::new(10, 244, 1, 0)
                 ),
             ]
@@ -180,7 +180,7 @@ mod tests {
 
     #[test]
     fn direct_peers_are_routed_to_their_host_without_a_neighbour() {
-        let lan = Cidr::parse("192.168.0.0/24").unwrap();
+        let lan = Cidr::parse_network("192.168.0.0/24").unwrap();
         let a = peer("a", "10.244.1.0/24", 1, 2);
         let mut far = peer("b", "10.244.2.0/24", 2, 3);
         far.host_ip = Ipv4Addr::new(172, 16, 0, 3);
@@ -219,22 +219,24 @@ mod tests {
         assert_eq!(
             diff(&new_ip, &old),
             vec![Action::SetFdb(
-                [2, 0, 0, 0, 0, 1],
+                Mac([2, 0, 0, 0, 0, 1]),
                 Ipv4Addr::new(192, 168, 0, 9)
             )]
         );
         // MAC changed: old FDB entry deleted, neighbour replaced, new FDB.
         let new_mac = desired(&[peer("a", "10.244.1.0/24", 7, 2)]);
         let acts = diff(&new_mac, &old);
-        assert!(acts.contains(&Action::DelFdb([2, 0, 0, 0, 0, 1])));
+        assert!(acts.contains(&Action::DelFdb(Mac([2, 0, 0, 0, 0, 1]))));
         assert!(acts.contains(&Action::SetNeighbour(
             Ipv4Addr::new(10, 244, 1, 0),
-            [2, 0, 0, 0, 0, 7]
+            Mac([2, 0, 0, 0, 0, 7])
         )));
         // podCIDR changed: old route and neighbour go, new ones come.
         let new_cidr = desired(&[peer("a", "10.244.5.0/24", 1, 2)]);
         let acts = diff(&new_cidr, &old);
-        assert!(acts.contains(&Action::DelRoute(Cidr::parse("10.244.1.0/24").unwrap())));
+        assert!(acts.contains(&Action::DelRoute(
+            Cidr::parse_network("10.244.1.0/24").unwrap()
+        )));
         assert!(acts.contains(&Action::DelNeighbour(Ipv4Addr::new(10, 244, 1, 0))));
         assert!(acts[0].is_delete());
         let mut s = old.clone();

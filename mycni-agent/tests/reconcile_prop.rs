@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
 use mycni_agent::peers::{
-    ANNOTATION_HOST_IP, ANNOTATION_VTEP_MAC, Cidr, NodeView, parse_peer, select_peers,
+    ANNOTATION_HOST_IP, ANNOTATION_VTEP_MAC, Cidr, Mac, NodeView, parse_peer, select_peers,
 };
 use mycni_agent::reconcile::{OverlayState, apply, desired, diff};
 use proptest::prelude::*;
@@ -17,7 +17,7 @@ use proptest::prelude::*;
 const OWN: &str = "node-0";
 
 fn cluster() -> Cidr {
-    Cidr::parse("10.244.0.0/16").expect("valid")
+    Cidr::parse_network("10.244.0.0/16").expect("valid")
 }
 
 /// Small pools so that collisions (same podCIDR, same MAC, overlapping
@@ -69,7 +69,7 @@ fn snapshot() -> impl Strategy<Value = Vec<NodeView>> {
 }
 
 fn want(nodes: &[NodeView]) -> OverlayState {
-    let own = Cidr::parse("10.244.0.0/24");
+    let own = Cidr::parse_network("10.244.0.0/24").ok();
     desired(&select_peers(nodes, OWN, own, cluster()).0)
 }
 
@@ -94,12 +94,12 @@ fn apply_drift(k: &mut OverlayState, (dels, adds): &(Vec<usize>, Vec<(u8, u8)>))
         }
     }
     for (a, b) in adds {
-        let c = Cidr::parse(&format!("10.99.{a}.0/24")).expect("valid");
+        let c = Cidr::parse_network(&format!("10.99.{a}.0/24")).expect("valid");
         k.routes.insert(c, Ipv4Addr::new(10, 99, *a, 0));
         k.neighbours
-            .insert(Ipv4Addr::new(10, 98, *a, *b), [2, 0, 0, 0, *a, *b]);
+            .insert(Ipv4Addr::new(10, 98, *a, *b), Mac([2, 0, 0, 0, *a, *b]));
         k.fdb
-            .insert([2, 1, 0, 0, *a, *b], Ipv4Addr::new(172, 16, *a, *b));
+            .insert(Mac([2, 1, 0, 0, *a, *b]), Ipv4Addr::new(172, 16, *a, *b));
     }
 }
 

@@ -1,8 +1,22 @@
 //! Types shared by the eBPF programs (`mycni-ebpf`) and userspace (`mycni-agent`).
 //!
-//! Every type here is `#[repr(C)]` with explicit padding, because the kernel
-//! and both sides read the same bytes, and BTF describes them to `bpftool`.
+//! Every type at the top level is `#[repr(C)]` with explicit padding, because
+//! the kernel and both sides read the same bytes, and BTF describes them to
+//! `bpftool`.
+//!
+//! With the `std` feature (userspace only: the plugin and the agent), also
+//! [`contract`], everything the plugin and the agent must agree on, and
+//! [`net`], the one CIDR and MAC type both parse with. The eBPF object is
+//! built without it and stays `no_std`.
 #![no_std]
+
+#[cfg(feature = "std")]
+extern crate std;
+
+#[cfg(feature = "std")]
+pub mod contract;
+#[cfg(feature = "std")]
+pub mod net;
 
 /// bpffs directory under which the agent pins maps, programs and links.
 pub const PIN_DIR: &str = "/sys/fs/bpf/mycni";
@@ -39,9 +53,10 @@ pub const CFG_TC_DECAP: u8 = 2;
 
 /// Every packet a mycni program sees is counted exactly once, under the path it
 /// took or the reason it was left to the kernel (cf. Cilium's drop reasons).
+/// `Dp` for datapath: userspace files also use `std::path::Path`.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Path {
+pub enum DpPath {
     /// Left to the kernel: not an IPv4 packet (ARP, IPv6, ...).
     KernelNotIpv4 = 0,
     /// Left to the kernel: the headers are shorter than they claim.
@@ -121,74 +136,74 @@ pub enum Path {
     KernelDirectFib = 28,
 }
 
-impl Path {
+impl DpPath {
     /// Number of counter slots; the counter map has exactly this many entries.
     pub const COUNT: u32 = 29;
 
-    pub const ALL: [Path; Self::COUNT as usize] = [
-        Path::KernelNotIpv4,
-        Path::KernelTruncated,
-        Path::KernelUnknownDest,
-        Path::KernelTtl,
-        Path::KernelIpOptionsOrFragment,
-        Path::KernelTcpControl,
-        Path::KernelNotEstablished,
-        Path::FastVxlanNoEncap,
-        Path::FastLocal,
-        Path::KernelNat,
-        Path::KernelNotTcpUdp,
-        Path::KernelNoConfig,
-        Path::KernelError,
-        Path::FastDecap,
-        Path::KernelSourceNotPod,
-        Path::FastEncap,
-        Path::FastVxlanMtu,
-        Path::FastVxlanFib,
-        Path::FastVxlanGso,
-        Path::FastTcDecap,
-        Path::KernelUnderlayOther,
-        Path::KernelDecapNotPeer,
-        Path::KernelDecapHeader,
-        Path::KernelDecapFragment,
-        Path::KernelDecapInnerSource,
-        Path::KernelDecapGso,
-        Path::FastDirect,
-        Path::FastDirectIn,
-        Path::KernelDirectFib,
+    pub const ALL: [DpPath; Self::COUNT as usize] = [
+        DpPath::KernelNotIpv4,
+        DpPath::KernelTruncated,
+        DpPath::KernelUnknownDest,
+        DpPath::KernelTtl,
+        DpPath::KernelIpOptionsOrFragment,
+        DpPath::KernelTcpControl,
+        DpPath::KernelNotEstablished,
+        DpPath::FastVxlanNoEncap,
+        DpPath::FastLocal,
+        DpPath::KernelNat,
+        DpPath::KernelNotTcpUdp,
+        DpPath::KernelNoConfig,
+        DpPath::KernelError,
+        DpPath::FastDecap,
+        DpPath::KernelSourceNotPod,
+        DpPath::FastEncap,
+        DpPath::FastVxlanMtu,
+        DpPath::FastVxlanFib,
+        DpPath::FastVxlanGso,
+        DpPath::FastTcDecap,
+        DpPath::KernelUnderlayOther,
+        DpPath::KernelDecapNotPeer,
+        DpPath::KernelDecapHeader,
+        DpPath::KernelDecapFragment,
+        DpPath::KernelDecapInnerSource,
+        DpPath::KernelDecapGso,
+        DpPath::FastDirect,
+        DpPath::FastDirectIn,
+        DpPath::KernelDirectFib,
     ];
 
     /// Stable label used in metrics and `inspect` output.
     pub const fn name(self) -> &'static str {
         match self {
-            Path::KernelNotIpv4 => "kernel_not_ipv4",
-            Path::KernelTruncated => "kernel_truncated",
-            Path::KernelUnknownDest => "kernel_unknown_dest",
-            Path::KernelTtl => "kernel_ttl",
-            Path::KernelIpOptionsOrFragment => "kernel_ip_options_or_fragment",
-            Path::KernelTcpControl => "kernel_tcp_control",
-            Path::KernelNotEstablished => "kernel_not_established",
-            Path::FastVxlanNoEncap => "fast_vxlan_no_encap",
-            Path::FastLocal => "fast_local",
-            Path::KernelNat => "kernel_nat",
-            Path::KernelNotTcpUdp => "kernel_not_tcp_udp",
-            Path::KernelNoConfig => "kernel_no_config",
-            Path::KernelError => "kernel_error",
-            Path::FastDecap => "fast_decap",
-            Path::KernelSourceNotPod => "kernel_source_not_pod",
-            Path::FastEncap => "fast_encap",
-            Path::FastVxlanMtu => "fast_vxlan_mtu",
-            Path::FastVxlanFib => "fast_vxlan_fib",
-            Path::FastVxlanGso => "fast_vxlan_gso",
-            Path::FastTcDecap => "fast_tc_decap",
-            Path::KernelUnderlayOther => "kernel_underlay_other",
-            Path::KernelDecapNotPeer => "kernel_decap_not_peer",
-            Path::KernelDecapHeader => "kernel_decap_header",
-            Path::KernelDecapFragment => "kernel_decap_fragment",
-            Path::KernelDecapInnerSource => "kernel_decap_inner_source",
-            Path::KernelDecapGso => "kernel_decap_gso",
-            Path::FastDirect => "fast_direct",
-            Path::FastDirectIn => "fast_direct_in",
-            Path::KernelDirectFib => "kernel_direct_fib",
+            DpPath::KernelNotIpv4 => "kernel_not_ipv4",
+            DpPath::KernelTruncated => "kernel_truncated",
+            DpPath::KernelUnknownDest => "kernel_unknown_dest",
+            DpPath::KernelTtl => "kernel_ttl",
+            DpPath::KernelIpOptionsOrFragment => "kernel_ip_options_or_fragment",
+            DpPath::KernelTcpControl => "kernel_tcp_control",
+            DpPath::KernelNotEstablished => "kernel_not_established",
+            DpPath::FastVxlanNoEncap => "fast_vxlan_no_encap",
+            DpPath::FastLocal => "fast_local",
+            DpPath::KernelNat => "kernel_nat",
+            DpPath::KernelNotTcpUdp => "kernel_not_tcp_udp",
+            DpPath::KernelNoConfig => "kernel_no_config",
+            DpPath::KernelError => "kernel_error",
+            DpPath::FastDecap => "fast_decap",
+            DpPath::KernelSourceNotPod => "kernel_source_not_pod",
+            DpPath::FastEncap => "fast_encap",
+            DpPath::FastVxlanMtu => "fast_vxlan_mtu",
+            DpPath::FastVxlanFib => "fast_vxlan_fib",
+            DpPath::FastVxlanGso => "fast_vxlan_gso",
+            DpPath::FastTcDecap => "fast_tc_decap",
+            DpPath::KernelUnderlayOther => "kernel_underlay_other",
+            DpPath::KernelDecapNotPeer => "kernel_decap_not_peer",
+            DpPath::KernelDecapHeader => "kernel_decap_header",
+            DpPath::KernelDecapFragment => "kernel_decap_fragment",
+            DpPath::KernelDecapInnerSource => "kernel_decap_inner_source",
+            DpPath::KernelDecapGso => "kernel_decap_gso",
+            DpPath::FastDirect => "fast_direct",
+            DpPath::FastDirectIn => "fast_direct_in",
+            DpPath::KernelDirectFib => "kernel_direct_fib",
         }
     }
 
@@ -196,16 +211,16 @@ impl Path {
     pub const fn is_fast(self) -> bool {
         matches!(
             self,
-            Path::FastVxlanNoEncap
-                | Path::FastLocal
-                | Path::FastDecap
-                | Path::FastEncap
-                | Path::FastVxlanMtu
-                | Path::FastVxlanFib
-                | Path::FastVxlanGso
-                | Path::FastTcDecap
-                | Path::FastDirect
-                | Path::FastDirectIn
+            DpPath::FastVxlanNoEncap
+                | DpPath::FastLocal
+                | DpPath::FastDecap
+                | DpPath::FastEncap
+                | DpPath::FastVxlanMtu
+                | DpPath::FastVxlanFib
+                | DpPath::FastVxlanGso
+                | DpPath::FastTcDecap
+                | DpPath::FastDirect
+                | DpPath::FastDirectIn
         )
     }
 
@@ -215,11 +230,11 @@ impl Path {
     pub const fn crossed_vxlan(self) -> bool {
         matches!(
             self,
-            Path::FastVxlanNoEncap
-                | Path::FastVxlanMtu
-                | Path::FastVxlanFib
-                | Path::FastVxlanGso
-                | Path::FastDecap
+            DpPath::FastVxlanNoEncap
+                | DpPath::FastVxlanMtu
+                | DpPath::FastVxlanFib
+                | DpPath::FastVxlanGso
+                | DpPath::FastDecap
         )
     }
 
@@ -227,7 +242,7 @@ impl Path {
     /// i.e. counts in a "fast share". The underlay program sees all of the
     /// node's own traffic too (API, ARP, SSH), which says nothing about pods.
     pub const fn is_pod_traffic(self) -> bool {
-        !matches!(self, Path::KernelUnderlayOther)
+        !matches!(self, DpPath::KernelUnderlayOther)
     }
 }
 
@@ -336,11 +351,11 @@ mod tests {
 
     #[test]
     fn path_indices_are_dense_and_named_uniquely() {
-        for (i, p) in Path::ALL.iter().enumerate() {
+        for (i, p) in DpPath::ALL.iter().enumerate() {
             assert_eq!(*p as u32, i as u32);
         }
-        for a in Path::ALL {
-            for b in Path::ALL {
+        for a in DpPath::ALL {
+            for b in DpPath::ALL {
                 if a != b {
                     assert_ne!(a.name(), b.name());
                 }

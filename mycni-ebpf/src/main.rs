@@ -46,12 +46,12 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::debug;
 use mycni_common::{
-    CFG_TC_DECAP, CFG_TC_ENCAP, DpConfig, LOCAL_MAX, LocalEndpoint, PEERS_MAX, Path, PathCounter,
+    CFG_TC_DECAP, CFG_TC_ENCAP, DpConfig, DpPath, LOCAL_MAX, LocalEndpoint, PEERS_MAX, PathCounter,
     PeerNode, REMOTE_DIRECT, REMOTE_MAX, RemoteNode, TCX_NEXT, VXLAN_OVERHEAD,
 };
 
 #[btf_map(name = "mycni_counters")]
-static COUNTERS: PerCpuArray<PathCounter, { Path::COUNT as usize }> = PerCpuArray::new();
+static COUNTERS: PerCpuArray<PathCounter, { DpPath::COUNT as usize }> = PerCpuArray::new();
 
 #[btf_map(name = "mycni_config")]
 static CONFIG: Array<DpConfig, 1> = Array::new();
@@ -119,7 +119,7 @@ enum From {
 }
 
 #[inline(always)]
-fn count(path: Path, bytes: u32) {
+fn count(path: DpPath, bytes: u32) {
     if let Some(slot) = COUNTERS.get_ptr_mut(path as u32) {
         // SAFETY: the slot is this CPU's own; no other program instance
         // touches it concurrently, so plain adds are race-free.
@@ -157,7 +157,7 @@ fn run(ctx: &TcContext, from: From) -> i32 {
             From::Underlay => from_underlay(ctx, cfg),
             _ => forward(ctx, from, cfg),
         },
-        _ => (Path::KernelNoConfig, TCX_NEXT),
+        _ => (DpPath::KernelNoConfig, TCX_NEXT),
     };
     count(path, len);
     // Off unless the agent runs with --ebpf-log: AYA_LOG_LEVEL is then a
@@ -219,39 +219,39 @@ fn inspect<const OFF: usize>(
     from: From,
     cfg: &DpConfig,
     peer: u32,
-) -> Result<(Ip, Next), Path> {
+) -> Result<(Ip, Next), DpPath> {
     let l3 = OFF + ETH_HLEN;
     let l4 = l3 + IP_HLEN;
-    let (data, _) = linear(ctx, l3).ok_or(Path::KernelTruncated)?;
+    let (data, _) = linear(ctx, l3).ok_or(DpPath::KernelTruncated)?;
     // SAFETY (all raw reads below): `linear` checked the range against
     // data_end, as the verifier requires; reads are unaligned-safe.
     let proto = u16::from_be(unsafe { ((data + OFF + 12) as *const u16).read_unaligned() });
     if proto != ETH_P_IP {
-        return Err(Path::KernelNotIpv4);
+        return Err(DpPath::KernelNotIpv4);
     }
-    let (data, _) = linear(ctx, l4).ok_or(Path::KernelTruncated)?;
+    let (data, _) = linear(ctx, l4).ok_or(DpPath::KernelTruncated)?;
     let ip = data + l3;
     let vihl = unsafe { *(ip as *const u8) };
     if vihl >> 4 != 4 {
-        return Err(Path::KernelNotIpv4);
+        return Err(DpPath::KernelNotIpv4);
     }
     if vihl & 0x0f != 5 {
         // ihl < 5 is malformed, > 5 carries options: both the kernel's.
         return Err(if vihl & 0x0f < 5 {
-            Path::KernelTruncated
+            DpPath::KernelTruncated
         } else {
-            Path::KernelIpOptionsOrFragment
+            DpPath::KernelIpOptionsOrFragment
         });
     }
     let tos = unsafe { *((ip + 1) as *const u8) };
     let tot_len = u16::from_be(unsafe { ((ip + 2) as *const u16).read_unaligned() }) as u32;
     // tot_len 0 is IPv4 BIG TCP; a length past the skb is a lie. Both: doubt.
     if (tot_len as usize) < IP_HLEN || tot_len + l3 as u32 > ctx.len() {
-        return Err(Path::KernelTruncated);
+        return Err(DpPath::KernelTruncated);
     }
     let frag = u16::from_be(unsafe { ((ip + 6) as *const u16).read_unaligned() });
     if frag & IP_MF_OFFSET != 0 {
-        return Err(Path::KernelIpOptionsOrFragment);
+        return Err(DpPath::KernelIpOptionsOrFragment);
     }
     let ttl = unsafe { *((ip + 8) as *const u8) };
     let l4proto = unsafe { *((ip + 9) as *const u8) };
@@ -264,38 +264,38 @@ fn inspect<const OFF: usize>(
         Some(ep) => Next::Local(*ep),
         None if from == From::Pod => match REMOTE.get(&Key::new(32, daddr_bytes)) {
             Some(node) => Next::Remote(*node),
-            None => return Err(Path::KernelUnknownDest),
+            None => return Err(DpPath::KernelUnknownDest),
         },
-        None => return Err(Path::KernelUnknownDest),
+        None => return Err(DpPath::KernelUnknownDest),
     };
     if ttl <= 1 {
-        return Err(Path::KernelTtl);
+        return Err(DpPath::KernelTtl);
     }
 
     let (timeout_ms, l4_hlen) = match l4proto {
         IPPROTO_TCP => {
-            let (data, _) = linear(ctx, l4 + TCP_HLEN).ok_or(Path::KernelTruncated)?;
+            let (data, _) = linear(ctx, l4 + TCP_HLEN).ok_or(DpPath::KernelTruncated)?;
             // The TCP header must lie inside the IP packet, not in padding
             // after it (the kernel would trim and drop such a segment).
             let doff = unsafe { *((data + l4 + 12) as *const u8) } >> 4;
             if (tot_len as usize) < IP_HLEN + TCP_HLEN || doff < 5 {
-                return Err(Path::KernelTruncated);
+                return Err(DpPath::KernelTruncated);
             }
             let flags = unsafe { *((data + l4 + 13) as *const u8) };
             if flags & (TCP_SYN | TCP_FIN | TCP_RST) != 0 {
-                return Err(Path::KernelTcpControl);
+                return Err(DpPath::KernelTcpControl);
             }
             (cfg.tcp_timeout_ms, u32::from(doff) * 4)
         }
         IPPROTO_UDP => {
             if (tot_len as usize) < IP_HLEN + UDP_HLEN || linear(ctx, l4 + UDP_HLEN).is_none() {
-                return Err(Path::KernelTruncated);
+                return Err(DpPath::KernelTruncated);
             }
             (cfg.udp_timeout_ms, UDP_HLEN as u32)
         }
-        _ => return Err(Path::KernelNotTcpUdp),
+        _ => return Err(DpPath::KernelNotTcpUdp),
     };
-    let (data, _) = linear(ctx, l4 + UDP_HLEN).ok_or(Path::KernelTruncated)?;
+    let (data, _) = linear(ctx, l4 + UDP_HLEN).ok_or(DpPath::KernelTruncated)?;
     let ports = unsafe { ((data + l4) as *const u32).read_unaligned() };
     let src = saddr.to_ne_bytes();
     match from {
@@ -308,20 +308,20 @@ fn inspect<const OFF: usize>(
             // SAFETY: read-only map lookup, as above.
             match unsafe { LOCAL.get(&src) } {
                 Some(ep) if ep.ifindex == iif => {}
-                _ => return Err(Path::KernelSourceNotPod),
+                _ => return Err(DpPath::KernelSourceNotPod),
             }
         }
         // A peer speaks only for its own pods (and its vxlan.1 address, the
         // first of its podCIDR).
         From::Underlay => match REMOTE.get(&Key::new(32, src)) {
             Some(node) if node.host_ip == peer => {}
-            _ => return Err(Path::KernelDecapInnerSource),
+            _ => return Err(DpPath::KernelDecapInnerSource),
         },
         // Unencapsulated, the sender is known only by the inner source:
         // a pod of a peer the agent routes directly.
         From::Direct => match REMOTE.get(&Key::new(32, src)) {
             Some(node) if node.flags & REMOTE_DIRECT != 0 => {}
-            _ => return Err(Path::KernelDecapInnerSource),
+            _ => return Err(DpPath::KernelDecapInnerSource),
         },
         From::Vxlan => {}
     }
@@ -339,10 +339,10 @@ fn inspect<const OFF: usize>(
         )
     };
     if ct == CT_NAT {
-        return Err(Path::KernelNat);
+        return Err(DpPath::KernelNat);
     }
     if ct != CT_ESTABLISHED {
-        return Err(Path::KernelNotEstablished);
+        return Err(DpPath::KernelNotEstablished);
     }
     Ok((
         Ip {
@@ -361,27 +361,27 @@ fn inspect<const OFF: usize>(
 /// Decrements the TTL of the IPv4 header at `l3`, like a router. The
 /// checksum covers TTL and protocol as one 16-bit word.
 #[inline(always)]
-fn dec_ttl(ctx: &TcContext, l3: usize, ip: &Ip) -> Result<(), Path> {
+fn dec_ttl(ctx: &TcContext, l3: usize, ip: &Ip) -> Result<(), DpPath> {
     let old = u16::from_be_bytes([ip.ttl, ip.l4proto]);
     let new = u16::from_be_bytes([ip.ttl - 1, ip.l4proto]);
     ctx.store(l3 + 8, &(ip.ttl - 1), 0)
         .and_then(|()| {
             ctx.l3_csum_replace(l3 + 10, u64::from(old.to_be()), u64::from(new.to_be()), 2)
         })
-        .map_err(|_| Path::KernelError)
+        .map_err(|_| DpPath::KernelError)
 }
 
 #[inline(always)]
-fn set_macs(ctx: &TcContext, off: usize, dst: [u8; 6], src: [u8; 6]) -> Result<(), Path> {
+fn set_macs(ctx: &TcContext, off: usize, dst: [u8; 6], src: [u8; 6]) -> Result<(), DpPath> {
     let mut macs = [0u8; 12];
     macs[..6].copy_from_slice(&dst);
     macs[6..].copy_from_slice(&src);
-    ctx.store(off, &macs, 0).map_err(|_| Path::KernelError)
+    ctx.store(off, &macs, 0).map_err(|_| DpPath::KernelError)
 }
 
 /// From a pod, or decapsulated by `vxlan.1`.
 #[inline(always)]
-fn forward(ctx: &TcContext, from: From, cfg: &DpConfig) -> (Path, i32) {
+fn forward(ctx: &TcContext, from: From, cfg: &DpConfig) -> (DpPath, i32) {
     let (ip, next) = match inspect::<0>(ctx, from, cfg, 0) {
         Ok(x) => x,
         Err(path) => return (path, TCX_NEXT),
@@ -402,22 +402,22 @@ fn forward(ctx: &TcContext, from: From, cfg: &DpConfig) -> (Path, i32) {
 
 /// Into a pod on this node; the IPv4 header is right behind Ethernet.
 #[inline(always)]
-fn deliver(ctx: &TcContext, from: From, ip: &Ip, ep: &LocalEndpoint) -> Result<Path, Path> {
+fn deliver(ctx: &TcContext, from: From, ip: &Ip, ep: &LocalEndpoint) -> Result<DpPath, DpPath> {
     dec_ttl(ctx, ETH_HLEN, ip)?;
     set_macs(ctx, 0, ep.pod_mac, ep.host_mac)?;
     // A frame that arrived for the VTEP, the gateway or the host's MAC must
     // look addressed to the pod when it lands there.
     ctx.change_type(PACKET_HOST)
-        .map_err(|_| Path::KernelError)?;
+        .map_err(|_| DpPath::KernelError)?;
     // SAFETY: a helper call on a valid ifindex; it only sets the redirect.
     if unsafe { bpf_redirect_peer(ep.ifindex, 0) } != TC_ACT_REDIRECT as i64 {
-        return Err(Path::KernelError);
+        return Err(DpPath::KernelError);
     }
     Ok(match from {
-        From::Pod => Path::FastLocal,
-        From::Vxlan => Path::FastDecap,
-        From::Underlay => Path::FastTcDecap,
-        From::Direct => Path::FastDirectIn,
+        From::Pod => DpPath::FastLocal,
+        From::Vxlan => DpPath::FastDecap,
+        From::Underlay => DpPath::FastTcDecap,
+        From::Direct => DpPath::FastDirectIn,
     })
 }
 
@@ -429,13 +429,13 @@ fn via_vxlan(
     cfg: &DpConfig,
     ip: &Ip,
     node: &RemoteNode,
-    why: Path,
-) -> Result<Path, Path> {
+    why: DpPath,
+) -> Result<DpPath, DpPath> {
     dec_ttl(ctx, ETH_HLEN, ip)?;
     set_macs(ctx, 0, node.vtep_mac, cfg.vtep_mac)?;
     // SAFETY: a helper call; it only sets the redirect target.
     if unsafe { bpf_redirect(cfg.vxlan_ifindex, 0) } != TC_ACT_REDIRECT as i64 {
-        return Err(Path::KernelError);
+        return Err(DpPath::KernelError);
     }
     Ok(why)
 }
@@ -444,7 +444,7 @@ fn via_vxlan(
 /// own route (`podCIDR via <host IP>` on the underlay) and neighbour
 /// entry; anything but a plain success out of the underlay is the kernel's.
 #[inline(always)]
-fn direct(ctx: &TcContext, cfg: &DpConfig, ip: &Ip) -> Result<Path, Path> {
+fn direct(ctx: &TcContext, cfg: &DpConfig, ip: &Ip) -> Result<DpPath, DpPath> {
     // SAFETY: plain reads of the context.
     let (iif, gso_size) = unsafe { ((*skb(ctx)).ingress_ifindex, (*skb(ctx)).gso_size) };
     let seg = if gso_size != 0 {
@@ -474,7 +474,7 @@ fn direct(ctx: &TcContext, cfg: &DpConfig, ip: &Ip) -> Result<Path, Path> {
     if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
         || p.ifindex != cfg.underlay_ifindex
     {
-        return Err(Path::KernelDirectFib);
+        return Err(DpPath::KernelDirectFib);
     }
     dec_ttl(ctx, ETH_HLEN, ip)?;
     // SAFETY: helper calls; they only set the redirect target.
@@ -492,9 +492,9 @@ fn direct(ctx: &TcContext, cfg: &DpConfig, ip: &Ip) -> Result<Path, Path> {
         unsafe { bpf_redirect_neigh(p.ifindex, core::ptr::null_mut(), 0, 0) }
     };
     if verdict != TC_ACT_REDIRECT as i64 {
-        return Err(Path::KernelError);
+        return Err(DpPath::KernelError);
     }
-    Ok(Path::FastDirect)
+    Ok(DpPath::FastDirect)
 }
 
 /// How an encapsulated packet leaves: the underlay device, and the outer
@@ -508,18 +508,18 @@ struct Plan {
 /// Whether the program may encapsulate this packet itself, and how it
 /// leaves; else the reason to hand it to `vxlan.1`.
 #[inline(always)]
-fn encap_plan(ctx: &TcContext, cfg: &DpConfig, ip: &Ip, node: &RemoteNode) -> Result<Plan, Path> {
+fn encap_plan(ctx: &TcContext, cfg: &DpConfig, ip: &Ip, node: &RemoteNode) -> Result<Plan, DpPath> {
     if cfg.flags & CFG_TC_ENCAP == 0
         || cfg.underlay_ifindex == 0
         || cfg.host_ip == 0
         || node.host_ip == 0
     {
-        return Err(Path::FastVxlanNoEncap);
+        return Err(DpPath::FastVxlanNoEncap);
     }
     // Outer IPv4 and UDP lengths are 16 bits; a GSO aggregate that would
     // overflow them is the kernel's to build (it writes 0, as for BIG TCP).
     if ip.tot_len + VXLAN_OVERHEAD > 0xffff {
-        return Err(Path::FastVxlanGso);
+        return Err(DpPath::FastVxlanGso);
     }
     // SAFETY: a plain read of the context.
     let gso_size = unsafe { (*skb(ctx)).gso_size };
@@ -551,12 +551,12 @@ fn encap_plan(ctx: &TcContext, cfg: &DpConfig, ip: &Ip, node: &RemoteNode) -> Re
     };
     let rc = rc as u32;
     if rc == BPF_FIB_LKUP_RET_FRAG_NEEDED {
-        return Err(Path::FastVxlanMtu);
+        return Err(DpPath::FastVxlanMtu);
     }
     if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
         || p.ifindex != cfg.underlay_ifindex
     {
-        return Err(Path::FastVxlanFib);
+        return Err(DpPath::FastVxlanFib);
     }
     // SAFETY: reading the MAC member of the union; the helper filled it on
     // success (and it is plain bytes either way).
@@ -591,7 +591,7 @@ fn encap(
     ip: &Ip,
     node: &RemoteNode,
     plan: &Plan,
-) -> Result<Path, Path> {
+) -> Result<DpPath, DpPath> {
     // The kernel's udp_flow_src_port(): the skb's flow hash (the sending
     // socket's, which the packet keeps through the veth, or the dissected
     // tuple's), folded and scaled into [port_min, port_max). The same
@@ -615,7 +615,7 @@ fn encap(
         .is_err()
     {
         // Nothing changed: the kernel may still take it through vxlan.1.
-        return via_vxlan(ctx, cfg, ip, node, Path::FastVxlanGso);
+        return via_vxlan(ctx, cfg, ip, node, DpPath::FastVxlanGso);
     }
     dec_ttl(ctx, ENCAP, ip)?;
 
@@ -654,7 +654,7 @@ fn encap(
     h[50..56].copy_from_slice(&node.vtep_mac);
     h[56..62].copy_from_slice(&cfg.vtep_mac);
     h[62..64].copy_from_slice(&ETH_P_IP.to_be_bytes());
-    ctx.store(0, &h, 0).map_err(|_| Path::KernelError)?;
+    ctx.store(0, &h, 0).map_err(|_| DpPath::KernelError)?;
 
     // SAFETY: helper calls; they only set the redirect target.
     let verdict = unsafe {
@@ -665,17 +665,17 @@ fn encap(
         }
     };
     if verdict != TC_ACT_REDIRECT as i64 {
-        return Err(Path::KernelError);
+        return Err(DpPath::KernelError);
     }
-    Ok(Path::FastEncap)
+    Ok(DpPath::FastEncap)
 }
 
 /// On the underlay: unwrap VXLAN from a known peer for a pod here, or
 /// forward a direct-routed peer's packet to a pod here.
 #[inline(always)]
-fn from_underlay(ctx: &TcContext, cfg: &DpConfig) -> (Path, i32) {
+fn from_underlay(ctx: &TcContext, cfg: &DpConfig) -> (DpPath, i32) {
     let r = match decap(ctx, cfg) {
-        Err(Path::KernelUnderlayOther) if cfg.flags & CFG_TC_DECAP != 0 => direct_in(ctx, cfg),
+        Err(DpPath::KernelUnderlayOther) if cfg.flags & CFG_TC_DECAP != 0 => direct_in(ctx, cfg),
         r => r,
     };
     match r {
@@ -688,64 +688,64 @@ fn from_underlay(ctx: &TcContext, cfg: &DpConfig) -> (Path, i32) {
 /// here and from a direct-routed peer's pod; anything else is the node's own
 /// traffic, or a stranger's, and the kernel's.
 #[inline(always)]
-fn direct_in(ctx: &TcContext, cfg: &DpConfig) -> Result<Path, Path> {
+fn direct_in(ctx: &TcContext, cfg: &DpConfig) -> Result<DpPath, DpPath> {
     const L3: usize = ETH_HLEN;
-    let (data, _) = linear(ctx, L3 + IP_HLEN).ok_or(Path::KernelUnderlayOther)?;
+    let (data, _) = linear(ctx, L3 + IP_HLEN).ok_or(DpPath::KernelUnderlayOther)?;
     // SAFETY (raw reads): in range, checked by `linear`.
     let proto = u16::from_be(unsafe { ((data + 12) as *const u16).read_unaligned() });
     let daddr = unsafe { ((data + L3 + 16) as *const [u8; 4]).read_unaligned() };
     // SAFETY: read-only map lookup.
     if proto != ETH_P_IP || unsafe { LOCAL.get(&daddr) }.is_none() {
-        return Err(Path::KernelUnderlayOther);
+        return Err(DpPath::KernelUnderlayOther);
     }
     let (ip, next) = inspect::<0>(ctx, From::Direct, cfg, 0)?;
     let Next::Local(ep) = next else {
-        return Err(Path::KernelUnknownDest);
+        return Err(DpPath::KernelUnknownDest);
     };
     deliver(ctx, From::Direct, &ip, &ep)
 }
 
 #[inline(always)]
-fn decap(ctx: &TcContext, cfg: &DpConfig) -> Result<Path, Path> {
+fn decap(ctx: &TcContext, cfg: &DpConfig) -> Result<DpPath, DpPath> {
     const L3: usize = ETH_HLEN;
     const L4: usize = L3 + IP_HLEN;
     const VX: usize = L4 + UDP_HLEN;
     const INNER_ETH: usize = VX + VXLAN_HLEN;
     if cfg.flags & CFG_TC_DECAP == 0 || cfg.underlay_ifindex == 0 {
-        return Err(Path::KernelUnderlayOther);
+        return Err(DpPath::KernelUnderlayOther);
     }
-    let (data, _) = linear(ctx, L4).ok_or(Path::KernelUnderlayOther)?;
+    let (data, _) = linear(ctx, L4).ok_or(DpPath::KernelUnderlayOther)?;
     // SAFETY (raw reads): in range, checked by `linear`.
     let proto = u16::from_be(unsafe { ((data + 12) as *const u16).read_unaligned() });
     let vihl = unsafe { *((data + L3) as *const u8) };
     let l4proto = unsafe { *((data + L3 + 9) as *const u8) };
     let daddr = unsafe { ((data + L3 + 16) as *const u32).read_unaligned() };
     if proto != ETH_P_IP || vihl >> 4 != 4 || l4proto != IPPROTO_UDP || daddr != cfg.host_ip {
-        return Err(Path::KernelUnderlayOther);
+        return Err(DpPath::KernelUnderlayOther);
     }
     // A fragment may be part of VXLAN (a non-first one has no UDP header to
     // tell): reassembly is the kernel's.
     let frag = u16::from_be(unsafe { ((data + L3 + 6) as *const u16).read_unaligned() });
     if frag & IP_MF_OFFSET != 0 {
-        return Err(Path::KernelDecapFragment);
+        return Err(DpPath::KernelDecapFragment);
     }
     if vihl & 0x0f != 5 {
-        return Err(Path::KernelUnderlayOther);
+        return Err(DpPath::KernelUnderlayOther);
     }
-    let (data, _) = linear(ctx, VX).ok_or(Path::KernelUnderlayOther)?;
+    let (data, _) = linear(ctx, VX).ok_or(DpPath::KernelUnderlayOther)?;
     let dport = u16::from_be(unsafe { ((data + L4 + 2) as *const u16).read_unaligned() });
     if dport != cfg.vxlan_port {
-        return Err(Path::KernelUnderlayOther);
+        return Err(DpPath::KernelUnderlayOther);
     }
     // VXLAN for this host from here on: who sent it?
     let saddr = unsafe { ((data + L3 + 12) as *const u32).read_unaligned() };
     // SAFETY: read-only map lookup.
     if unsafe { PEERS.get(&saddr.to_ne_bytes()) }.is_none() {
-        return Err(Path::KernelDecapNotPeer);
+        return Err(DpPath::KernelDecapNotPeer);
     }
     // SAFETY: a plain read of the context.
     let (pkt_type, gso_size) = unsafe { ((*skb(ctx)).pkt_type, (*skb(ctx)).gso_size) };
-    let (data, _) = linear(ctx, ENCAP).ok_or(Path::KernelDecapHeader)?;
+    let (data, _) = linear(ctx, ENCAP).ok_or(DpPath::KernelDecapHeader)?;
     let tot_len = u32::from(u16::from_be(unsafe {
         ((data + L3 + 2) as *const u16).read_unaligned()
     }));
@@ -771,11 +771,11 @@ fn decap(ctx: &TcContext, cfg: &DpConfig) -> Result<Path, Path> {
         || vxh != [VXLAN_FLAG_I, 0, 0, 0, vni[1], vni[2], vni[3], 0]
         || inner_dst != cfg.vtep_mac
     {
-        return Err(Path::KernelDecapHeader);
+        return Err(DpPath::KernelDecapHeader);
     }
     let (ip, next) = inspect::<{ VX + VXLAN_HLEN }>(ctx, From::Underlay, cfg, saddr)?;
     let Next::Local(ep) = next else {
-        return Err(Path::KernelUnknownDest);
+        return Err(DpPath::KernelUnknownDest);
     };
     // FIXED_GSO keeps an aggregate's segment size (Calico once passed it as
     // the mode and grew gso_size by 50: calico#11160). The kernel refuses
@@ -785,7 +785,7 @@ fn decap(ctx: &TcContext, cfg: &DpConfig) -> Result<Path, Path> {
         BPF_ADJ_ROOM_MAC,
         u64::from(BPF_F_ADJ_ROOM_FIXED_GSO),
     )
-    .map_err(|_| Path::KernelDecapGso)?;
+    .map_err(|_| DpPath::KernelDecapGso)?;
     deliver(ctx, From::Underlay, &ip, &ep)
 }
 

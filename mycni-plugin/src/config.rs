@@ -11,10 +11,11 @@ use crate::version::{self, Version};
 
 /// The overlay MTU: 1500 underlay - 50 VXLAN overhead.
 pub const DEFAULT_MTU: u32 = 1450;
-/// Written by the agent once the overlay is up (see STATUS).
-pub const DEFAULT_READY_FILE: &str = "/run/mycni/ready";
-pub const DEFAULT_VXLAN_DEVICE: &str = "vxlan.1";
-pub const DEFAULT_LOG_FILE: &str = "/var/log/mycni/plugin.log";
+/// The ready marker is written by the agent once the overlay is up (see
+/// STATUS); these defaults are the agent's too, so they live in the contract.
+pub use mycni_common::contract::{
+    DEFAULT_PLUGIN_LOG_FILE as DEFAULT_LOG_FILE, DEFAULT_READY_FILE, DEFAULT_VXLAN_DEVICE,
+};
 
 /// One attachment named in `cni.dev/valid-attachments` (GC).
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq, Hash)]

@@ -19,8 +19,7 @@ use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBu
 
 use crate::error::{CniError, Code, Result, kernel};
 
-/// Route protocol number marking routes the plugin made (cf. /etc/iproute2/rt_protos).
-pub const RTPROT_MYCNI_PLUGIN: u8 = 0x6d;
+pub use mycni_common::contract::RTPROT_MYCNI_PLUGIN;
 /// The pod's gateway, answered by proxy ARP / a static neighbour on the host veth.
 pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
 
@@ -39,13 +38,6 @@ pub struct Link {
     pub up: bool,
     /// IFLA_LINK: for a veth, the peer's ifindex (in the peer's namespace).
     pub peer: Option<u32>,
-}
-
-pub fn format_mac(mac: &[u8]) -> String {
-    mac.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
 }
 
 fn link_from(msg: LinkMessage) -> Link {

@@ -5,19 +5,18 @@ use std::fs::File;
 use std::net::Ipv4Addr;
 use std::path::Path;
 
+use mycni_common::contract::VethAlias;
+use mycni_common::net::Mac;
+
 use crate::config::{Env, NetConf};
 use crate::error::{CniError, Code, Result};
 use crate::ipam::Ipam;
 use crate::log;
-use crate::netlink::{GATEWAY, Link, Nl, format_mac, read_sysctl, write_sysctl};
+use crate::netlink::{GATEWAY, Link, Nl, read_sysctl, write_sysctl};
 use crate::types::{CniResult, Interface, IpConfig, Route};
 
 /// Host veth names: this prefix plus 10 hex digits of a hash of the pod.
 pub const HOST_PREFIX: &str = "mycni";
-/// Every host veth carries `mycni:<network>:<containerID>:<ifname>` as its
-/// alias, so DEL and GC only ever touch the interface of the container they
-/// are asked about, never a newer container of the same pod.
-const ALIAS_PREFIX: &str = "mycni:";
 
 fn fnv1a64(data: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -43,15 +42,26 @@ pub fn host_veth_name(env: &Env) -> String {
     )
 }
 
+/// Every host veth carries `mycni:<network>:<containerID>:<ifname>` as its
+/// alias (the contract's `VethAlias`), so DEL and GC only ever touch the
+/// interface of the container they are asked about, never a newer container
+/// of the same pod.
 pub fn alias(network: &str, container_id: &str, ifname: &str) -> String {
-    format!("{ALIAS_PREFIX}{network}:{container_id}:{ifname}")
+    VethAlias {
+        network,
+        container_id,
+        ifname,
+    }
+    .render()
 }
 
-/// (network, containerID, ifname) from an alias we wrote.
-pub fn parse_alias(alias: &str) -> Option<(&str, &str, &str)> {
-    let rest = alias.strip_prefix(ALIAS_PREFIX)?;
-    let mut it = rest.splitn(3, ':');
-    Some((it.next()?, it.next()?, it.next()?))
+/// A link's hardware address as results write it. A veth always has an
+/// Ethernet address; anything else renders empty rather than as a
+/// malformed MAC.
+fn mac_text(mac: &[u8]) -> String {
+    Mac::try_from(mac)
+        .map(|m| m.to_string())
+        .unwrap_or_default()
 }
 
 fn open_netns(path: &str) -> Result<File> {
@@ -127,8 +137,10 @@ pub fn add(conf: &NetConf, env: &Env) -> Result<CniResult> {
         }
         let host_name = host_veth_name(env);
         if let Some(stale) = host.link_by_name(&host_name).await? {
-            match stale.alias.as_deref().and_then(parse_alias) {
-                Some((_, cid, _)) => {
+            match stale.alias.as_deref().and_then(VethAlias::parse) {
+                Some(VethAlias {
+                    container_id: cid, ..
+                }) => {
                     // Left by an earlier sandbox of the same pod whose DEL
                     // never came: its container is gone, so is its use.
                     log::warn(&format!(
@@ -228,13 +240,13 @@ async fn add_steps(
         interfaces: vec![
             Interface {
                 name: host_name.to_string(),
-                mac: format_mac(&host_link.mac),
+                mac: mac_text(&host_link.mac),
                 mtu: Some(host_link.mtu),
                 sandbox: None,
             },
             Interface {
                 name: env.ifname.clone(),
-                mac: format_mac(&pod_link.mac),
+                mac: mac_text(&pod_link.mac),
                 mtu: Some(pod_link.mtu),
                 sandbox: Some(env.netns.clone()),
             },
@@ -410,8 +422,8 @@ pub fn check(conf: &NetConf, env: &Env) -> Result<()> {
             other => {
                 return Err(check_failed(format!(
                     "pod neighbour {GATEWAY} is {:?}, want permanent {}",
-                    other.map(|m| format_mac(&m)),
-                    format_mac(&hl.mac)
+                    other.map(|m| mac_text(&m)),
+                    mac_text(&hl.mac)
                 )));
             }
         }
@@ -461,7 +473,12 @@ pub fn gc(conf: &NetConf, env: &Env) -> Result<()> {
     let r = runtime()?.block_on(async {
         let host = Nl::current()?;
         for l in host.links().await? {
-            let Some((net, cid, ifname)) = l.alias.as_deref().and_then(parse_alias) else {
+            let Some(VethAlias {
+                network: net,
+                container_id: cid,
+                ifname,
+            }) = l.alias.as_deref().and_then(VethAlias::parse)
+            else {
                 continue;
             };
             if net == conf.name && !keep.contains(&(cid.to_string(), ifname.to_string())) {
@@ -520,7 +537,8 @@ mod tests {
     #[test]
     fn alias_round_trip() {
         let a = alias("mycni0", "abc", "eth0");
-        assert_eq!(parse_alias(&a), Some(("mycni0", "abc", "eth0")));
-        assert_eq!(parse_alias("other"), None);
+        let back = VethAlias::parse(&a).map(|a| (a.network, a.container_id, a.ifname));
+        assert_eq!(back, Some(("mycni0", "abc", "eth0")));
+        assert_eq!(VethAlias::parse("other"), None);
     }
 }

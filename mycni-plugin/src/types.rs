@@ -3,6 +3,7 @@
 
 use std::net::Ipv4Addr;
 
+use mycni_common::net::Cidr;
 use serde_json::{Value, json};
 
 use crate::error::{CniError, Code, Result};
@@ -41,20 +42,12 @@ pub struct CniResult {
     pub dns: Option<Value>,
 }
 
-/// `a.b.c.d/len` as results write it. The length is plain decimal digits
-/// without a leading zero: `u8::from_str` alone would also take "+24" and
-/// "024" (found by the `prev_result` fuzz target).
+/// `a.b.c.d/len` as results write it: an interface address, so host bits
+/// are kept. The rules (no "+24", no "024", found by the `prev_result` fuzz
+/// target) are `mycni_common::net`'s, the same for every CIDR mycni reads.
 pub fn parse_cidr(s: &str) -> Option<(Ipv4Addr, u8)> {
-    let (ip, prefix) = s.split_once('/')?;
-    let canonical = match prefix.as_bytes() {
-        [b'0'] => true,
-        [b'1'..=b'9', rest @ ..] => rest.len() <= 1 && rest.iter().all(u8::is_ascii_digit),
-        _ => false,
-    };
-    canonical.then_some(())?;
-    let prefix: u8 = prefix.parse().ok()?;
-    (prefix <= 32).then_some(())?;
-    Some((ip.parse().ok()?, prefix))
+    let c: Cidr<Ipv4Addr> = s.parse().ok()?;
+    Some((c.addr(), c.prefix()))
 }
 
 /// An optional IPv4 field (`gateway`, `gw`): absent or null is None; anything

@@ -17,8 +17,8 @@ use crate::error::{CniError, Code, Result};
 use crate::types::{CniResult, IpConfig};
 use store::{LeaseStore, Range};
 
-/// `ipam.type` of the built-in IPAM.
-pub const BUILTIN_TYPE: &str = "mycni-ipam";
+/// `ipam.type` of the built-in IPAM, as the agent's conflist names it.
+pub use mycni_common::contract::BUILTIN_IPAM_TYPE as BUILTIN_TYPE;
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/networks";
 
 /// The built-in IPAM's configuration. It also reads host-local's `ranges`

@@ -34,6 +34,8 @@ use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use mycni_common::net::{Cidr, CidrError};
+
 /// host-local names this file `last_reserved_ip.<range index>`; we manage a single range.
 const LAST_RESERVED_NAME: &CStr = c"last_reserved_ip.0";
 const LOCK_FILE: &str = "lock";
@@ -166,27 +168,20 @@ impl Range {
 
     /// Network configs carry the subnet as one string; this keeps the split in one place.
     /// Host bits are accepted here and rejected by [`Range::new`], which can name the fix.
+    /// The syntax is `mycni_common::net`'s (no "+24", no "024"), surrounding
+    /// whitespace aside, which hand-written configs have.
     pub fn parse_cidr(s: &str) -> Result<(Ipv4Addr, u8), RangeError> {
-        let bad = |reason: &str| RangeError::BadCidr {
-            input: s.to_owned(),
-            reason: reason.to_owned(),
-        };
-        let (ip, prefix) = s
-            .trim()
-            .split_once('/')
-            .ok_or_else(|| bad("missing \"/<prefix length>\""))?;
-        let ip: Ipv4Addr = ip.parse().map_err(|_| bad("not an IPv4 address"))?;
-        // u8::from_str would also accept "+24"; a CIDR prefix is plain digits.
-        if prefix.is_empty() || prefix.len() > 2 || !prefix.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(bad("prefix length must be a number from 0 to 32"));
-        }
-        let prefix: u8 = prefix
-            .parse()
-            .map_err(|_| bad("prefix length must be a number from 0 to 32"))?;
-        if prefix > 32 {
-            return Err(bad("prefix length must be a number from 0 to 32"));
-        }
-        Ok((ip, prefix))
+        let c: Cidr<Ipv4Addr> = s.trim().parse().map_err(|e| {
+            let reason = match e {
+                CidrError::BadAddress => "not an IPv4 address".to_owned(),
+                e => e.to_string(),
+            };
+            RangeError::BadCidr {
+                input: s.to_owned(),
+                reason,
+            }
+        })?;
+        Ok((c.addr(), c.prefix()))
     }
 
     /// Only `start..=end` is ours to lease; the rest of the subnet may belong to the
@@ -1222,6 +1217,10 @@ mod tests {
             "10.0.0.0/+8",
             "10.0.0.0/-1",
             "10.0.0.0/024",
+            // Taken before the parsers were unified; a leading zero is a
+            // second spelling of the same prefix, which no CIDR may have.
+            "10.0.0.0/08",
+            "10.0.0.0/00",
             "10.0.0.0/24/1",
             "10.0.0/24",
             "::1/64",

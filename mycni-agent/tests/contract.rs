@@ -1,0 +1,148 @@
+//! The plugin and the agent never talk to each other; they agree through
+//! what one leaves on the node and the other reads. Each test here runs the
+//! agent's writer and the plugin's own reader (not the shared definitions in
+//! `mycni_common::contract`), so it fails when the two sides drift apart,
+//! whichever side changed.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use mycni_agent::agent::{self, Config};
+use mycni_agent::fastpath::Mode;
+use mycni_agent::kernel;
+use mycni_agent::peers::Cidr;
+use mycni_plugin::config::{DEFAULT_LOG_FILE, NetConf};
+use mycni_plugin::ipam::{self, Builtin};
+use mycni_plugin::version;
+use serde_json::Value;
+
+fn config(ipam_data_dir: Option<&str>, plugin_log_file: Option<&str>) -> Config {
+    Config {
+        node_name: Some("n1".into()),
+        pod_name: None,
+        pod_namespace: None,
+        kubeconfig: None,
+        cluster_cidr: Cidr::parse_network("10.244.0.0/16").expect("valid"),
+        iface: None,
+        vxlan_name: "vx-test".into(),
+        vni: 7,
+        vxlan_port: 4789,
+        cni_conf_dir: "/tmp/net.d".into(),
+        state_dir: "/tmp/mycni-state".into(),
+        data_dir: "/tmp/mycni-data".into(),
+        proc_sys: "/proc/sys".into(),
+        metrics_addr: None,
+        resync: Duration::from_secs(2),
+        masquerade: false,
+        ipam_data_dir: ipam_data_dir.map(PathBuf::from),
+        plugin_log_file: plugin_log_file.map(PathBuf::from),
+        datapath: Mode::Kernel,
+        ebpf_log: false,
+        tc_encap: false,
+        direct_routing: false,
+        ebpf_object: None,
+        pin_dir: "/sys/fs/bpf/mycni".into(),
+    }
+}
+
+/// The conflist as the agent writes it to disk, then each plugin entry as
+/// the runtime hands it to the plugin: with the list's `name` and
+/// `cniVersion` put in (libcni's `ConfFromBytes` + `injectConf`).
+fn plugin_stdin(cfg: &Config, pod_cidr: &str, mtu: u32) -> Vec<(String, Vec<u8>)> {
+    let own = Cidr::parse_network(pod_cidr).expect("valid");
+    let text = serde_json::to_string_pretty(&agent::conflist(cfg, own, mtu)).expect("serialises");
+    let list: Value = serde_json::from_str(&text).expect("the conflist is JSON");
+    let versions: Vec<String> = list["cniVersions"]
+        .as_array()
+        .expect("cniVersions")
+        .iter()
+        .map(|v| v.as_str().expect("a string").to_string())
+        .collect();
+    let mut out = Vec::new();
+    for version in versions
+        .iter()
+        .chain([&list["cniVersion"].as_str().expect("cniVersion").to_string()])
+    {
+        for p in list["plugins"].as_array().expect("plugins") {
+            let mut p = p.clone();
+            p["name"] = list["name"].clone();
+            p["cniVersion"] = Value::from(version.as_str());
+            out.push((version.clone(), serde_json::to_vec(&p).expect("serialises")));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_plugin_reads_every_field_of_the_agents_conflist() {
+    let cfg = config(
+        Some("/var/lib/test-leases"),
+        Some("/var/log/test-plugin.log"),
+    );
+    let entries = plugin_stdin(&cfg, "10.244.7.0/24", 1400);
+    assert!(!entries.is_empty());
+    for (version, stdin) in entries {
+        // Every version the conflist announces is one the plugin speaks.
+        version::parse_supported(&version).expect("a version the plugin speaks");
+        let conf = NetConf::parse(&stdin).expect("the plugin takes the agent's conflist");
+        assert_eq!(conf.cni_version.as_str(), version);
+        assert_eq!(conf.name, agent::NETWORK_NAME);
+        assert_eq!(conf.plugin_type, "mycni");
+        assert_eq!(conf.mtu, 1400);
+        assert_eq!(conf.ready_file, agent::ready_file(&cfg));
+        assert_eq!(conf.vxlan_device, "vx-test");
+        assert_eq!(conf.log_file, Path::new("/var/log/test-plugin.log"));
+        assert_eq!(conf.ipam_type.as_deref(), Some(ipam::BUILTIN_TYPE));
+        let b = Builtin::from_conf(conf.ipam.as_ref().expect("ipam"))
+            .expect("the built-in IPAM takes the agent's section");
+        assert_eq!(
+            (b.range.network, b.range.prefix),
+            (Ipv4Addr::new(10, 244, 7, 0), 24)
+        );
+        assert_eq!(b.data_dir, Path::new("/var/lib/test-leases"));
+    }
+}
+
+#[test]
+fn unset_options_leave_the_plugins_defaults() {
+    let cfg = config(None, None);
+    for (_, stdin) in plugin_stdin(&cfg, "10.244.1.0/24", 1450) {
+        let conf = NetConf::parse(&stdin).expect("parses");
+        assert_eq!(conf.log_file, Path::new(DEFAULT_LOG_FILE));
+        let b = Builtin::from_conf(conf.ipam.as_ref().expect("ipam")).expect("parses");
+        assert_eq!(b.data_dir, Path::new(ipam::DEFAULT_DATA_DIR));
+    }
+}
+
+#[test]
+fn the_agents_defaults_are_the_plugins() {
+    // The plugin falls back to these when the conflist names none; the
+    // agent's flags default to the same.
+    let cfg = Config {
+        state_dir: mycni_common::contract::DEFAULT_STATE_DIR.into(),
+        ..config(None, None)
+    };
+    assert_eq!(
+        agent::ready_file(&cfg),
+        Path::new(mycni_plugin::config::DEFAULT_READY_FILE)
+    );
+    assert_eq!(
+        mycni_common::contract::DEFAULT_VXLAN_DEVICE,
+        mycni_plugin::config::DEFAULT_VXLAN_DEVICE
+    );
+}
+
+#[test]
+fn the_agent_recognises_the_plugins_veths_and_routes() {
+    let alias = mycni_plugin::plugin::alias(agent::NETWORK_NAME, "0123abcd", "eth0");
+    assert!(kernel::is_pod_veth(&alias), "{alias}");
+    assert!(!kernel::is_pod_veth("eth0"));
+    assert!(!kernel::is_pod_veth(""));
+    // The agent lists pods by the plugin's route protocol and owns its own.
+    assert_eq!(
+        kernel::RTPROT_MYCNI_PLUGIN,
+        mycni_plugin::netlink::RTPROT_MYCNI_PLUGIN
+    );
+    assert_ne!(kernel::RTPROT_MYCNI_AGENT, kernel::RTPROT_MYCNI_PLUGIN);
+}

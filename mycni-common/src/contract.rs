@@ -1,0 +1,227 @@
+//! What the plugin (`mycni`) and the agent (`mycni-agent`) agree on.
+//!
+//! They never talk to each other: the agent leaves state on the node (routes,
+//! the host veths' aliases, the conflist, the ready marker) and the plugin
+//! reads it, or the other way round. Each such convention is defined once,
+//! here, and both crates import it, so changing one side without the other
+//! does not compile or fails a test (`mycni-agent/tests/contract.rs`).
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::string::String;
+use std::vec::Vec;
+
+use serde::{Deserialize, Serialize};
+
+use crate::net::Cidr;
+
+/// Route protocol marking the /32 pod routes the plugin makes (cf.
+/// /etc/iproute2/rt_protos); the agent lists pods by it.
+pub const RTPROT_MYCNI_PLUGIN: u8 = 0x6d;
+/// Route protocol marking the agent's routes to peers' podCIDRs; the agent
+/// only ever deletes routes carrying it.
+pub const RTPROT_MYCNI_AGENT: u8 = 0x6e;
+
+/// Prefix of the alias the plugin sets on every host-side veth it owns.
+pub const VETH_ALIAS_PREFIX: &str = "mycni:";
+
+/// The alias of a host veth: `mycni:<network>:<container id>:<ifname>`.
+/// It names the container the veth belongs to, so DEL and GC only ever touch
+/// the interface of the container they are asked about; the agent takes
+/// every veth carrying the prefix for a pod's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VethAlias<'a> {
+    pub network: &'a str,
+    pub container_id: &'a str,
+    pub ifname: &'a str,
+}
+
+impl<'a> VethAlias<'a> {
+    /// The alias text. Network names and container IDs have no `:` (the
+    /// plugin validates both), so the parts stay separable; an ifname has
+    /// none either, and it comes last anyway.
+    pub fn render(&self) -> String {
+        std::format!(
+            "{VETH_ALIAS_PREFIX}{}:{}:{}",
+            self.network,
+            self.container_id,
+            self.ifname
+        )
+    }
+
+    /// The parts of an alias the plugin wrote; None for anything else.
+    pub fn parse(alias: &'a str) -> Option<Self> {
+        let rest = alias.strip_prefix(VETH_ALIAS_PREFIX)?;
+        let mut it = rest.splitn(3, ':');
+        Some(VethAlias {
+            network: it.next()?,
+            container_id: it.next()?,
+            ifname: it.next()?,
+        })
+    }
+
+    /// Whether a link's alias marks it as a host veth of mycni's. The agent
+    /// asks only this: it needs the owner, not the container.
+    pub fn is_mycni(alias: &str) -> bool {
+        alias.starts_with(VETH_ALIAS_PREFIX)
+    }
+}
+
+/// Node annotation with the node's VTEP MAC (`vxlan.1`'s address).
+pub const ANNOTATION_VTEP_MAC: &str = "mycni.dev/vtep-mac";
+/// Node annotation with the node's underlay IP (VXLAN packets go there).
+pub const ANNOTATION_HOST_IP: &str = "mycni.dev/host-ip";
+
+/// Where the agent keeps the ready marker (`--state-dir`); the same path on
+/// the host and in its container.
+pub const DEFAULT_STATE_DIR: &str = "/run/mycni";
+/// The ready marker's name in the state directory.
+pub const READY_FILE_NAME: &str = "ready";
+/// The ready marker the plugin's STATUS looks for when the conflist names none.
+pub const DEFAULT_READY_FILE: &str = "/run/mycni/ready";
+
+/// The overlay device, its VNI and UDP port (the Linux VXLAN default port,
+/// which flannel uses too).
+pub const DEFAULT_VXLAN_DEVICE: &str = "vxlan.1";
+pub const DEFAULT_VNI: u32 = 1;
+pub const DEFAULT_VXLAN_PORT: u16 = 8472;
+
+/// The plugin's log file when the conflist names none.
+pub const DEFAULT_PLUGIN_LOG_FILE: &str = "/var/log/mycni/plugin.log";
+
+/// The conflist's file name in the CNI config directory: `00-` so the
+/// runtime, which takes the first file in lexical order, picks it.
+pub const CONFLIST_NAME: &str = "00-mycni.conflist";
+/// The network's name in the conflist (and so in every veth alias).
+pub const NETWORK_NAME: &str = "mycni0";
+/// The plugin's `type`, i.e. its binary's name in the CNI bin directory.
+pub const PLUGIN_TYPE: &str = "mycni";
+/// `ipam.type` of the plugin's built-in IPAM.
+pub const BUILTIN_IPAM_TYPE: &str = "mycni-ipam";
+/// The CNI version the conflist is written in, and every version the plugin
+/// speaks (the conflist's `cniVersions`).
+pub const CNI_VERSION: &str = "1.1.0";
+pub const CNI_VERSIONS: [&str; 4] = ["0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+
+/// The conflist the agent writes and the runtime hands, one plugin at a
+/// time, to the plugin. Fields are declared in the order of their JSON
+/// names, so the file is the same bytes as when it was built from a
+/// `serde_json::Value` (whose keys are sorted).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Conflist {
+    #[serde(rename = "cniVersion")]
+    pub cni_version: String,
+    #[serde(rename = "cniVersions")]
+    pub cni_versions: Vec<String>,
+    pub name: String,
+    pub plugins: Vec<PluginConf>,
+}
+
+/// The plugin's entry in the conflist: what `NetConf::parse` reads.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginConf {
+    pub ipam: IpamConf,
+    /// None: the plugin's default, `DEFAULT_PLUGIN_LOG_FILE`.
+    #[serde(rename = "logFile", default, skip_serializing_if = "Option::is_none")]
+    pub log_file: Option<PathBuf>,
+    pub mtu: u32,
+    #[serde(rename = "readyFile")]
+    pub ready_file: PathBuf,
+    #[serde(rename = "type")]
+    pub plugin_type: String,
+    #[serde(rename = "vxlanDevice")]
+    pub vxlan_device: String,
+}
+
+/// The built-in IPAM's section: what `Builtin::from_conf` reads.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IpamConf {
+    /// None: the IPAM's default lease directory.
+    #[serde(rename = "dataDir", default, skip_serializing_if = "Option::is_none")]
+    pub data_dir: Option<PathBuf>,
+    /// The node's podCIDR.
+    pub subnet: Cidr<IpAddr>,
+    #[serde(rename = "type")]
+    pub ipam_type: String,
+}
+
+impl Conflist {
+    /// The conflist of a node: one mycni plugin with the built-in IPAM over
+    /// the node's podCIDR.
+    pub fn new(plugin: PluginConf) -> Self {
+        Conflist {
+            cni_version: CNI_VERSION.into(),
+            cni_versions: CNI_VERSIONS.iter().map(|v| (*v).into()).collect(),
+            name: NETWORK_NAME.into(),
+            plugins: std::vec![plugin],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alias_round_trip() {
+        let a = VethAlias {
+            network: "mycni0",
+            container_id: "abc",
+            ifname: "eth0",
+        };
+        let s = a.render();
+        assert_eq!(s, "mycni:mycni0:abc:eth0");
+        assert_eq!(VethAlias::parse(&s), Some(a));
+        assert!(VethAlias::is_mycni(&s));
+        assert_eq!(VethAlias::parse("other"), None);
+        assert_eq!(VethAlias::parse("mycni:a:b"), None);
+        assert!(!VethAlias::is_mycni("other"));
+    }
+
+    #[test]
+    fn defaults_agree() {
+        assert_eq!(
+            DEFAULT_READY_FILE,
+            std::format!("{DEFAULT_STATE_DIR}/{READY_FILE_NAME}")
+        );
+        assert_eq!(CNI_VERSIONS.last(), Some(&CNI_VERSION));
+    }
+
+    #[test]
+    fn conflist_wire_shape() {
+        let c = Conflist::new(PluginConf {
+            ipam: IpamConf {
+                data_dir: None,
+                subnet: "10.244.1.0/24".parse().unwrap(),
+                ipam_type: BUILTIN_IPAM_TYPE.into(),
+            },
+            log_file: None,
+            mtu: 1450,
+            ready_file: DEFAULT_READY_FILE.into(),
+            plugin_type: PLUGIN_TYPE.into(),
+            vxlan_device: DEFAULT_VXLAN_DEVICE.into(),
+        });
+        let v = serde_json::to_value(&c).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "cniVersion": "1.1.0",
+                "cniVersions": ["0.3.1", "0.4.0", "1.0.0", "1.1.0"],
+                "name": "mycni0",
+                "plugins": [{
+                    "type": "mycni",
+                    "mtu": 1450,
+                    "readyFile": "/run/mycni/ready",
+                    "vxlanDevice": "vxlan.1",
+                    "ipam": { "type": "mycni-ipam", "subnet": "10.244.1.0/24" },
+                }],
+            })
+        );
+        // Struct order is key order: the same text as the sorted `Value`.
+        assert_eq!(
+            serde_json::to_string(&c).unwrap(),
+            serde_json::to_string(&v).unwrap()
+        );
+        assert_eq!(serde_json::from_value::<Conflist>(v).unwrap(), c);
+    }
+}
