@@ -6,8 +6,8 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use anyhow::Result;
-use mycni_tests::NetNs;
-use mycni_tests::cni::{Call, Node, with_prev};
+use mycni_testkit::NetNs;
+use mycni_testkit::cni::{Call, Node, with_prev};
 use serde_json::{Value, json};
 
 const VERSIONS: [&str; 4] = ["0.3.1", "0.4.0", "1.0.0", "1.1.0"];

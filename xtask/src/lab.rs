@@ -1,4 +1,4 @@
-//! `cargo xtask lab`: the local multi-node cluster (see tests/src/lab.rs).
+//! `cargo xtask lab`: the local multi-node cluster (see tests/lab/src/lib.rs).
 //!
 //! xtask builds the release binaries and hands over to `mycni-lab`, which
 //! does the work so the lab tests drive exactly the same code.
@@ -119,7 +119,8 @@ pub fn build_release() -> Result<()> {
     Cmd::new("cargo")
         .args(["build", "--release", "--locked"])
         .args(["--package", "mycni-agent", "--package", "mycni-plugin"])
-        .args(["--package", "mycni-tests", "--bins"])
+        .args(["--package", "mycni-lab", "--package", "mycni-apiserver"])
+        .arg("--bins")
         .toolchain(HOST_TOOLCHAIN)
         .cwd(&workspace_root())
         .run()

@@ -216,8 +216,10 @@ fn test(extra: &[String]) -> Result<()> {
         )
         .cwd(&root)
         .run()?;
-    // The lab and deploy tests run mycni-agent and mycni as processes; cargo
-    // builds another package's binaries only for that package's own tests.
+    // The end-to-end tests (mycni-e2e) run mycni-agent, mycni, mycni-lab and
+    // mycni-apiserver as processes and find them next to their own
+    // executable; cargo builds another package's binaries only for that
+    // package's own tests.
     eprintln!("xtask: building the binaries the end-to-end tests run");
     Cmd::new("cargo")
         .args([
@@ -258,7 +260,7 @@ fn bench_plugin(runs: usize) -> Result<()> {
         ])
         .args([
             "--package",
-            "mycni-tests",
+            "mycni-lab",
             "--bin",
             "mycni",
             "--bin",
@@ -283,7 +285,9 @@ fn bench_agent(nodes: usize) -> Result<()> {
             "--package",
             "mycni-agent",
             "--package",
-            "mycni-tests",
+            "mycni-lab",
+            "--package",
+            "mycni-apiserver",
             "--bins",
         ])
         .toolchain(HOST_TOOLCHAIN)

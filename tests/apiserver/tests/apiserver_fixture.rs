@@ -1,4 +1,4 @@
-//! The Kubernetes API fixture (`mycni_tests::apiserver`) against the clients
+//! The Kubernetes API fixture (`mycni_apiserver`) against the clients
 //! that use it: kube-rs as the agent does (Api, watcher, reflector, patches),
 //! raw HTTP for the wire format, and kubectl.
 
@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeStatus};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use mycni_tests::apiserver::{ApiServer, node, node_field};
+use mycni_apiserver::{ApiServer, node, node_field};
 use serde_json::{Value, json};
 
 fn start() -> ApiServer {

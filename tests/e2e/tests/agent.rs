@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use mycni_tests::apiserver::node;
-use mycni_tests::lab::Lab;
+use mycni_apiserver::node;
+use mycni_lab::Lab;
 
 mod common;
 use common::lab;
@@ -49,11 +49,11 @@ fn overlay(l: &Lab) -> Result<String> {
     let ip = |args: &[&str]| -> Result<String> {
         let mut a = vec!["-n", ns.as_str()];
         a.extend_from_slice(args);
-        mycni_tests::sh("ip", &a)
+        mycni_testkit::sh("ip", &a)
     };
     let routes = ip(&["route", "show", "proto", "110"])?;
     let neigh = ip(&["neigh", "show", "dev", "vxlan.1"])?;
-    let fdb = mycni_tests::sh("bridge", &["-n", &ns, "fdb", "show", "dev", "vxlan.1"])?;
+    let fdb = mycni_testkit::sh("bridge", &["-n", &ns, "fdb", "show", "dev", "vxlan.1"])?;
     Ok(format!("{routes}{neigh}{fdb}"))
 }
 
@@ -205,7 +205,7 @@ fn own_node_published_and_handed_over() -> Result<()> {
     let api = l.api.as_ref().context("api")?;
     let me = api.get_node(&l.spec.node_name(1)).context("own node")?;
     let ann = me.metadata.annotations.clone().unwrap_or_default();
-    let link = mycni_tests::sh(
+    let link = mycni_testkit::sh(
         "ip",
         &["-n", &l.spec.node_name(1), "-o", "link", "show", "vxlan.1"],
     )?;
@@ -238,7 +238,7 @@ fn own_node_published_and_handed_over() -> Result<()> {
     assert_eq!(conf["plugins"][0]["ipam"]["subnet"], "10.244.1.0/24");
     assert!(l.spec.node_dir(1).join("run/ready").exists());
     assert!(
-        mycni_tests::sh(
+        mycni_testkit::sh(
             "ip",
             &["-n", &l.spec.node_name(1), "-o", "addr", "show", "vxlan.1"]
         )?
@@ -307,7 +307,7 @@ fn kernel_drift_is_repaired_within_seconds() -> Result<()> {
     ];
     let mut report = Vec::new();
     for (what, cmd) in &faults {
-        mycni_tests::sh(cmd[0], &cmd[1..])?;
+        mycni_testkit::sh(cmd[0], &cmd[1..])?;
         let took = wait_until(
             &format!("repair after {what}"),
             Duration::from_secs(5),
@@ -345,7 +345,7 @@ fn restart_removes_nodes_deleted_while_down_and_keeps_the_mac() -> Result<()> {
         let o = overlay(l)?;
         Ok(o.contains("10.244.60.0/24") && o.contains("10.244.61.0/24"))
     })?;
-    let mac_before = mycni_tests::sh(
+    let mac_before = mycni_testkit::sh(
         "ip",
         &["-n", &l.spec.node_name(1), "-o", "link", "show", "vxlan.1"],
     )?;
@@ -357,7 +357,7 @@ fn restart_removes_nodes_deleted_while_down_and_keeps_the_mac() -> Result<()> {
         "agent exit must leave the datapath"
     );
     // Recreating the device too: the MAC must come back the same.
-    mycni_tests::sh(
+    mycni_testkit::sh(
         "ip",
         &["-n", &l.spec.node_name(1), "link", "del", "vxlan.1"],
     )?;
@@ -372,7 +372,7 @@ fn restart_removes_nodes_deleted_while_down_and_keeps_the_mac() -> Result<()> {
                 && o.contains("10.244.61.0/24"))
         },
     )?;
-    let mac_after = mycni_tests::sh(
+    let mac_after = mycni_testkit::sh(
         "ip",
         &["-n", &l.spec.node_name(1), "-o", "link", "show", "vxlan.1"],
     )?;
@@ -430,7 +430,7 @@ fn pod_traffic_leaving_the_cluster_is_masqueraded_and_uninstall_cleans_up() -> R
     let l = &t.0;
     let pod = l.pods()?.into_iter().next().context("a pod")?;
     // A server outside the cluster CIDR: the underlay bridge address.
-    let listener = mycni_tests::in_netns(&l.spec.underlay_ns(), || {
+    let listener = mycni_testkit::in_netns(&l.spec.underlay_ns(), || {
         std::net::TcpListener::bind("192.168.77.1:7001")
     })??;
     let server = std::thread::spawn(move || -> Result<std::net::SocketAddr> {
@@ -440,7 +440,7 @@ fn pod_traffic_leaving_the_cluster_is_masqueraded_and_uninstall_cleans_up() -> R
         c.write_all(&buf)?;
         Ok(peer)
     });
-    mycni_tests::sh(
+    mycni_testkit::sh(
         "ip",
         &[
             "netns",
@@ -467,7 +467,7 @@ fn pod_traffic_leaving_the_cluster_is_masqueraded_and_uninstall_cleans_up() -> R
     l.stop_agent(1);
     let dir = l.spec.node_dir(1);
     let p = |s: &str| dir.join(s).to_string_lossy().into_owned();
-    mycni_tests::sh(
+    mycni_testkit::sh(
         "ip",
         &[
             "netns",
@@ -483,9 +483,9 @@ fn pod_traffic_leaving_the_cluster_is_masqueraded_and_uninstall_cleans_up() -> R
             "/proc/sys",
         ],
     )?;
-    let tables = mycni_tests::sh("ip", &["netns", "exec", &ns, "nft", "list", "tables"])?;
+    let tables = mycni_testkit::sh("ip", &["netns", "exec", &ns, "nft", "list", "tables"])?;
     assert!(!tables.contains("mycni"), "{tables}");
-    assert!(mycni_tests::sh("ip", &["-n", &ns, "link", "show", "vxlan.1"]).is_err());
+    assert!(mycni_testkit::sh("ip", &["-n", &ns, "link", "show", "vxlan.1"]).is_err());
     assert!(!dir.join("net.d/00-mycni.conflist").exists());
     Ok(())
 }

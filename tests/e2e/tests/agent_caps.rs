@@ -2,18 +2,13 @@
 //! bounding set, so even root cannot have it): it must stop at once and name
 //! the missing capability, before touching the API or the kernel.
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-fn agent() -> PathBuf {
-    let lab = PathBuf::from(env!("CARGO_BIN_EXE_mycni-lab"));
-    lab.parent()
-        .map(PathBuf::from)
-        .unwrap_or_default()
-        .join("mycni-agent")
+fn agent() -> std::path::PathBuf {
+    mycni_e2e::bin("mycni-agent")
 }
 
 /// Runs `mycni-agent run` without `cap` and returns (exit ok, stderr, time).

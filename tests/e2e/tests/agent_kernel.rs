@@ -5,15 +5,15 @@
 use std::net::Ipv4Addr;
 
 use mycni_agent::kernel::{Kernel, VxlanSpec};
-use mycni_agent::peers::{Cidr, Peer};
+use mycni_agent::peers::{Cidr, Mac, Peer};
 use mycni_agent::reconcile::{self, OverlayState};
-use mycni_tests::NetNs;
+use mycni_testkit::NetNs;
 
 fn peer(name: &str, cidr: &str, mac: u8, ip: u8) -> Peer {
     Peer {
         name: name.into(),
-        pod_cidr: Cidr::parse(cidr).expect("test CIDR"),
-        vtep_mac: [2, 0, 0, 0, 0, mac],
+        pod_cidr: Cidr::parse_network(cidr).expect("test CIDR"),
+        vtep_mac: Mac([2, 0, 0, 0, 0, mac]),
         host_ip: Ipv4Addr::new(192, 168, 55, ip),
     }
 }
@@ -34,7 +34,7 @@ fn in_node<T: Send>(ns: &NetNs, f: impl AsyncFnOnce(Kernel, VxlanSpec) -> T + Se
                 underlay_index: u.index,
                 local_ip: u.ip,
                 mtu: u.mtu - 50,
-                mac: [2, 0xaa, 0, 0, 0, 1],
+                mac: Mac([2, 0xaa, 0, 0, 0, 1]),
                 address: Ipv4Addr::new(10, 244, 0, 0),
             };
             f(k, spec).await

@@ -7,7 +7,7 @@ mod common;
 use std::time::Instant;
 
 use anyhow::Result;
-use mycni_tests::soak::{churn::churn, table};
+use mycni_lab::soak::{churn::churn, table};
 
 fn run(cycles: usize, seed: u64) -> Result<()> {
     let t0 = Instant::now();
@@ -27,7 +27,7 @@ fn churn_with_killed_plugins_leaks_nothing() -> Result<()> {
     run(150, 0x6c65616b)
 }
 
-/// The full case: `cargo test -p mycni-tests --test churn -- --ignored`.
+/// The full case: `cargo test -p mycni-e2e --test churn -- --ignored`.
 #[test]
 #[ignore = "1,000 cycles: the soak run"]
 fn churn_1000_cycles() -> Result<()> {

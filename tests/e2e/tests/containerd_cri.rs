@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result, ensure};
-use mycni_tests::cri::ContainerdHarness;
+use mycni_e2e::cri::ContainerdHarness;
 
 /// The CNI network containerd will use.
 struct CniSetup {
@@ -41,7 +41,9 @@ fn mycni_plugins(dir: &Path) -> Result<CniSetup> {
         let entry = entry?;
         symlink(entry.path(), bin_dir.join(entry.file_name()))?;
     }
-    symlink(env!("CARGO_BIN_EXE_mycni"), bin_dir.join("mycni"))?;
+    let plugin = mycni_e2e::bin("mycni");
+    mycni_e2e::missing(&[&plugin])?;
+    symlink(&plugin, bin_dir.join("mycni"))?;
     let setup = CniSetup {
         bin_dir,
         conf_dir,
@@ -159,7 +161,7 @@ fn pod_network_through_containerd_cri() -> Result<()> {
         .with_context(|| format!("no route to the pod on the node: {node_route:?}"))?
         .to_owned();
     // A read-only look at the real host: the plugin must not have reached it.
-    let host_links = mycni_tests::sh("ip", &["-o", "link", "show"])?;
+    let host_links = mycni_testkit::sh("ip", &["-o", "link", "show"])?;
     ensure!(
         !host_links.contains(&format!(" {host_if}@")),
         "{host_if} is on the real host: {host_links}"

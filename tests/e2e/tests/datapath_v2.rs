@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use mycni_tests::lab::{ECHO_PORT, Lab, Pod};
-use mycni_tests::{in_netns, sh};
+use mycni_lab::{ECHO_PORT, Lab, Pod};
+use mycni_testkit::{in_netns, sh};
 
 mod common;
 
@@ -295,7 +295,7 @@ fn vxlan_from_a_stranger_never_reaches_a_pod_on_the_fast_path() -> Result<()> {
     });
     std::thread::sleep(Duration::from_millis(200));
     let before = l.counters(1)?;
-    let node1 = SocketAddr::from((mycni_tests::lab::node_ip(1), 8472));
+    let node1 = SocketAddr::from((mycni_lab::node_ip(1), 8472));
     // From the underlay's own address (no node), then claiming to be node 2's pod.
     in_netns(&l.spec.underlay_ns(), move || -> Result<()> {
         let s = UdpSocket::bind(("0.0.0.0", 0))?;
@@ -332,7 +332,7 @@ fn direct_routing_forwards_without_encapsulation() -> Result<()> {
     ensure!(
         routes.contains(&format!(
             "10.244.2.0/24 via {} dev eth0",
-            mycni_tests::lab::node_ip(2)
+            mycni_lab::node_ip(2)
         )),
         "no direct route:\n{routes}"
     );

@@ -137,10 +137,12 @@ const RUNTIME_PACKAGES: &[&str] = &["iproute2", "nftables"];
 const EBPF_OBJECT: &str = "target/ebpf/bpfel-unknown-none/release/mycni-ebpf";
 
 fn workspace() -> PathBuf {
+    // tests/e2e -> the workspace root.
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
+        .ancestors()
+        .nth(2)
         .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from(".."))
+        .unwrap_or_else(|| PathBuf::from("../.."))
 }
 
 fn read(rel: &str) -> String {

@@ -27,11 +27,11 @@ use mycni_agent::ebpf::{
     Datapath, Prog, embedded_object, read_counters, sync_local, sync_remote, write_config,
 };
 use mycni_common::{
-    CFG_TC_DECAP, CFG_TC_ENCAP, DpConfig, LocalEndpoint, Path, PathCounter, PeerNode, RemoteNode,
+    CFG_TC_DECAP, CFG_TC_ENCAP, DpConfig, DpPath, LocalEndpoint, PathCounter, PeerNode, RemoteNode,
     TCX_NEXT,
 };
-use mycni_tests::testrun::{Outcome, run_skb_from};
-use mycni_tests::{BpfFs, NetNs};
+use mycni_testkit::testrun::{Outcome, run_skb_from};
+use mycni_testkit::{BpfFs, NetNs};
 
 const TC_ACT_REDIRECT: i32 = 7;
 
@@ -295,21 +295,21 @@ impl Dp<'_> {
         Ok(write_config(self.pin, cfg)?)
     }
 
-    fn counters(&self) -> Result<Vec<(Path, PathCounter)>> {
+    fn counters(&self) -> Result<Vec<(DpPath, PathCounter)>> {
         Ok(read_counters(self.pin)?)
     }
 
     /// Runs `prog` once on `pkt` and returns the path it was counted under,
     /// checking it was counted exactly once, with the packet's length, and
     /// that the program stayed within what it may do to a packet.
-    fn run(&self, prog: Prog, pkt: &[u8]) -> Result<(Path, Outcome)> {
+    fn run(&self, prog: Prog, pkt: &[u8]) -> Result<(DpPath, Outcome)> {
         self.try_run(prog, pkt)?
             .with_context(|| format!("BPF_PROG_TEST_RUN refused {}", hex(pkt)))
     }
 
     /// [`Self::run`], or `None` when `BPF_PROG_TEST_RUN` refused to build an
     /// skb from the frame (see [`test_run_accepts`]) and so ran nothing.
-    fn try_run(&self, prog: Prog, pkt: &[u8]) -> Result<Option<(Path, Outcome)>> {
+    fn try_run(&self, prog: Prog, pkt: &[u8]) -> Result<Option<(DpPath, Outcome)>> {
         let before = self.counters()?;
         let iif = self.iif.get().unwrap_or_else(|| ingress_of(prog, pkt));
         let out = match run_skb_from(self.dp.program_fd(prog)?, pkt, iif) {
@@ -321,7 +321,7 @@ impl Dp<'_> {
             Err(e) => return Err(e),
         };
         let after = self.counters()?;
-        let moved: Vec<(Path, u64, u64)> = before
+        let moved: Vec<(DpPath, u64, u64)> = before
             .iter()
             .zip(&after)
             .filter(|((_, b), (_, a))| a != b)
@@ -354,7 +354,7 @@ impl Dp<'_> {
                 ensure!(path.is_fast(), "redirect counted under {}", path.name());
                 // Wrapping and unwrapping are checked field by field by
                 // their own tests.
-                if !matches!(path, Path::FastEncap | Path::FastTcDecap) {
+                if !matches!(path, DpPath::FastEncap | DpPath::FastTcDecap) {
                     ensure_only_forwarding_rewrite(pkt, &out.data)?;
                 }
             }
@@ -364,7 +364,7 @@ impl Dp<'_> {
     }
 
     /// [`Self::kernel`] for a frame that arrives on host veth `iif`.
-    fn kernel_on(&self, what: &str, prog: Prog, pkt: &[u8], iif: u32, want: Path) -> Result<()> {
+    fn kernel_on(&self, what: &str, prog: Prog, pkt: &[u8], iif: u32, want: DpPath) -> Result<()> {
         self.iif.set(Some(iif));
         let r = self.kernel(what, prog, pkt, want);
         self.iif.set(None);
@@ -373,7 +373,7 @@ impl Dp<'_> {
 
     /// A packet the program must leave to the kernel, untouched, under `want`
     /// (or that this kernel refuses to test-run at all; see [`test_run_accepts`]).
-    fn kernel(&self, what: &str, prog: Prog, pkt: &[u8], want: Path) -> Result<()> {
+    fn kernel(&self, what: &str, prog: Prog, pkt: &[u8], want: DpPath) -> Result<()> {
         let run = self.try_run(prog, pkt).with_context(|| what.to_string())?;
         let Some((path, out)) = run else {
             eprintln!(
@@ -402,7 +402,7 @@ impl Dp<'_> {
         what: &str,
         prog: Prog,
         pkt: &[u8],
-        want: Path,
+        want: DpPath,
         macs: ([u8; 6], [u8; 6]),
     ) -> Result<()> {
         let (path, out) = self.run(prog, pkt).with_context(|| what.to_string())?;
@@ -788,8 +788,8 @@ const POD: Prog = Prog::FromPod;
 const VX: Prog = Prog::FromVxlan;
 const UL: Prog = Prog::FromUnderlay;
 
-type FastCase = (&'static str, Prog, Vec<u8>, Path, ([u8; 6], [u8; 6]));
-type KernelCase = (&'static str, Prog, Vec<u8>, Path);
+type FastCase = (&'static str, Prog, Vec<u8>, DpPath, ([u8; 6], [u8; 6]));
+type KernelCase = (&'static str, Prog, Vec<u8>, DpPath);
 
 #[test]
 fn tcp_established_takes_the_fast_path() -> Result<()> {
@@ -809,19 +809,19 @@ fn tcp_established_takes_the_fast_path() -> Result<()> {
         padded.extend_from_slice(&[0; 6]);
         #[rustfmt::skip]
         let cases: [FastCase; 11] = [
-            ("tcp A->R (remote)", POD, from_a(&tcp(a_r.flow, ACK | PSH, b"GET /")), Path::FastVxlanNoEncap, TO_PEER),
-            ("tcp A->R bare ACK", POD, ack.clone(), Path::FastVxlanNoEncap, TO_PEER),
-            ("tcp A->R without DF", POD, edit_ip(&ack, |ip| ip[6] = 0), Path::FastVxlanNoEncap, TO_PEER),
-            ("tcp A->R TTL 2", POD, with_ttl(&ack, 2), Path::FastVxlanNoEncap, TO_PEER),
-            ("tcp A->R TTL 255", POD, with_ttl(&ack, 255), Path::FastVxlanNoEncap, TO_PEER),
-            ("tcp A->R 1400 B payload", POD, from_a(&tcp(a_r.flow, ACK, &[0x5a; 1400])), Path::FastVxlanNoEncap, TO_PEER),
-            ("tcp A->R, Ethernet padding", POD, padded, Path::FastVxlanNoEncap, TO_PEER),
-            ("tcp A->B (local)", POD, from_a(&tcp(a_b.flow, ACK, b"hello")), Path::FastLocal, TO_B),
+            ("tcp A->R (remote)", POD, from_a(&tcp(a_r.flow, ACK | PSH, b"GET /")), DpPath::FastVxlanNoEncap, TO_PEER),
+            ("tcp A->R bare ACK", POD, ack.clone(), DpPath::FastVxlanNoEncap, TO_PEER),
+            ("tcp A->R without DF", POD, edit_ip(&ack, |ip| ip[6] = 0), DpPath::FastVxlanNoEncap, TO_PEER),
+            ("tcp A->R TTL 2", POD, with_ttl(&ack, 2), DpPath::FastVxlanNoEncap, TO_PEER),
+            ("tcp A->R TTL 255", POD, with_ttl(&ack, 255), DpPath::FastVxlanNoEncap, TO_PEER),
+            ("tcp A->R 1400 B payload", POD, from_a(&tcp(a_r.flow, ACK, &[0x5a; 1400])), DpPath::FastVxlanNoEncap, TO_PEER),
+            ("tcp A->R, Ethernet padding", POD, padded, DpPath::FastVxlanNoEncap, TO_PEER),
+            ("tcp A->B (local)", POD, from_a(&tcp(a_b.flow, ACK, b"hello")), DpPath::FastLocal, TO_B),
             // Either direction of the flow matches its conntrack entry.
-            ("tcp B->A (local, reply)", POD, from_b(&tcp(a_b.flow.rev(), ACK, b"world")), Path::FastLocal, TO_A),
-            ("tcp R->A (decap, reply)", VX, from_peer(&tcp(a_r.flow.rev(), ACK, b"200 OK")), Path::FastDecap, TO_A),
+            ("tcp B->A (local, reply)", POD, from_b(&tcp(a_b.flow.rev(), ACK, b"world")), DpPath::FastLocal, TO_A),
+            ("tcp R->A (decap, reply)", VX, from_peer(&tcp(a_r.flow.rev(), ACK, b"200 OK")), DpPath::FastDecap, TO_A),
             // from_vxlan delivers to any local pod, whatever the source.
-            ("tcp B->A from vxlan", VX, from_peer(&tcp(a_b.flow.rev(), ACK, b"")), Path::FastDecap, TO_A),
+            ("tcp B->A from vxlan", VX, from_peer(&tcp(a_b.flow.rev(), ACK, b"")), DpPath::FastDecap, TO_A),
         ];
         for (what, prog, pkt, want, macs) in cases {
             dp.fast(what, prog, &pkt, want, macs)?;
@@ -846,7 +846,7 @@ fn udp_takes_the_fast_path_once_assured() -> Result<()> {
         // Replied to, but not assured yet: that takes traffic after 2 s.
         let pkt = from_a(&udp(a_r.flow, b"data"));
         ensure!(!ct_line(a_r.flow)?.contains("[ASSURED]"), "assured at once");
-        dp.kernel("udp A->R replied, not assured", POD, &pkt, Path::KernelNotEstablished)?;
+        dp.kernel("udp A->R replied, not assured", POD, &pkt, DpPath::KernelNotEstablished)?;
 
         std::thread::sleep(Duration::from_millis(2100).saturating_sub(started.elapsed()));
         a_r.exchange(true)?;
@@ -858,10 +858,10 @@ fn udp_takes_the_fast_path_once_assured() -> Result<()> {
 
         #[rustfmt::skip]
         let cases: [FastCase; 4] = [
-            ("udp A->R (remote)", POD, pkt.clone(), Path::FastVxlanNoEncap, TO_PEER),
-            ("udp A->R empty datagram", POD, from_a(&udp(a_r.flow, b"")), Path::FastVxlanNoEncap, TO_PEER),
-            ("udp A->B (local)", POD, from_a(&udp(a_b.flow, b"data")), Path::FastLocal, TO_B),
-            ("udp R->A (decap, reply)", VX, from_peer(&udp(a_r.flow.rev(), b"re")), Path::FastDecap, TO_A),
+            ("udp A->R (remote)", POD, pkt.clone(), DpPath::FastVxlanNoEncap, TO_PEER),
+            ("udp A->R empty datagram", POD, from_a(&udp(a_r.flow, b"")), DpPath::FastVxlanNoEncap, TO_PEER),
+            ("udp A->B (local)", POD, from_a(&udp(a_b.flow, b"data")), DpPath::FastLocal, TO_B),
+            ("udp R->A (decap, reply)", VX, from_peer(&udp(a_r.flow.rev(), b"re")), DpPath::FastDecap, TO_A),
         ];
         for (what, prog, pkt, want, macs) in cases {
             dp.fast(what, prog, &pkt, want, macs)?;
@@ -869,9 +869,9 @@ fn udp_takes_the_fast_path_once_assured() -> Result<()> {
         let cut = from_a(&ipv4(IPPROTO_UDP, POD_A, POD_R, &[], &udp(a_r.flow, b"")[20..24]));
         #[rustfmt::skip]
         let cases: [KernelCase; 3] = [
-            ("udp A->R never replied", POD, from_a(&udp(one_way.flow, b"x")), Path::KernelNotEstablished),
-            ("udp A->R TTL 1", POD, with_ttl(&pkt, 1), Path::KernelTtl),
-            ("udp header cut at 4 bytes", POD, cut, Path::KernelTruncated),
+            ("udp A->R never replied", POD, from_a(&udp(one_way.flow, b"x")), DpPath::KernelNotEstablished),
+            ("udp A->R TTL 1", POD, with_ttl(&pkt, 1), DpPath::KernelTtl),
+            ("udp header cut at 4 bytes", POD, cut, DpPath::KernelTruncated),
         ];
         for (what, prog, pkt, want) in cases {
             dp.kernel(what, prog, &pkt, want)?;
@@ -921,58 +921,58 @@ fn everything_else_is_left_to_the_kernel_untouched() -> Result<()> {
         #[rustfmt::skip]
         let cases: Vec<KernelCase> = vec![
             // Neither TCP nor UDP, or to nobody the maps know.
-            ("icmp A->R (remote)", POD, from_a(&icmp_echo(POD_A, POD_R)), Path::KernelNotTcpUdp),
-            ("icmp A->B (local)", POD, from_a(&icmp_echo(POD_A, POD_B)), Path::KernelNotTcpUdp),
-            ("icmp A->unknown", POD, from_a(&icmp_echo(POD_A, UNKNOWN)), Path::KernelUnknownDest),
-            ("icmp R->A (decap)", VX, from_peer(&icmp_echo(POD_R, POD_A)), Path::KernelNotTcpUdp),
-            ("gre A->R", POD, from_a(&ipv4(47, POD_A, POD_R, &[], &[0; 8])), Path::KernelNotTcpUdp),
-            ("tcp A->unknown", POD, from_a(&tcp(a_r.flow.to(UNKNOWN), ACK, b"")), Path::KernelUnknownDest),
-            ("udp A->unknown", POD, from_a(&udp(a_r.flow.to(UNKNOWN), b"x")), Path::KernelUnknownDest),
+            ("icmp A->R (remote)", POD, from_a(&icmp_echo(POD_A, POD_R)), DpPath::KernelNotTcpUdp),
+            ("icmp A->B (local)", POD, from_a(&icmp_echo(POD_A, POD_B)), DpPath::KernelNotTcpUdp),
+            ("icmp A->unknown", POD, from_a(&icmp_echo(POD_A, UNKNOWN)), DpPath::KernelUnknownDest),
+            ("icmp R->A (decap)", VX, from_peer(&icmp_echo(POD_R, POD_A)), DpPath::KernelNotTcpUdp),
+            ("gre A->R", POD, from_a(&ipv4(47, POD_A, POD_R, &[], &[0; 8])), DpPath::KernelNotTcpUdp),
+            ("tcp A->unknown", POD, from_a(&tcp(a_r.flow.to(UNKNOWN), ACK, b"")), DpPath::KernelUnknownDest),
+            ("udp A->unknown", POD, from_a(&udp(a_r.flow.to(UNKNOWN), b"x")), DpPath::KernelUnknownDest),
             // from_vxlan delivers only to pods on this node.
-            ("vxlan: tcp A->R (remote pod)", VX, ack.clone(), Path::KernelUnknownDest),
-            ("vxlan: tcp R->unknown", VX, from_peer(&tcp(ra_flow.to(UNKNOWN), ACK, b"")), Path::KernelUnknownDest),
+            ("vxlan: tcp A->R (remote pod)", VX, ack.clone(), DpPath::KernelUnknownDest),
+            ("vxlan: tcp R->unknown", VX, from_peer(&tcp(ra_flow.to(UNKNOWN), ACK, b"")), DpPath::KernelUnknownDest),
             // The TTL would expire here.
-            ("tcp A->R TTL 1", POD, with_ttl(&ack, 1), Path::KernelTtl),
-            ("tcp A->R TTL 0", POD, with_ttl(&ack, 0), Path::KernelTtl),
-            ("vxlan: tcp R->A TTL 1", VX, with_ttl(&ra, 1), Path::KernelTtl),
+            ("tcp A->R TTL 1", POD, with_ttl(&ack, 1), DpPath::KernelTtl),
+            ("tcp A->R TTL 0", POD, with_ttl(&ack, 0), DpPath::KernelTtl),
+            ("vxlan: tcp R->A TTL 1", VX, with_ttl(&ra, 1), DpPath::KernelTtl),
             // Fragments and IP options.
-            ("fragment: MF", POD, edit_ip(&ack, |ip| ip[6] = 0x20), Path::KernelIpOptionsOrFragment),
-            ("fragment: offset 185", POD, edit_ip(&ack, |ip| ip[7] = 185), Path::KernelIpOptionsOrFragment),
-            ("fragment: DF + offset 1", POD, edit_ip(&ack, |ip| ip[7] = 1), Path::KernelIpOptionsOrFragment),
-            ("fragment: MF + offset 1", POD, mf_offset, Path::KernelIpOptionsOrFragment),
-            ("ip options (ihl 6)", POD, with_options, Path::KernelIpOptionsOrFragment),
-            ("vxlan: fragment MF", VX, edit_ip(&ra, |ip| ip[6] = 0x20), Path::KernelIpOptionsOrFragment),
+            ("fragment: MF", POD, edit_ip(&ack, |ip| ip[6] = 0x20), DpPath::KernelIpOptionsOrFragment),
+            ("fragment: offset 185", POD, edit_ip(&ack, |ip| ip[7] = 185), DpPath::KernelIpOptionsOrFragment),
+            ("fragment: DF + offset 1", POD, edit_ip(&ack, |ip| ip[7] = 1), DpPath::KernelIpOptionsOrFragment),
+            ("fragment: MF + offset 1", POD, mf_offset, DpPath::KernelIpOptionsOrFragment),
+            ("ip options (ihl 6)", POD, with_options, DpPath::KernelIpOptionsOrFragment),
+            ("vxlan: fragment MF", VX, edit_ip(&ra, |ip| ip[6] = 0x20), DpPath::KernelIpOptionsOrFragment),
             // Not IPv4.
-            ("arp request", POD, arp.clone(), Path::KernelNotIpv4),
-            ("vxlan: arp request", VX, arp.clone(), Path::KernelNotIpv4),
-            ("bare Ethernet header (ARP)", POD, arp[..14].to_vec(), Path::KernelNotIpv4),
-            ("ipv6", POD, eth(HOST_A_MAC, POD_A_MAC, ETH_P_IPV6, &[0x60; 60]), Path::KernelNotIpv4),
-            ("802.1Q-tagged IPv4", POD, vlan, Path::KernelNotIpv4),
-            ("ethertype IPv4, version 6", POD, edit_ip(&ack, |ip| ip[0] = 0x65), Path::KernelNotIpv4),
+            ("arp request", POD, arp.clone(), DpPath::KernelNotIpv4),
+            ("vxlan: arp request", VX, arp.clone(), DpPath::KernelNotIpv4),
+            ("bare Ethernet header (ARP)", POD, arp[..14].to_vec(), DpPath::KernelNotIpv4),
+            ("ipv6", POD, eth(HOST_A_MAC, POD_A_MAC, ETH_P_IPV6, &[0x60; 60]), DpPath::KernelNotIpv4),
+            ("802.1Q-tagged IPv4", POD, vlan, DpPath::KernelNotIpv4),
+            ("ethertype IPv4, version 6", POD, edit_ip(&ack, |ip| ip[0] = 0x65), DpPath::KernelNotIpv4),
             // Truncated or lying headers. Linux 6.18 refuses to test-run the
             // frames cut inside the IPv4 header (test_run_accepts), others run them.
-            ("15 bytes total", POD, ack[..15].to_vec(), Path::KernelTruncated),
-            ("20 bytes total", POD, ack[..20].to_vec(), Path::KernelTruncated),
-            ("IP header cut by 1 byte", POD, ack[..33].to_vec(), Path::KernelTruncated),
-            ("tot_len 1 past the frame", POD, set_tot_len((ack.len() - 13) as u16), Path::KernelTruncated),
-            ("tot_len 65535", POD, set_tot_len(0xffff), Path::KernelTruncated),
-            ("tot_len 19", POD, set_tot_len(19), Path::KernelTruncated),
-            ("tot_len 0 (BIG TCP)", POD, set_tot_len(0), Path::KernelTruncated),
-            ("ihl 4", POD, edit_ip(&ack, |ip| ip[0] = 0x44), Path::KernelTruncated),
-            ("ihl 0", POD, edit_ip(&ack, |ip| ip[0] = 0x40), Path::KernelTruncated),
-            ("tcp header cut at 10 bytes", POD, tcp_cut, Path::KernelTruncated),
-            ("vxlan: 20 bytes total", VX, ra[..20].to_vec(), Path::KernelTruncated),
+            ("15 bytes total", POD, ack[..15].to_vec(), DpPath::KernelTruncated),
+            ("20 bytes total", POD, ack[..20].to_vec(), DpPath::KernelTruncated),
+            ("IP header cut by 1 byte", POD, ack[..33].to_vec(), DpPath::KernelTruncated),
+            ("tot_len 1 past the frame", POD, set_tot_len((ack.len() - 13) as u16), DpPath::KernelTruncated),
+            ("tot_len 65535", POD, set_tot_len(0xffff), DpPath::KernelTruncated),
+            ("tot_len 19", POD, set_tot_len(19), DpPath::KernelTruncated),
+            ("tot_len 0 (BIG TCP)", POD, set_tot_len(0), DpPath::KernelTruncated),
+            ("ihl 4", POD, edit_ip(&ack, |ip| ip[0] = 0x44), DpPath::KernelTruncated),
+            ("ihl 0", POD, edit_ip(&ack, |ip| ip[0] = 0x40), DpPath::KernelTruncated),
+            ("tcp header cut at 10 bytes", POD, tcp_cut, DpPath::KernelTruncated),
+            ("vxlan: 20 bytes total", VX, ra[..20].to_vec(), DpPath::KernelTruncated),
             // No conntrack entry for the tuple.
-            ("tcp A->R ACK, no ct", POD, from_a(&tcp(stranger, ACK, b"")), Path::KernelNotEstablished),
-            ("tcp A->B ACK, no ct", POD, from_a(&tcp(stranger_b, ACK, b"")), Path::KernelNotEstablished),
-            ("udp A->R, no ct", POD, from_a(&udp(stranger, b"x")), Path::KernelNotEstablished),
-            ("udp on a TCP flow's tuple", POD, from_a(&udp(a_r.flow, b"x")), Path::KernelNotEstablished),
-            ("vxlan: tcp R->A ACK, no ct", VX, from_peer(&tcp(stranger.rev(), ACK, b"")), Path::KernelNotEstablished),
+            ("tcp A->R ACK, no ct", POD, from_a(&tcp(stranger, ACK, b"")), DpPath::KernelNotEstablished),
+            ("tcp A->B ACK, no ct", POD, from_a(&tcp(stranger_b, ACK, b"")), DpPath::KernelNotEstablished),
+            ("udp A->R, no ct", POD, from_a(&udp(stranger, b"x")), DpPath::KernelNotEstablished),
+            ("udp on a TCP flow's tuple", POD, from_a(&udp(a_r.flow, b"x")), DpPath::KernelNotEstablished),
+            ("vxlan: tcp R->A ACK, no ct", VX, from_peer(&tcp(stranger.rev(), ACK, b"")), DpPath::KernelNotEstablished),
             // Service traffic: the reply tuples of DNATed flows.
-            ("vxlan: tcp R->A, DNATed flow", VX, from_peer(&tcp(svc_r.reply, ACK, b"200 OK")), Path::KernelNat),
-            ("tcp B->A, DNATed flow", POD, from_b(&tcp(svc_b.reply, ACK, b"200 OK")), Path::KernelNat),
+            ("vxlan: tcp R->A, DNATed flow", VX, from_peer(&tcp(svc_r.reply, ACK, b"200 OK")), DpPath::KernelNat),
+            ("tcp B->A, DNATed flow", POD, from_b(&tcp(svc_b.reply, ACK, b"200 OK")), DpPath::KernelNat),
             // Before DNAT the destination is a Service IP, in no map.
-            ("tcp A->Service IP", POD, from_a(&tcp(svc_r.flow, ACK, b"")), Path::KernelUnknownDest),
+            ("tcp A->Service IP", POD, from_a(&tcp(svc_r.flow, ACK, b"")), DpPath::KernelUnknownDest),
         ];
         for (what, prog, pkt, want) in cases {
             dp.kernel(what, prog, &pkt, want)?;
@@ -995,21 +995,21 @@ fn everything_else_is_left_to_the_kernel_untouched() -> Result<()> {
             ];
             for (flow, prog, pkt) in cases {
                 let what = format!("{flow} {name}, established");
-                dp.kernel(&what, prog, &pkt, Path::KernelTcpControl)?;
+                dp.kernel(&what, prog, &pkt, DpPath::KernelTcpControl)?;
             }
         }
 
         // The flows themselves still go fast: the cases above were refused
         // for what they changed, not for the flow.
-        dp.fast("tcp A->R ACK", POD, &ack, Path::FastVxlanNoEncap, TO_PEER)?;
+        dp.fast("tcp A->R ACK", POD, &ack, DpPath::FastVxlanNoEncap, TO_PEER)?;
         let ab = from_a(&tcp(a_b.flow, ACK, b""));
-        dp.fast("tcp A->B ACK", POD, &ab, Path::FastLocal, TO_B)?;
+        dp.fast("tcp A->B ACK", POD, &ab, DpPath::FastLocal, TO_B)?;
 
         // Spoofed sources ride no established flow: pod B forging A's
         // address on A's flow, and pod A forging R's on the reverse of it.
-        dp.kernel_on("tcp A->R ACK sent from B's veth", POD, &ack, 102, Path::KernelSourceNotPod)?;
+        dp.kernel_on("tcp A->R ACK sent from B's veth", POD, &ack, 102, DpPath::KernelSourceNotPod)?;
         let forged = from_a(&tcp(a_r.flow.rev(), ACK, b""));
-        dp.kernel("tcp R->A ACK forged by A", POD, &forged, Path::KernelSourceNotPod)?;
+        dp.kernel("tcp R->A ACK forged by A", POD, &forged, DpPath::KernelSourceNotPod)?;
         Ok(())
     })
 }
@@ -1031,8 +1031,8 @@ fn l4_header_past_tot_len_is_truncated() -> Result<()> {
         };
         #[rustfmt::skip]
         let cases: [KernelCase; 2] = [
-            ("tcp, tot_len 20 (header in padding)", POD, set_tot_len(&ack, 20), Path::KernelTruncated),
-            ("tcp, tot_len 39 (header cut by 1)", POD, set_tot_len(&ack, 39), Path::KernelTruncated),
+            ("tcp, tot_len 20 (header in padding)", POD, set_tot_len(&ack, 20), DpPath::KernelTruncated),
+            ("tcp, tot_len 39 (header cut by 1)", POD, set_tot_len(&ack, 39), DpPath::KernelTruncated),
         ];
         let wrong: Vec<String> = cases
             .into_iter()
@@ -1056,20 +1056,30 @@ fn without_config_everything_is_left_to_the_kernel() -> Result<()> {
         let arp = eth([0xff; 6], POD_A_MAC, ETH_P_ARP, &[0; 28]);
 
         // Never written: the array's only slot is all zeroes.
-        dp.kernel("config never written", POD, &ar, Path::KernelNoConfig)?;
-        dp.kernel("vxlan: config never written", VX, &ra, Path::KernelNoConfig)?;
-        dp.kernel("arp, config never written", POD, &arp, Path::KernelNoConfig)?;
+        dp.kernel("config never written", POD, &ar, DpPath::KernelNoConfig)?;
+        dp.kernel(
+            "vxlan: config never written",
+            VX,
+            &ra,
+            DpPath::KernelNoConfig,
+        )?;
+        dp.kernel(
+            "arp, config never written",
+            POD,
+            &arp,
+            DpPath::KernelNoConfig,
+        )?;
 
         dp.configure(&DpConfig {
             vxlan_ifindex: 0,
             ..config()
         })?;
-        dp.kernel("vxlan_ifindex 0", POD, &ar, Path::KernelNoConfig)?;
-        dp.kernel("vxlan: vxlan_ifindex 0", VX, &ra, Path::KernelNoConfig)?;
+        dp.kernel("vxlan_ifindex 0", POD, &ar, DpPath::KernelNoConfig)?;
+        dp.kernel("vxlan: vxlan_ifindex 0", VX, &ra, DpPath::KernelNoConfig)?;
 
         dp.configure(&config())?;
-        dp.fast("configured", POD, &ar, Path::FastVxlanNoEncap, TO_PEER)?;
-        dp.fast("vxlan: configured", VX, &ra, Path::FastDecap, TO_A)?;
+        dp.fast("configured", POD, &ar, DpPath::FastVxlanNoEncap, TO_PEER)?;
+        dp.fast("vxlan: configured", VX, &ra, DpPath::FastDecap, TO_A)?;
         Ok(())
     })
 }
@@ -1121,7 +1131,7 @@ fn hostile_packets_are_each_counted_once() -> Result<()> {
         let start = total(dp)?;
         let (mut runs, mut bytes, mut fast, mut refused) = (0u64, 0u64, 0u64, 0u64);
         // Checks and tallies one run; `None` if the kernel refused the frame.
-        let mut count = |dp: &Dp, prog: Prog, pkt: &[u8]| -> Result<Option<Path>> {
+        let mut count = |dp: &Dp, prog: Prog, pkt: &[u8]| -> Result<Option<DpPath>> {
             let Some((path, _)) = dp.try_run(prog, pkt)? else {
                 refused += 1;
                 return Ok(None);
@@ -1154,13 +1164,13 @@ fn hostile_packets_are_each_counted_once() -> Result<()> {
                 let pkt = edit_ip(base, |ip| ip[0] = vihl);
                 let want = match (prog, vihl >> 4, vihl & 0x0f) {
                     // On the underlay, the outer header: not VXLAN for us.
-                    (Prog::FromUnderlay, 4, 5) => Path::FastTcDecap,
-                    (Prog::FromUnderlay, ..) => Path::KernelUnderlayOther,
-                    (_, v, _) if v != 4 => Path::KernelNotIpv4,
-                    (_, _, ihl) if ihl < 5 => Path::KernelTruncated,
-                    (_, _, ihl) if ihl > 5 => Path::KernelIpOptionsOrFragment,
-                    (Prog::FromPod, ..) => Path::FastEncap,
-                    _ => Path::FastDecap,
+                    (Prog::FromUnderlay, 4, 5) => DpPath::FastTcDecap,
+                    (Prog::FromUnderlay, ..) => DpPath::KernelUnderlayOther,
+                    (_, v, _) if v != 4 => DpPath::KernelNotIpv4,
+                    (_, _, ihl) if ihl < 5 => DpPath::KernelTruncated,
+                    (_, _, ihl) if ihl > 5 => DpPath::KernelIpOptionsOrFragment,
+                    (Prog::FromPod, ..) => DpPath::FastEncap,
+                    _ => DpPath::FastDecap,
                 };
                 let got = count(dp, prog, &pkt)?.context("refused")?;
                 ensure!(
@@ -1361,7 +1371,7 @@ fn encap_sends_what_vxlan1_sends() -> Result<()> {
             });
             let (path, out) = dp.run(POD, &pkt).with_context(|| what.to_string())?;
             ensure!(
-                path == Path::FastEncap && out.retval == TC_ACT_REDIRECT,
+                path == DpPath::FastEncap && out.retval == TC_ACT_REDIRECT,
                 "{what}: {} with verdict {}",
                 path.name(),
                 out.retval
@@ -1428,23 +1438,29 @@ fn encap_falls_back_to_vxlan1_when_unsure() -> Result<()> {
             "over the underlay MTU",
             POD,
             &big,
-            Path::FastVxlanMtu,
+            DpPath::FastVxlanMtu,
             TO_PEER,
         )?;
         let fits = from_a(&tcp(a_r.flow, ACK, &[1; 1450 - 40]));
         let (path, _) = dp.run(POD, &fits)?;
-        ensure!(path == Path::FastEncap, "1450 B: {}", path.name());
+        ensure!(path == DpPath::FastEncap, "1450 B: {}", path.name());
         dp.configure(&DpConfig { flags: 0, ..cfg })?;
-        dp.fast("encap off", POD, &fits, Path::FastVxlanNoEncap, TO_PEER)?;
+        dp.fast("encap off", POD, &fits, DpPath::FastVxlanNoEncap, TO_PEER)?;
         // A route to elsewhere does not count: the lookup, like vxlan.1's
         // own, is made out of the underlay device.
         dp.configure(&cfg)?;
         node_exec(&["route", "add", "192.168.0.2/32", "dev", "lo"])?;
         let (path, _) = dp.run(POD, &fits)?;
-        ensure!(path == Path::FastEncap, "route via lo: {}", path.name());
+        ensure!(path == DpPath::FastEncap, "route via lo: {}", path.name());
         // The peer's host unreachable: not a plain unicast success.
         node_exec(&["route", "replace", "unreachable", "192.168.0.2/32"])?;
-        dp.fast("peer unreachable", POD, &fits, Path::FastVxlanFib, TO_PEER)?;
+        dp.fast(
+            "peer unreachable",
+            POD,
+            &fits,
+            DpPath::FastVxlanFib,
+            TO_PEER,
+        )?;
         Ok(())
     })
 }
@@ -1477,7 +1493,7 @@ fn decap_only_from_peers_for_local_pods() -> Result<()> {
         // would hand it to pod A.
         let (path, out) = dp.run(UL, &ok)?;
         ensure!(
-            path == Path::FastTcDecap && out.retval == TC_ACT_REDIRECT,
+            path == DpPath::FastTcDecap && out.retval == TC_ACT_REDIRECT,
             "peer's VXLAN: {} verdict {}",
             path.name(),
             out.retval
@@ -1516,22 +1532,22 @@ fn decap_only_from_peers_for_local_pods() -> Result<()> {
         let arp = eth([0xff; 6], UL_PEER_MAC, ETH_P_ARP, &[0; 28]);
         #[rustfmt::skip]
         let cases: Vec<KernelCase> = vec![
-            ("from a host that is no peer", UL, wrapped(UL_STRANGER, &ra, |_| {}), Path::KernelDecapNotPeer),
-            ("VNI 2", UL, wrapped(UL_PEER, &ra, |f| f[O_UDP + 14] = 2), Path::KernelDecapHeader),
-            ("VXLAN flags 0x0c", UL, wrapped(UL_PEER, &ra, |f| f[O_UDP + 8] = 0x0c), Path::KernelDecapHeader),
-            ("a UDP checksum", UL, wrapped(UL_PEER, &ra, |f| f[O_UDP + 7] = 1), Path::KernelDecapHeader),
-            ("UDP length lies", UL, wrapped(UL_PEER, &ra, |f| f[O_UDP + 5] ^= 4), Path::KernelDecapHeader),
-            ("inner MAC not this VTEP's", UL, wrapped(UL_PEER, &ra, |f| f[50] ^= 1), Path::KernelDecapHeader),
-            ("outer fragment (MF)", UL, wrapped(UL_PEER, &ra, |f| { f[20] = 0x20; fix_outer(f) }), Path::KernelDecapFragment),
-            ("outer fragment (offset)", UL, wrapped(UL_PEER, &ra, |f| { f[21] = 0x10; fix_outer(f) }), Path::KernelDecapFragment),
-            ("another UDP port", UL, wrapped(UL_PEER, &ra, |f| f[O_UDP + 3] ^= 1), Path::KernelUnderlayOther),
-            ("to another host", UL, wrapped(UL_PEER, &ra, |f| { f[33] = 9; fix_outer(f) }), Path::KernelUnderlayOther),
-            ("ARP", UL, arp, Path::KernelUnderlayOther),
-            ("inner source not the peer's pod", UL, wrapped(UL_PEER, &spoofed, |_| {}), Path::KernelDecapInnerSource),
-            ("inner to no local pod", UL, wrapped(UL_PEER, &to_unknown, |_| {}), Path::KernelUnknownDest),
-            ("inner SYN", UL, wrapped(UL_PEER, &syn, |_| {}), Path::KernelTcpControl),
-            ("inner flow unknown to conntrack", UL, wrapped(UL_PEER, &new_flow, |_| {}), Path::KernelNotEstablished),
-            ("inner TTL 1", UL, wrapped(UL_PEER, &with_ttl(&ra, 1), |_| {}), Path::KernelTtl),
+            ("from a host that is no peer", UL, wrapped(UL_STRANGER, &ra, |_| {}), DpPath::KernelDecapNotPeer),
+            ("VNI 2", UL, wrapped(UL_PEER, &ra, |f| f[O_UDP + 14] = 2), DpPath::KernelDecapHeader),
+            ("VXLAN flags 0x0c", UL, wrapped(UL_PEER, &ra, |f| f[O_UDP + 8] = 0x0c), DpPath::KernelDecapHeader),
+            ("a UDP checksum", UL, wrapped(UL_PEER, &ra, |f| f[O_UDP + 7] = 1), DpPath::KernelDecapHeader),
+            ("UDP length lies", UL, wrapped(UL_PEER, &ra, |f| f[O_UDP + 5] ^= 4), DpPath::KernelDecapHeader),
+            ("inner MAC not this VTEP's", UL, wrapped(UL_PEER, &ra, |f| f[50] ^= 1), DpPath::KernelDecapHeader),
+            ("outer fragment (MF)", UL, wrapped(UL_PEER, &ra, |f| { f[20] = 0x20; fix_outer(f) }), DpPath::KernelDecapFragment),
+            ("outer fragment (offset)", UL, wrapped(UL_PEER, &ra, |f| { f[21] = 0x10; fix_outer(f) }), DpPath::KernelDecapFragment),
+            ("another UDP port", UL, wrapped(UL_PEER, &ra, |f| f[O_UDP + 3] ^= 1), DpPath::KernelUnderlayOther),
+            ("to another host", UL, wrapped(UL_PEER, &ra, |f| { f[33] = 9; fix_outer(f) }), DpPath::KernelUnderlayOther),
+            ("ARP", UL, arp, DpPath::KernelUnderlayOther),
+            ("inner source not the peer's pod", UL, wrapped(UL_PEER, &spoofed, |_| {}), DpPath::KernelDecapInnerSource),
+            ("inner to no local pod", UL, wrapped(UL_PEER, &to_unknown, |_| {}), DpPath::KernelUnknownDest),
+            ("inner SYN", UL, wrapped(UL_PEER, &syn, |_| {}), DpPath::KernelTcpControl),
+            ("inner flow unknown to conntrack", UL, wrapped(UL_PEER, &new_flow, |_| {}), DpPath::KernelNotEstablished),
+            ("inner TTL 1", UL, wrapped(UL_PEER, &with_ttl(&ra, 1), |_| {}), DpPath::KernelTtl),
         ];
         for (what, prog, pkt, want) in cases {
             dp.kernel(what, prog, &pkt, want)?;
@@ -1542,7 +1558,7 @@ fn decap_only_from_peers_for_local_pods() -> Result<()> {
             flags: CFG_TC_ENCAP,
             ..encap_config()?
         })?;
-        dp.kernel("decap off", UL, &ok, Path::KernelUnderlayOther)?;
+        dp.kernel("decap off", UL, &ok, DpPath::KernelUnderlayOther)?;
         Ok(())
     })
 }

@@ -4,8 +4,8 @@
 //! counter map pinned in the test's own bpffs.
 
 use mycni_agent::ebpf::{Datapath, embedded_object, read_counters};
-use mycni_common::{COUNTERS_MAP, Path};
-use mycni_tests::{BpfFs, VethPair, sh};
+use mycni_common::{COUNTERS_MAP, DpPath};
+use mycni_testkit::{BpfFs, VethPair, sh};
 
 #[test]
 fn ping_is_counted_in_pinned_map() -> anyhow::Result<()> {
@@ -14,6 +14,8 @@ fn ping_is_counted_in_pinned_map() -> anyhow::Result<()> {
     })?;
     let bpffs = BpfFs::new()?;
     let net = VethPair::new("10.123.0.1", "10.123.0.2")?;
+    // Without a config every frame counts under kernel_no_config: no ARP.
+    net.pin_neighbours("10.123.0.1", "10.123.0.2")?;
     let ifindex = net.host_ifindex()?;
 
     // Attach inside the node namespace, then drop every userspace handle: the
@@ -28,19 +30,19 @@ fn ping_is_counted_in_pinned_map() -> anyhow::Result<()> {
         .exec("ping", &["-c", "5", "-i", "0.05", "-W", "1", "10.123.0.1"])?;
 
     let counters = read_counters(bpffs.path())?;
-    let get = |p: Path| {
+    let get = |p: DpPath| {
         counters
             .iter()
             .find(|(q, _)| *q == p)
             .map(|(_, c)| *c)
             .unwrap_or_default()
     };
-    // Echo requests are IPv4 and no agent wrote the config: exactly 5, 98 bytes each
+    // No agent wrote the config: exactly the 5 echo requests, 98 bytes each
     // (14 Ethernet + 20 IP + 8 ICMP + 56 payload).
-    let icmp = get(Path::KernelNoConfig);
+    let icmp = get(DpPath::KernelNoConfig);
     assert_eq!(icmp.packets, 5, "counters: {counters:?}");
     assert_eq!(icmp.bytes, 5 * 98, "counters: {counters:?}");
-    assert_eq!(get(Path::FastVxlanNoEncap).packets, 0);
+    assert_eq!(get(DpPath::FastVxlanNoEncap).packets, 0);
 
     // bpftool reads the same pinned map, with field names from BTF.
     let map = bpffs.path().join(COUNTERS_MAP);
@@ -63,6 +65,7 @@ fn reattach_swaps_program_in_pinned_link() -> anyhow::Result<()> {
     })?;
     let bpffs = BpfFs::new()?;
     let net = VethPair::new("10.123.1.1", "10.123.1.2")?;
+    net.pin_neighbours("10.123.1.1", "10.123.1.2")?;
     let ifindex = net.host_ifindex()?;
     // A second load (an agent restart) reuses the pinned map and link: the
     // counter keeps counting from where it was, and only one program runs.
@@ -78,7 +81,7 @@ fn reattach_swaps_program_in_pinned_link() -> anyhow::Result<()> {
     let counters = read_counters(bpffs.path())?;
     let icmp = counters
         .iter()
-        .find(|(p, _)| *p == Path::KernelNoConfig)
+        .find(|(p, _)| *p == DpPath::KernelNoConfig)
         .map(|(_, c)| c.packets);
     assert_eq!(icmp, Some(4), "counters: {counters:?}");
     Ok(())

@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use mycni_tests::lab::{ECHO_PORT, Lab, Pod};
-use mycni_tests::sh;
+use mycni_lab::{ECHO_PORT, Lab, Pod};
+use mycni_testkit::sh;
 use serde_json::Value;
 
 mod common;
@@ -431,7 +431,7 @@ fn a_program_the_kernel_rejects_leaves_a_working_kernel_path_and_says_why() -> R
     // accept on some kernel.
     let object = std::fs::read(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../target/ebpf/bpfel-unknown-none/release/mycni-ebpf"
+        "/../../target/ebpf/bpfel-unknown-none/release/mycni-ebpf"
     ))
     .context("the eBPF object (run via `cargo xtask test`)")?;
     let lic = b"Dual MIT/GPL\0";

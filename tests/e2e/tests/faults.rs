@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use mycni_tests::soak::{self, faults};
+use mycni_lab::soak::{self, faults};
 
 mod common;
 

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use mycni_tests::lab::{ECHO_PORT, PathShare};
+use mycni_lab::{ECHO_PORT, PathShare};
 
 mod common;
 

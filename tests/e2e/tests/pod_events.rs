@@ -11,8 +11,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use mycni_tests::NetNs;
-use mycni_tests::lab::Lab;
+use mycni_lab::Lab;
+use mycni_testkit::NetNs;
 use serde_json::Value;
 
 mod common;

@@ -10,9 +10,9 @@ use std::net::{Ipv4Addr, UdpSocket};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use mycni_tests::apiserver::node;
-use mycni_tests::lab::{Lab, Pod, node_ip};
-use mycni_tests::{in_netns, sh};
+use mycni_apiserver::node;
+use mycni_lab::{Lab, Pod, node_ip};
+use mycni_testkit::{in_netns, sh};
 
 mod common;
 

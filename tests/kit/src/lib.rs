@@ -11,12 +11,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::{Context, Result, bail};
 
-pub mod apiserver;
 pub mod cni;
-pub mod cri;
-pub mod lab;
-pub mod labbench;
-pub mod soak;
 pub mod testrun;
 
 /// Runs a command to completion; a non-zero exit is an error with its stderr.
@@ -182,6 +177,37 @@ impl VethPair {
         )?;
         pod.exec("ip", &["link", "set", "eth0", "up"])?;
         Ok(Self { node, pod, host_if })
+    }
+
+    /// Permanent neighbour entries on both ends (the pod's for `node_ip`,
+    /// the node's for `pod_ip`), so neither sends ARP: tests that count
+    /// packets count only what they send.
+    pub fn pin_neighbours(&self, node_ip: &str, pod_ip: &str) -> Result<()> {
+        let host_mac = self.node.exec(
+            "cat",
+            &[&format!("/sys/class/net/{}/address", self.host_if)],
+        )?;
+        let pod_mac = self.pod.exec("cat", &["/sys/class/net/eth0/address"])?;
+        for (ns, ip, mac, dev) in [
+            (&self.pod, node_ip, host_mac.trim(), "eth0"),
+            (&self.node, pod_ip, pod_mac.trim(), self.host_if.as_str()),
+        ] {
+            ns.exec(
+                "ip",
+                &[
+                    "neigh",
+                    "replace",
+                    ip,
+                    "lladdr",
+                    mac,
+                    "dev",
+                    dev,
+                    "nud",
+                    "permanent",
+                ],
+            )?;
+        }
+        Ok(())
     }
 
     /// The ifindex of the node end, inside the node namespace.

@@ -51,10 +51,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-use crate::lab::{
-    Bins, Counters, Lab, PathShare, Spec, catch_interrupts, check_interrupted, node_ip,
-};
-use crate::sh;
+use crate::{Bins, Counters, Lab, PathShare, Spec, catch_interrupts, check_interrupted, node_ip};
+use mycni_testkit::sh;
 
 /// Namespace prefix and state directory: distinct from the CLI lab
 /// (`mycni`, /run/mycni-lab), so a bench never touches a lab someone is using.

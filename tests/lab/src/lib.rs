@@ -16,8 +16,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-use crate::apiserver::{ApiServer, node};
-use crate::{in_netns, sh};
+use mycni_apiserver::{ApiServer, node};
+use mycni_testkit::{in_netns, sh};
+
+pub mod labbench;
+pub mod soak;
 
 /// The binaries a lab runs.
 #[derive(Debug, Clone)]
@@ -92,7 +95,7 @@ pub fn check_interrupted() -> Result<()> {
 
 // ----------------------------------------------------------------- datapath
 
-/// Packets per path name (`mycni_common::Path::name`), as a node's agent
+/// Packets per path name (`mycni_common::DpPath::name`), as a node's agent
 /// exports them.
 pub type Counters = BTreeMap<String, u64>;
 
@@ -175,8 +178,8 @@ impl std::fmt::Display for NodeDatapath {
     }
 }
 
-fn path_named(name: &str) -> Option<mycni_common::Path> {
-    mycni_common::Path::ALL
+fn path_named(name: &str) -> Option<mycni_common::DpPath> {
+    mycni_common::DpPath::ALL
         .into_iter()
         .find(|p| p.name() == name)
 }
@@ -185,13 +188,13 @@ fn path_named(name: &str) -> Option<mycni_common::Path> {
 /// share needs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PathShare {
-    /// Pod traffic (`Path::is_pod_traffic`): what a fast share is out of.
+    /// Pod traffic (`DpPath::is_pod_traffic`): what a fast share is out of.
     /// The underlay program also sees the node's own traffic (the API, the
     /// metrics scrapes), which says nothing about pods.
     pub pod: u64,
-    /// Of `pod`, the packets the programs forwarded (`Path::is_fast`).
+    /// Of `pod`, the packets the programs forwarded (`DpPath::is_fast`).
     pub fast: u64,
-    /// Of `fast`, those that still crossed `vxlan.1` (`Path::crossed_vxlan`).
+    /// Of `fast`, those that still crossed `vxlan.1` (`DpPath::crossed_vxlan`).
     pub crossed_vxlan: u64,
     /// Pod packets left to the kernel, by path name.
     pub kernel: Counters,

@@ -1,5 +1,5 @@
 //! `mycni-apiserver`: the Kubernetes API fixture for Nodes
-//! (`mycni_tests::apiserver`) as a standalone process, for the lab.
+//! (the `mycni_apiserver` library) as a standalone process, for the lab.
 //!
 //! ```text
 //! mycni-apiserver [--listen ADDR] [--kubeconfig PATH] [--node NAME[=PODCIDR]]...
@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use mycni_tests::apiserver::{ApiServer, node};
+use mycni_apiserver::{ApiServer, node};
 
 const USAGE: &str =
     "usage: mycni-apiserver [--listen ADDR] [--kubeconfig PATH] [--node NAME[=PODCIDR]]...";

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 
-use crate::sh;
+use mycni_testkit::sh;
 
 /// Where busybox-static installs its binary.
 pub const BUSYBOX: &str = "/bin/busybox";

@@ -34,7 +34,7 @@ pub use client::{CriClient, ExecOutput, PodStatus};
 pub use image::build_busybox_archive;
 pub use k8s_cri::v1 as api;
 
-use crate::{NetNs, sh};
+use mycni_testkit::{NetNs, sh};
 
 /// The local image: the sandbox image and the default container image.
 pub const TEST_IMAGE: &str = "localhost/mycni-test-busybox:1";

@@ -2,27 +2,15 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
-use mycni_tests::in_netns;
-use mycni_tests::lab::{Bins, Lab, Spec};
-use mycni_tests::unique;
-
-pub fn bins() -> Bins {
-    let lab = PathBuf::from(env!("CARGO_BIN_EXE_mycni-lab"));
-    let dir = lab.parent().map(PathBuf::from).unwrap_or_default();
-    Bins {
-        agent: dir.join("mycni-agent"),
-        plugin: dir.join("mycni"),
-        apiserver: PathBuf::from(env!("CARGO_BIN_EXE_mycni-apiserver")),
-        lab,
-    }
-}
+use anyhow::Result;
+use mycni_e2e::bins;
+use mycni_lab::{Lab, Spec};
+use mycni_testkit::{in_netns, unique};
 
 /// A lab that is torn down when the test ends, pass or fail.
 pub struct TestLab(pub Lab);
@@ -46,13 +34,7 @@ pub fn lab(nodes: usize, pods: usize) -> Result<TestLab> {
 /// replaces the 1 s (the agent refuses a flag given twice).
 pub fn lab_with(nodes: usize, pods: usize, agent_args: &[&str]) -> Result<TestLab> {
     let b = bins();
-    if !b.agent.exists() || !b.plugin.exists() {
-        bail!(
-            "{} or {} is not built: run the suite with `cargo xtask test`",
-            b.agent.display(),
-            b.plugin.display()
-        );
-    }
+    mycni_e2e::missing(&[&b.agent, &b.plugin, &b.lab, &b.apiserver])?;
     let prefix = unique("mycni-t-lab");
     let root = std::env::temp_dir().join(&prefix);
     Ok(TestLab(Lab::up(Spec {

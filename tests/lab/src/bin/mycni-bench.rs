@@ -14,8 +14,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use mycni_tests::NetNs;
-use mycni_tests::cni::REFERENCE_PLUGINS;
+use mycni_testkit::NetNs;
+use mycni_testkit::cni::REFERENCE_PLUGINS;
 use serde_json::{Value, json};
 
 struct Variant {
@@ -472,9 +472,9 @@ mod agent {
 
     use anyhow::{Context, Result, bail, ensure};
     use k8s_openapi::api::core::v1::Node;
-    use mycni_tests::apiserver::node;
-    use mycni_tests::lab::{Bins, Lab, Spec};
-    use mycni_tests::{in_netns, sh, unique};
+    use mycni_apiserver::node;
+    use mycni_lab::{Bins, Lab, Spec};
+    use mycni_testkit::{in_netns, sh, unique};
     use serde_json::{Value, json};
 
     use crate::nl::Sock;
@@ -739,7 +739,7 @@ mod agent {
     /// `ip -batch` / `bridge -batch` programming the same 3N entries into
     /// a fresh namespace with a VXLAN device like the agent's.
     fn ip_batch_reference(n: usize) -> Result<Duration> {
-        let ns = mycni_tests::NetNs::new("ref")?;
+        let ns = mycni_testkit::NetNs::new("ref")?;
         let dir = tempfile::Builder::new()
             .prefix("mycni-bench-ref-")
             .tempdir()?;

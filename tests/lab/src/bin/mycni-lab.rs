@@ -5,8 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use mycni_tests::lab::{self, Bins, Lab, Spec};
-use mycni_tests::{labbench, soak};
+use mycni_lab::{self as lab, Bins, Lab, Spec, labbench, soak};
 
 #[derive(Parser)]
 #[command(
@@ -149,11 +148,11 @@ fn watch_soak_interrupts(bins: Bins, root: &std::path::Path) {
             in_process_api: false,
         })
         .down();
-        if let Ok(list) = mycni_tests::sh("ip", &["netns", "list"]) {
+        if let Ok(list) = mycni_testkit::sh("ip", &["netns", "list"]) {
             let prefix = format!("{SOAK_PREFIX}-");
             for ns in list.lines().filter_map(|l| l.split_whitespace().next()) {
                 if ns.starts_with(&prefix) {
-                    let _ = mycni_tests::sh("ip", &["netns", "del", ns]);
+                    let _ = mycni_testkit::sh("ip", &["netns", "del", ns]);
                 }
             }
         }

@@ -23,8 +23,8 @@ use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
 use super::CaseResult;
-use crate::lab::Lab;
-use crate::sh;
+use crate::Lab;
+use mycni_testkit::sh;
 
 /// Most plugin processes running at once.
 const MAX_CONCURRENCY: u64 = 8;

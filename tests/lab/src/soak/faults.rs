@@ -9,9 +9,9 @@ use anyhow::{Context, Result, bail, ensure};
 
 use super::CaseResult;
 use super::flows::{FlowStats, Flows};
-use crate::apiserver::node;
-use crate::lab::{Lab, Pod};
-use crate::sh;
+use crate::{Lab, Pod};
+use mycni_apiserver::node;
+use mycni_testkit::sh;
 
 /// A node is whole when the kernel holds exactly one route, FDB entry and
 /// neighbour per peer, the fast path mirrors its peers and pods, and the

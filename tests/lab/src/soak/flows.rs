@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 
-use crate::in_netns;
-use crate::lab::{ECHO_PORT, Pod};
+use crate::{ECHO_PORT, Pod};
+use mycni_testkit::in_netns;
 
 /// Port of the UDP echo the flows bring up in the destination pod.
 pub const UDP_ECHO_PORT: u16 = 7778;

@@ -77,7 +77,7 @@ impl Scale {
 
 /// A lab of the soak's own (`mycnis-*`), with the API fixture in this
 /// process so cases can take it away, torn down on drop.
-struct SoakLab(crate::lab::Lab);
+struct SoakLab(crate::Lab);
 
 impl Drop for SoakLab {
     fn drop(&mut self) {
@@ -86,12 +86,12 @@ impl Drop for SoakLab {
 }
 
 fn soak_lab(
-    bins: &crate::lab::Bins,
+    bins: &crate::Bins,
     root: &std::path::Path,
     nodes: usize,
     pods: usize,
 ) -> anyhow::Result<SoakLab> {
-    let spec = crate::lab::Spec {
+    let spec = crate::Spec {
         prefix: "mycnis".into(),
         nodes,
         pods,
@@ -101,13 +101,13 @@ fn soak_lab(
         in_process_api: true,
     };
     // A soak that crashed earlier leaves its lab behind: clear it first.
-    crate::lab::Lab::attach(spec.clone()).down();
-    Ok(SoakLab(crate::lab::Lab::up(spec)?))
+    crate::Lab::attach(spec.clone()).down();
+    Ok(SoakLab(crate::Lab::up(spec)?))
 }
 
 /// Runs every case; a case that fails still gets its row (its error in the
 /// notes, leaks counted as 1) so the table shows everything that ran.
-pub fn run_all(bins: &crate::lab::Bins, root: &std::path::Path, scale: Scale) -> Vec<CaseResult> {
+pub fn run_all(bins: &crate::Bins, root: &std::path::Path, scale: Scale) -> Vec<CaseResult> {
     let mut rows = vec![];
     let mut record = |case: &str, r: anyhow::Result<CaseResult>| {
         let row = r.unwrap_or_else(|e| CaseResult {
