@@ -28,6 +28,10 @@ pub struct LabArgs {
     /// remote traffic to vxlan.1 (`false`).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, global = true)]
     tc_encap: bool,
+    /// Route peers on the underlay's own subnet (every node of the lab)
+    /// without VXLAN: the agents' `--direct-routing`.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, global = true)]
+    direct_routing: bool,
 }
 
 #[derive(Subcommand, Clone)]
@@ -50,7 +54,7 @@ pub enum LabCmd {
     /// table with medians, min-max, ratios against the targets and the fast
     /// share from the counters, and writes it to target/lab-bench.md. Brings
     /// up its own 2-node x 1-pod lab (mycnib-*, /run/mycni-bench-lab) and
-    /// tears it down; --nodes/--pods/--datapath/--tc-encap do not apply.
+    /// tears it down; --nodes/--pods/--datapath/--tc-encap/--direct-routing do not apply.
     Bench(BenchArgs),
 }
 
@@ -109,6 +113,9 @@ pub fn run(args: LabArgs) -> Result<()> {
             cmd = cmd
                 .args(["--datapath", &args.datapath])
                 .args(["--tc-encap", &args.tc_encap.to_string()]);
+            if args.direct_routing {
+                cmd = cmd.args(["--agent-arg=--direct-routing", "--agent-arg=true"]);
+            }
         }
         cmd.run_interruptible()?;
     }

@@ -4,7 +4,6 @@
 //! offload on or off, VXLAN from a host that is no peer never reaches a pod,
 //! and direct routing forwards without encapsulation.
 
-use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::sync::Arc;
@@ -13,19 +12,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use mycni_lab::{ECHO_PORT, Lab, Pod};
-use mycni_testkit::{in_netns, sh};
+use mycni_testkit::in_netns;
 
 mod common;
 
-fn ns_sh(ns: &str, cmd: &str, args: &[&str]) -> Result<String> {
-    let mut full = vec!["netns", "exec", ns, cmd];
-    full.extend_from_slice(args);
-    sh("ip", &full)
-}
-
-fn delta(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>, k: &str) -> u64 {
-    after.get(k).copied().unwrap_or(0) - before.get(k).copied().unwrap_or(0)
-}
+use common::{delta, ns_sh};
 
 fn pod_on(l: &Lab, node: usize) -> Result<Pod> {
     l.pods()?

@@ -18,15 +18,7 @@ use serde_json::Value;
 
 mod common;
 
-fn ns_sh(ns: &str, cmd: &str, args: &[&str]) -> Result<String> {
-    let mut full = vec!["netns", "exec", ns, cmd];
-    full.extend_from_slice(args);
-    sh("ip", &full)
-}
-
-fn delta(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>, k: &str) -> u64 {
-    after.get(k).copied().unwrap_or(0) - before.get(k).copied().unwrap_or(0)
-}
+use common::{delta, ns_sh};
 
 /// Packets of pods the programs left to the kernel (the node's own traffic
 /// on the underlay, `kernel_underlay_other`, is no pod's).

@@ -87,3 +87,27 @@ pub fn echo_stream(
         })?
     })
 }
+
+/// Runs `cmd` inside the network namespace `ns`.
+#[allow(
+    dead_code,
+    reason = "not every test binary that includes common uses it"
+)]
+pub fn ns_sh(ns: &str, cmd: &str, args: &[&str]) -> Result<String> {
+    let mut full = vec!["netns", "exec", ns, cmd];
+    full.extend_from_slice(args);
+    mycni_testkit::sh("ip", &full)
+}
+
+/// How much counter `k` moved between two readings of a node's counters.
+#[allow(
+    dead_code,
+    reason = "not every test binary that includes common uses it"
+)]
+pub fn delta(
+    after: &std::collections::BTreeMap<String, u64>,
+    before: &std::collections::BTreeMap<String, u64>,
+    k: &str,
+) -> u64 {
+    after.get(k).copied().unwrap_or(0) - before.get(k).copied().unwrap_or(0)
+}
