@@ -415,11 +415,7 @@ impl Dp<'_> {
             want.name(),
             hex(pkt)
         );
-        let mut expected = pkt.to_vec();
-        expected[..6].copy_from_slice(&macs.0);
-        expected[6..12].copy_from_slice(&macs.1);
-        expected[TTL] -= 1;
-        set_ip_csum(&mut expected);
+        let expected = routed(pkt, macs);
         ensure!(
             ip_csum_ok(&out.data),
             "{what}: invalid IP checksum in {}",
@@ -434,6 +430,17 @@ impl Dp<'_> {
         eprintln!("ok  {:<16} {what:<48} -> {}", prog.name(), path.name());
         Ok(())
     }
+}
+
+/// `frame` as a router forwards it: new MACs (dst, src), TTL one less, the
+/// IP checksum fixed.
+fn routed(frame: &[u8], macs: ([u8; 6], [u8; 6])) -> Vec<u8> {
+    let mut f = frame.to_vec();
+    f[..6].copy_from_slice(&macs.0);
+    f[6..12].copy_from_slice(&macs.1);
+    f[TTL] -= 1;
+    set_ip_csum(&mut f);
+    f
 }
 
 /// Whether `BPF_PROG_TEST_RUN` builds an skb from `frame`. Linux 6.18 wants
@@ -1378,11 +1385,7 @@ fn encap_sends_what_vxlan1_sends() -> Result<()> {
             );
             // The same inner frame, as the kernel forwards it into vxlan.1
             // (TTL already one less, VTEP MACs), through the real device.
-            let mut inner = pkt.clone();
-            inner[..6].copy_from_slice(&PEER_VTEP_MAC);
-            inner[6..12].copy_from_slice(&VTEP_MAC);
-            inner[TTL] -= 1;
-            set_ip_csum(&mut inner);
+            let inner = routed(&pkt, TO_PEER);
             packet_send(&into_vxlan, &inner)?;
             let wire = packet_recv(&cap, is_vxlan)?;
 
@@ -1498,11 +1501,7 @@ fn decap_only_from_peers_for_local_pods() -> Result<()> {
             path.name(),
             out.retval
         );
-        let mut want = ra.clone();
-        want[..6].copy_from_slice(&POD_A_MAC);
-        want[6..12].copy_from_slice(&HOST_A_MAC);
-        want[TTL] -= 1;
-        set_ip_csum(&mut want);
+        let want = routed(&ra, TO_A);
         ensure!(
             out.data == want,
             "decap\n  want: {}\n  got:  {}",

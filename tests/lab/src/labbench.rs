@@ -781,18 +781,6 @@ impl Drop for BenchLab {
     }
 }
 
-fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Result<()> {
-    let start = Instant::now();
-    while start.elapsed() < timeout {
-        check_interrupted()?;
-        if f() {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    bail!("timed out after {timeout:?} waiting for {what}")
-}
-
 /// Switches every agent to `agents` and waits until the fast path, if on,
 /// has every pod and peer in its maps (the agent attaches new veths on a
 /// pass). An agent that comes up on another datapath than asked (no eBPF
@@ -810,7 +798,7 @@ fn switch(lab: &mut Lab, agents: Agents) -> Result<()> {
             for i in 1..=s.nodes {
                 let local = format!("mycni_datapath_entries{{map=\"local\"}} {}", s.pods);
                 let remote = format!("mycni_datapath_entries{{map=\"remote\"}} {}", s.nodes - 1);
-                wait_until(
+                crate::wait_for(
                     &format!("{} to fill its fast-path maps", s.node_name(i)),
                     Duration::from_secs(30),
                     || {

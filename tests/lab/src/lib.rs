@@ -372,7 +372,8 @@ fn stop_pidfile(pidfile: &Path) {
     let _ = std::fs::remove_file(pidfile);
 }
 
-fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Result<()> {
+/// Polls `f` every 100 ms until it holds, Ctrl-C or `timeout`.
+pub(crate) fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Result<()> {
     let start = Instant::now();
     while start.elapsed() < timeout {
         check_interrupted()?;
