@@ -18,7 +18,7 @@ fn env(args: &str, ifname: &str) -> Result<Env, mycni_plugin::error::CniError> {
             "CNI_ARGS" => Some(args),
             _ => None,
         }
-        .map(str::to_string)
+        .map(std::ffi::OsString::from)
     })
 }
 

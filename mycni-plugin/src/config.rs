@@ -1,6 +1,7 @@
 //! The network configuration on stdin, the CNI_* environment and CNI_ARGS.
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::path::PathBuf;
 
 use serde::Deserialize;
@@ -193,45 +194,52 @@ impl NetConf {
     }
 }
 
-/// `CNI_ARGS`: `K=V;K=V`. Unknown keys are an error unless `IgnoreUnknown`
-/// is true, as in the reference plugins.
+/// `CNI_ARGS`: `K=V;K=V`, read as libcni's `LoadArgs` reads it (the
+/// reference plugins' parser, so a runtime sees one behaviour whichever
+/// plugin it calls): every pair has exactly one `=` (an empty pair or a
+/// value with `=` in it is an error), `IgnoreUnknown` takes `1`/`true`/
+/// `0`/`false` in any case and nothing else (not even empty), and keys are
+/// matched exactly; unknown keys, an empty one included, are an error
+/// unless `IgnoreUnknown` is true.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CniArgs {
     pub pod_namespace: Option<String>,
     pub pod_name: Option<String>,
     pub infra_container_id: Option<String>,
     pub pod_uid: Option<String>,
+    /// Unknown keys with a name (kept for logs; an empty key has nothing
+    /// to keep).
     pub other: BTreeMap<String, String>,
 }
 
 impl CniArgs {
     pub fn parse(s: &str) -> Result<Self> {
         let mut out = CniArgs::default();
+        if s.is_empty() {
+            return Ok(out);
+        }
         let mut ignore_unknown = false;
         let mut unknown = Vec::new();
-        for pair in s.split(';').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').ok_or_else(|| {
-                CniError::new(
-                    Code::InvalidEnv,
-                    format!("CNI_ARGS: {pair:?} is not KEY=VALUE"),
-                )
-            })?;
-            if k.is_empty() {
+        for pair in s.split(';') {
+            let mut kv = pair.split('=');
+            let (Some(k), Some(v), None) = (kv.next(), kv.next(), kv.next()) else {
                 return Err(CniError::new(
                     Code::InvalidEnv,
-                    format!("CNI_ARGS: empty key in {pair:?}"),
+                    format!("CNI_ARGS: {pair:?} is not one KEY=VALUE pair"),
                 ));
-            }
+            };
             let v = v.to_string();
             match k {
                 "IgnoreUnknown" => {
                     ignore_unknown = match v.to_ascii_lowercase().as_str() {
                         "1" | "true" => true,
-                        "0" | "false" | "" => false,
+                        "0" | "false" => false,
                         _ => {
                             return Err(CniError::new(
                                 Code::InvalidEnv,
-                                format!("CNI_ARGS: IgnoreUnknown={v:?} is not a boolean"),
+                                format!(
+                                    "CNI_ARGS: IgnoreUnknown={v:?} is not a boolean (1, true, 0 or false)"
+                                ),
                             ));
                         }
                     }
@@ -242,7 +250,9 @@ impl CniArgs {
                 "K8S_POD_UID" => out.pod_uid = Some(v),
                 _ => {
                     unknown.push(k.to_string());
-                    out.other.insert(k.to_string(), v);
+                    if !k.is_empty() {
+                        out.other.insert(k.to_string(), v);
+                    }
                 }
             }
         }
@@ -301,9 +311,19 @@ pub fn valid_ifname(name: &str) -> bool {
 
 impl Env {
     /// Reads the environment through `get` (a closure so tests need not mutate
-    /// the process environment).
-    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
-        let command = match get("CNI_COMMAND").as_deref() {
+    /// the process environment). A variable that is set but not UTF-8 is an
+    /// error, not "unset": read as unset, a garbled `CNI_ARGS` would drop
+    /// `IgnoreUnknown` and the pod's name in silence.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<OsString>) -> Result<Self> {
+        let get = |k: &str| -> Result<Option<String>> {
+            get(k)
+                .map(|v| {
+                    v.into_string()
+                        .map_err(|v| invalid_env(format!("{k} is set but is not UTF-8: {v:?}")))
+                })
+                .transpose()
+        };
+        let command = match get("CNI_COMMAND")?.as_deref() {
             Some("ADD") => Command::Add,
             Some("DEL") => Command::Del,
             Some("CHECK") => Command::Check,
@@ -318,9 +338,9 @@ impl Env {
             None => return Err(invalid_env("CNI_COMMAND is not set")),
         };
         let needs_container = matches!(command, Command::Add | Command::Del | Command::Check);
-        let container_id = get("CNI_CONTAINERID").unwrap_or_default();
-        let ifname = get("CNI_IFNAME").unwrap_or_default();
-        let netns = get("CNI_NETNS").unwrap_or_default();
+        let container_id = get("CNI_CONTAINERID")?.unwrap_or_default();
+        let ifname = get("CNI_IFNAME")?.unwrap_or_default();
+        let netns = get("CNI_NETNS")?.unwrap_or_default();
         if needs_container {
             if container_id.is_empty() {
                 return Err(invalid_env("CNI_CONTAINERID is not set"));
@@ -342,7 +362,7 @@ impl Env {
                 return Err(invalid_env("CNI_NETNS is not set"));
             }
         }
-        let path = get("CNI_PATH")
+        let path = get("CNI_PATH")?
             .unwrap_or_default()
             .split(':')
             .filter(|p| !p.is_empty())
@@ -351,7 +371,7 @@ impl Env {
         if path.is_empty() && command != Command::Version {
             return Err(invalid_env("CNI_PATH is not set"));
         }
-        let args = CniArgs::parse(&get("CNI_ARGS").unwrap_or_default())?;
+        let args = CniArgs::parse(&get("CNI_ARGS")?.unwrap_or_default())?;
         Ok(Self {
             command,
             container_id,
@@ -448,7 +468,6 @@ mod tests {
             Code::UnsupportedField
         );
         assert_eq!(CniArgs::parse("FOO").unwrap_err().code, Code::InvalidEnv);
-        assert_eq!(CniArgs::parse("=x").unwrap_err().code, Code::InvalidEnv);
         assert_eq!(
             CniArgs::parse("IgnoreUnknown=maybe").unwrap_err().code,
             Code::InvalidEnv
@@ -456,12 +475,52 @@ mod tests {
         assert_eq!(CniArgs::parse("").unwrap(), CniArgs::default());
     }
 
+    /// Each case as libcni's `LoadArgs` decides it (pkg/types/args.go).
+    #[test]
+    fn cni_args_as_libcni() {
+        let err = |s: &str| CniArgs::parse(s).map(|_| ()).map_err(|e| e.code);
+        // An empty key is an unknown key, not a syntax error.
+        assert_eq!(err("=x"), Err(Code::UnsupportedField));
+        assert_eq!(err("IgnoreUnknown=1;=x"), Ok(()));
+        // Exactly one '=' per pair.
+        assert_eq!(err("IgnoreUnknown=1;X=a=b"), Err(Code::InvalidEnv));
+        // Empty pairs, trailing ';' included.
+        assert_eq!(err("K8S_POD_NAME=a;"), Err(Code::InvalidEnv));
+        assert_eq!(err(";"), Err(Code::InvalidEnv));
+        // IgnoreUnknown: any case of 1/true/0/false, nothing else.
+        assert_eq!(err("IgnoreUnknown=TRUE;X=1"), Ok(()));
+        assert_eq!(err("IgnoreUnknown=;X=1"), Err(Code::InvalidEnv));
+        assert_eq!(err("IgnoreUnknown=0;X=1"), Err(Code::UnsupportedField));
+        // Where it stands does not matter; keys are case-sensitive.
+        assert_eq!(err("X=1;IgnoreUnknown=1"), Ok(()));
+        assert_eq!(err("ignoreunknown=1;X=1"), Err(Code::UnsupportedField));
+    }
+
+    #[test]
+    fn non_utf8_env_is_an_error_not_unset() {
+        use std::os::unix::ffi::OsStringExt;
+        let get = |k: &str| match k {
+            "CNI_COMMAND" => Some(OsString::from("ADD")),
+            "CNI_CONTAINERID" => Some(OsString::from("c1")),
+            "CNI_NETNS" => Some(OsString::from("/run/netns/p")),
+            "CNI_IFNAME" => Some(OsString::from("eth0")),
+            "CNI_PATH" => Some(OsString::from("/opt/cni/bin")),
+            "CNI_ARGS" => Some(OsString::from_vec(
+                b"IgnoreUnknown=1;K8S_POD_NAME=\xff".to_vec(),
+            )),
+            _ => None,
+        };
+        let e = Env::from_lookup(get).unwrap_err();
+        assert_eq!(e.code, Code::InvalidEnv);
+        assert!(e.msg.contains("CNI_ARGS"), "{}", e.msg);
+    }
+
     fn env(pairs: &[(&str, &str)]) -> Result<Env> {
         let map: BTreeMap<String, String> = pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        Env::from_lookup(|k| map.get(k).cloned())
+        Env::from_lookup(|k| map.get(k).map(OsString::from))
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod plugin;
 pub mod types;
 pub mod version;
 
+use std::ffi::OsString;
 use std::io::Read;
 
 use config::{Command, Env, NetConf};
@@ -17,7 +18,7 @@ use error::{CniError, Code};
 /// Runs one invocation: returns what goes to stdout and whether it failed.
 /// Everything the runtime sees passes through here, so exactly one JSON
 /// object is printed whatever happens.
-pub fn run(stdin: &mut dyn Read, get_env: impl Fn(&str) -> Option<String>) -> (String, bool) {
+pub fn run(stdin: &mut dyn Read, get_env: impl Fn(&str) -> Option<OsString>) -> (String, bool) {
     let env = match Env::from_lookup(get_env) {
         Ok(e) => e,
         Err(e) => return (e.to_json(version::SUPPORTED[3]), false),

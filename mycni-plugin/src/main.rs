@@ -4,7 +4,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let (out, ok) = mycni_plugin::run(&mut std::io::stdin().lock(), |k| std::env::var(k).ok());
+    let (out, ok) = mycni_plugin::run(&mut std::io::stdin().lock(), |k| std::env::var_os(k));
     let mut stdout = std::io::stdout().lock();
     let _ = stdout.write_all(out.as_bytes());
     let _ = stdout.flush();
