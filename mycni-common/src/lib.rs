@@ -17,6 +17,8 @@ extern crate std;
 pub mod contract;
 #[cfg(feature = "std")]
 pub mod net;
+#[cfg(feature = "netlink")]
+pub mod netlink;
 
 /// bpffs directory under which the agent pins maps, programs and links.
 pub const PIN_DIR: &str = "/sys/fs/bpf/mycni";

@@ -1,0 +1,85 @@
+//! The one netlink layer of mycni: the plugin, the agent and the tools
+//! change and read links, addresses, routes, neighbours and FDB entries
+//! through [`Netlink`], each operation named for what it does, over
+//! rtnetlink and netlink-packet-route messages.
+//!
+//! A [`Netlink`] is bound to one network namespace for its whole life: the
+//! socket for another namespace is opened on a short-lived OS thread that
+//! entered it, so no thread of the caller ever changes namespace while
+//! async work runs. Every operation needs a tokio runtime (with I/O).
+//!
+//! Reads go through one request path of their own rather than rtnetlink's
+//! `get` builders, for two reasons: the socket asks the kernel to filter
+//! dumps (`NETLINK_GET_STRICT_CHK`), which only works when the request's
+//! header carries nothing but the filter, and a dump the kernel marks as
+//! interrupted by a concurrent change (`NLM_F_DUMP_INTR`, on any message
+//! including the final `NLMSG_DONE`, which rtnetlink's builders never show)
+//! is repeated instead of handed back with entries missing or doubled.
+//! Every filter is applied again on the answer, so kernels without strict
+//! checking give the same result, only at a higher cost.
+//!
+//! Deleting something already gone is success everywhere: every caller
+//! wants the thing absent, and it may have gone with its device or its
+//! namespace.
+
+use std::fs::File;
+use std::prelude::rust_2024::*;
+
+use netlink_packet_route::RouteNetlinkMessage;
+use rtnetlink::Handle;
+use rtnetlink::sys::Socket;
+
+// One `impl Netlink` per kind of object, each next to the message
+// parsing only it needs; `request` holds what they all share.
+mod addresses;
+mod error;
+mod links;
+mod neighbours;
+mod request;
+mod routes;
+
+pub use error::{Cause, Error, Result};
+pub use links::{Link, VxlanConfig, VxlanInfo};
+pub use neighbours::{FdbEntry, Neighbour};
+pub use routes::Route;
+
+use error::gone_is_ok;
+use request::{connect, request, socket_in};
+
+/// A NETLINK_ROUTE connection bound to one network namespace.
+pub struct Netlink {
+    handle: Handle,
+}
+
+impl Netlink {
+    /// A connection in the calling thread's namespace. Must be called
+    /// inside a tokio runtime.
+    pub fn current() -> Result<Self> {
+        let socket = Socket::new(rtnetlink::sys::protocols::NETLINK_ROUTE)
+            .map_err(|e| Error::io("netlink socket", &e))?;
+        Ok(Self {
+            handle: connect(socket)?,
+        })
+    }
+
+    /// A connection whose socket lives in the namespace `netns` (an open
+    /// `/proc/<pid>/ns/net` or `/run/netns/<name>`). Must be called inside
+    /// a tokio runtime.
+    pub fn in_netns(netns: &File) -> Result<Self> {
+        Ok(Self {
+            handle: connect(socket_in(netns)?)?,
+        })
+    }
+
+    async fn get(&self, op: &str, msg: RouteNetlinkMessage) -> Result<Option<RouteNetlinkMessage>> {
+        match request(&self.handle, op, msg, false).await {
+            Ok(mut v) => Ok(v.pop()),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn dump(&self, op: &str, msg: RouteNetlinkMessage) -> Result<Vec<RouteNetlinkMessage>> {
+        request(&self.handle, op, msg, true).await
+    }
+}

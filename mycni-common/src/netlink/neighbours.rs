@@ -1,0 +1,223 @@
+//! Neighbour (ARP) entries and a device's own FDB entries: both are
+//! RTM_NEWNEIGH messages, in the AF_INET and AF_BRIDGE families.
+
+use std::format;
+use std::net::{IpAddr, Ipv4Addr};
+use std::prelude::rust_2024::*;
+
+use netlink_packet_route::neighbour::{
+    NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
+};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+
+use super::{Error, Netlink, Result, gone_is_ok};
+use crate::net::Mac;
+
+/// A neighbour (ARP) entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Neighbour {
+    pub ip: Ipv4Addr,
+    pub mac: Mac,
+}
+
+/// A forwarding database entry of a device itself (`bridge fdb ... self`):
+/// for a VXLAN device, which remote host a MAC lives behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FdbEntry {
+    pub mac: Mac,
+    /// The remote host (IPv4 underlay).
+    pub dst: Option<Ipv4Addr>,
+}
+
+/// NUD_PERMANENT, alone or combined: a new VXLAN FDB entry reports
+/// PERMANENT|NOARP, which the enum only has as `Other(0xc0)`.
+fn is_permanent(state: NeighbourState) -> bool {
+    const NUD_PERMANENT: u16 = 0x80;
+    u16::from(state) & NUD_PERMANENT != 0
+}
+
+fn neighbour_ip_mac(m: &NeighbourMessage) -> (Option<Ipv4Addr>, Option<Mac>) {
+    let mut ip = None;
+    let mut mac = None;
+    for a in &m.attributes {
+        match a {
+            NeighbourAttribute::Destination(NeighbourAddress::Inet(d)) => ip = Some(*d),
+            // In AF_BRIDGE (FDB) messages the parser cannot tell the
+            // destination's family and leaves the raw bytes.
+            NeighbourAttribute::Destination(NeighbourAddress::Other(b)) => {
+                if let Ok(o) = <[u8; 4]>::try_from(b.as_slice()) {
+                    ip = Some(Ipv4Addr::from(o));
+                }
+            }
+            NeighbourAttribute::LinkLayerAddress(l) => mac = Mac::try_from(l.as_slice()).ok(),
+            _ => {}
+        }
+    }
+    (ip, mac)
+}
+
+fn neighbour_message(family: AddressFamily, index: u32) -> NeighbourMessage {
+    let mut m = NeighbourMessage::default();
+    m.header.family = family;
+    m.header.ifindex = index;
+    m
+}
+
+impl Netlink {
+    /// Sets the permanent neighbour `ip` -> `mac` on link `index`,
+    /// replacing whatever entry `ip` had there.
+    pub async fn replace_permanent_neighbour(
+        &self,
+        index: u32,
+        ip: Ipv4Addr,
+        mac: Mac,
+    ) -> Result<()> {
+        self.handle
+            .neighbours()
+            .add(index, IpAddr::V4(ip))
+            .link_layer_address(&mac.0)
+            .state(NeighbourState::Permanent)
+            .replace()
+            .execute()
+            .await
+            .map_err(|e| Error::rtnl(format!("setting neighbour {ip} on link {index}"), e))
+    }
+
+    /// The MAC of the permanent neighbour `ip` on link `index`, if there
+    /// is one (a learned entry is not).
+    pub async fn permanent_neighbour(&self, index: u32, ip: Ipv4Addr) -> Result<Option<Mac>> {
+        let mut req = neighbour_message(AddressFamily::Inet, index);
+        req.attributes
+            .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)));
+        let op = format!("looking up neighbour {ip} on link {index}");
+        Ok(
+            match self
+                .get(&op, RouteNetlinkMessage::GetNeighbour(req))
+                .await?
+            {
+                Some(RouteNetlinkMessage::NewNeighbour(m)) if is_permanent(m.header.state) => {
+                    neighbour_ip_mac(&m).1
+                }
+                _ => None,
+            },
+        )
+    }
+
+    /// The permanent IPv4 neighbours on link `index`.
+    pub async fn permanent_neighbours(&self, index: u32) -> Result<Vec<Neighbour>> {
+        // Dumps filter by attribute, not by the header's ifindex.
+        let mut req = neighbour_message(AddressFamily::Inet, 0);
+        req.attributes.push(NeighbourAttribute::IfIndex(index));
+        let msgs = self
+            .dump(
+                &format!("listing the neighbours of link {index}"),
+                RouteNetlinkMessage::GetNeighbour(req),
+            )
+            .await?;
+        let mut out = Vec::new();
+        for m in msgs {
+            let RouteNetlinkMessage::NewNeighbour(m) = m else {
+                continue;
+            };
+            if m.header.ifindex != index || !is_permanent(m.header.state) {
+                continue;
+            }
+            if let (Some(ip), Some(mac)) = neighbour_ip_mac(&m) {
+                out.push(Neighbour { ip, mac });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Deletes the neighbour `ip` on link `index`; one already gone is
+    /// success.
+    pub async fn delete_neighbour(&self, index: u32, ip: Ipv4Addr) -> Result<()> {
+        let mut m = neighbour_message(AddressFamily::Inet, index);
+        m.attributes
+            .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)));
+        gone_is_ok(
+            self.handle
+                .neighbours()
+                .del(m)
+                .execute()
+                .await
+                .map_err(|e| Error::rtnl(format!("deleting neighbour {ip} on link {index}"), e)),
+        )
+    }
+
+    /// Sets the permanent FDB entry `mac` -> `dst` of the device `index`
+    /// itself, replacing whatever `mac` had there.
+    pub async fn replace_fdb_entry(&self, index: u32, mac: Mac, dst: Ipv4Addr) -> Result<()> {
+        self.handle
+            .neighbours()
+            .add_bridge(index, &mac.0)
+            .destination(IpAddr::V4(dst))
+            .flags(NeighbourFlags::Own)
+            .state(NeighbourState::Permanent)
+            .replace()
+            .execute()
+            .await
+            .map_err(|e| Error::rtnl(format!("setting FDB entry {mac} on link {index}"), e))
+    }
+
+    /// The permanent FDB entries of the device `index` itself. The
+    /// all-zeros entry, a VXLAN device's default destination rather than
+    /// a MAC's, is left out.
+    pub async fn fdb_entries(&self, index: u32) -> Result<Vec<FdbEntry>> {
+        let req = neighbour_message(AddressFamily::Bridge, index);
+        let msgs = self
+            .dump(
+                &format!("listing the FDB of link {index}"),
+                RouteNetlinkMessage::GetNeighbour(req),
+            )
+            .await?;
+        let mut out = Vec::new();
+        for m in msgs {
+            let RouteNetlinkMessage::NewNeighbour(m) = m else {
+                continue;
+            };
+            if m.header.ifindex != index
+                || !is_permanent(m.header.state)
+                || !m.header.flags.contains(NeighbourFlags::Own)
+            {
+                continue;
+            }
+            if let (dst, Some(mac)) = neighbour_ip_mac(&m)
+                && mac != Mac::ZERO
+            {
+                out.push(FdbEntry { mac, dst });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether the device `index` itself has an FDB entry for `mac`.
+    pub async fn has_fdb_entry(&self, index: u32, mac: Mac) -> Result<bool> {
+        let mut req = neighbour_message(AddressFamily::Bridge, index);
+        req.header.flags = NeighbourFlags::Own;
+        req.attributes
+            .push(NeighbourAttribute::LinkLayerAddress(mac.0.to_vec()));
+        let op = format!("looking up FDB entry {mac} on link {index}");
+        Ok(self
+            .get(&op, RouteNetlinkMessage::GetNeighbour(req))
+            .await?
+            .is_some())
+    }
+
+    /// Deletes the FDB entry `mac` of the device `index` itself; one
+    /// already gone is success.
+    pub async fn delete_fdb_entry(&self, index: u32, mac: Mac) -> Result<()> {
+        let mut m = neighbour_message(AddressFamily::Bridge, index);
+        m.header.flags = NeighbourFlags::Own;
+        m.attributes
+            .push(NeighbourAttribute::LinkLayerAddress(mac.0.to_vec()));
+        gone_is_ok(
+            self.handle
+                .neighbours()
+                .del(m)
+                .execute()
+                .await
+                .map_err(|e| Error::rtnl(format!("deleting FDB entry {mac} on link {index}"), e)),
+        )
+    }
+}

@@ -1,0 +1,655 @@
+//! `mycni-bench agent`.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::core::v1::Node;
+use mycni_apiserver::node;
+use mycni_common::contract::RTPROT_MYCNI_AGENT;
+use mycni_common::net::Mac;
+use mycni_lab::{Bins, Lab, Spec};
+use mycni_testkit::{sh, unique};
+use serde_json::{Value, json};
+
+use crate::overlay::Overlay;
+
+/// The agent's route protocol.
+const PROTO: u8 = RTPROT_MYCNI_AGENT;
+const VXLAN: &str = "vxlan.1";
+const POLL: Duration = Duration::from_millis(20);
+const UPDATES: usize = 20;
+/// The brief's targets for 5,000 nodes.
+const TARGET_CONVERGE_S: f64 = 1.0;
+const TARGET_RSS_MB: f64 = 50.0;
+
+/// Peer `i` (0-based): podCIDR outside 10.244.0.0/16 (the lab's own
+/// nodes), unique locally administered MAC, an unused host IP.
+struct Peer {
+    name: String,
+    cidr: String,
+    gw: Ipv4Addr,
+    mac: Mac,
+    host_ip: Ipv4Addr,
+}
+
+fn peer(i: usize) -> Peer {
+    let gw = Ipv4Addr::new(10, 1 + (i / 256) as u8, (i % 256) as u8, 0);
+    let k = i + 1;
+    Peer {
+        name: format!("peer-{:05}", i + 1),
+        cidr: format!("{gw}/24"),
+        gw,
+        mac: Mac([0x02, 0, 0, (k >> 16) as u8, (k >> 8) as u8, k as u8]),
+        host_ip: Ipv4Addr::new(192, 168, 100 + (i / 250) as u8, 1 + (i % 250) as u8),
+    }
+}
+
+fn peer_node(p: &Peer, full: bool) -> Result<Node> {
+    let mut n = node(&p.name, Some(&p.cidr));
+    n.metadata.annotations = Some(BTreeMap::from([
+        ("mycni.dev/vtep-mac".to_string(), p.mac.to_string()),
+        ("mycni.dev/host-ip".to_string(), p.host_ip.to_string()),
+    ]));
+    if full {
+        kubelet_fields(&mut n, p)?;
+    }
+    Ok(n)
+}
+
+/// What a kubelet-managed Node carries besides mycni's fields (about
+/// 10 KB of JSON): labels, status with 25 images, conditions and
+/// nodeInfo, and managedFields, so the agent's memory is measured
+/// against Nodes as a real cluster has them.
+fn kubelet_fields(n: &mut Node, p: &Peer) -> Result<()> {
+    let name = &p.name;
+    n.metadata.labels = Some(serde_json::from_value(json!({
+        "beta.kubernetes.io/arch": "amd64", "beta.kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64", "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+        "node.kubernetes.io/instance-type": "m5.xlarge",
+        "topology.kubernetes.io/region": "eu-west-1", "topology.kubernetes.io/zone": "eu-west-1a",
+    }))?);
+    let ann = n.metadata.annotations.get_or_insert_default();
+    ann.insert("node.alpha.kubernetes.io/ttl".into(), "0".into());
+    ann.insert(
+        "volumes.kubernetes.io/controller-managed-attach-detach".into(),
+        "true".into(),
+    );
+    let images: Vec<Value> = (0..25)
+        .map(|j| {
+            json!({"names": [
+                format!("registry.k8s.io/project/image-{j}@sha256:{:064x}", j * 7919 + 1),
+                format!("registry.k8s.io/project/image-{j}:v1.{j}.0"),
+            ], "sizeBytes": 12_345_678 + j})
+        })
+        .collect();
+    let cond = |t: &str, st: &str, r: &str, m: &str| {
+        json!({"type": t, "status": st, "reason": r, "message": m,
+            "lastHeartbeatTime": "2026-08-01T10:00:00Z",
+            "lastTransitionTime": "2026-08-01T10:00:00Z"})
+    };
+    n.status = Some(serde_json::from_value(json!({
+        "capacity": {"cpu": "4", "ephemeral-storage": "81106868Ki", "hugepages-2Mi": "0",
+            "memory": "16069436Ki", "pods": "110"},
+        "allocatable": {"cpu": "4", "ephemeral-storage": "74748089130", "hugepages-2Mi": "0",
+            "memory": "15967036Ki", "pods": "110"},
+        "conditions": [
+            cond("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+            cond("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+            cond("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+            cond("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
+            cond("NetworkUnavailable", "False", "MycniIsUp", "mycni-agent has the overlay up on this node"),
+        ],
+        "addresses": [{"type": "InternalIP", "address": p.host_ip.to_string()},
+            {"type": "Hostname", "address": name}],
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+        "nodeInfo": {"machineID": "ec2a3b4c5d6e7f8091a2b3c4d5e6f708",
+            "systemUUID": "ec2a3b4c-5d6e-7f80-91a2-b3c4d5e6f708",
+            "bootID": "4f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b",
+            "kernelVersion": "6.1.0-18-cloud-amd64", "osImage": "Debian GNU/Linux 12 (bookworm)",
+            "containerRuntimeVersion": "containerd://1.7.13", "kubeletVersion": "v1.33.1",
+            "kubeProxyVersion": "v1.33.1", "operatingSystem": "linux", "architecture": "amd64"},
+        "images": images,
+    }))?);
+    let fields = json!({
+        "f:metadata": {"f:annotations": {".": {}, "f:node.alpha.kubernetes.io/ttl": {},
+            "f:volumes.kubernetes.io/controller-managed-attach-detach": {}},
+            "f:labels": {".": {}, "f:beta.kubernetes.io/arch": {}, "f:beta.kubernetes.io/os": {},
+                "f:kubernetes.io/arch": {}, "f:kubernetes.io/hostname": {}, "f:kubernetes.io/os": {}}},
+        "f:status": {"f:conditions": {
+            "k:{\"type\":\"DiskPressure\"}": {"f:lastHeartbeatTime": {}},
+            "k:{\"type\":\"MemoryPressure\"}": {"f:lastHeartbeatTime": {}},
+            "k:{\"type\":\"PIDPressure\"}": {"f:lastHeartbeatTime": {}},
+            "k:{\"type\":\"Ready\"}": {"f:lastHeartbeatTime": {}, "f:message": {},
+                "f:reason": {}, "f:status": {}}},
+            "f:images": {}, "f:nodeInfo": {"f:bootID": {}}},
+    });
+    let managed: Vec<Value> = [
+        "kubelet",
+        "kube-controller-manager",
+        "mycni-agent",
+        "kubectl",
+    ]
+    .iter()
+    .map(|m| {
+        json!({"manager": m, "operation": "Update", "apiVersion": "v1",
+                "time": "2026-08-01T10:00:00Z", "fieldsType": "FieldsV1", "fieldsV1": fields})
+    })
+    .collect();
+    n.metadata.managed_fields = Some(serde_json::from_value(Value::Array(managed))?);
+    Ok(())
+}
+
+/// Tears the lab down however the bench ends.
+struct Guard(Lab);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.0.down();
+    }
+}
+
+/// `(routes, neighbours, fdb)` of the overlay; None if a dump raced.
+fn counts(s: &Overlay, vx: u32) -> Result<Option<(usize, usize, usize)>> {
+    let r = s.count_routes(PROTO)?;
+    let n = s.count_neighbours(vx)?;
+    let f = s.count_fdb(vx)?;
+    Ok(match (r, n, f) {
+        (Some(r), Some(n), Some(f)) => Some((r, n, f)),
+        _ => None,
+    })
+}
+
+fn proc_status(pid: u32, key: &str) -> Result<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let line = s
+        .lines()
+        .find(|l| l.starts_with(key))
+        .with_context(|| format!("no {key} in /proc/{pid}/status"))?;
+    let kb: f64 = line
+        .split_whitespace()
+        .nth(1)
+        .context("status value")?
+        .parse()?;
+    Ok(kb / 1024.0)
+}
+
+/// User and system CPU seconds of `pid` so far.
+fn cpu(pid: u32) -> Result<(f64, f64)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let rest = s.rsplit_once(')').context("stat")?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    // After ")": state is field 3, utime 14 and stime 15 (1-based).
+    let ut: f64 = f.get(11).context("utime")?.parse()?;
+    let st: f64 = f.get(12).context("stime")?.parse()?;
+    Ok((ut / hz, st / hz))
+}
+
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut it = s.chars().peekable();
+    while let Some(c) = it.next() {
+        if c == '\u{1b}' {
+            if it.peek() == Some(&'[') {
+                it.next();
+                for d in it.by_ref() {
+                    if d.is_ascii_alphabetic() {
+                        break;
+                    }
+                }
+            }
+            continue;
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// One line of the agent's log: its timestamp and text.
+struct LogLine {
+    at: SystemTime,
+    text: String,
+}
+
+fn agent_log(path: &Path) -> Result<Vec<LogLine>> {
+    let raw = std::fs::read_to_string(path)?;
+    let mut out = Vec::new();
+    for l in raw.lines() {
+        let l = strip_ansi(l);
+        let Some((ts, _)) = l.split_once(' ') else {
+            continue;
+        };
+        let Ok(t) = ts.parse::<k8s_openapi::jiff::Timestamp>() else {
+            continue;
+        };
+        let at = UNIX_EPOCH + Duration::from_nanos(t.as_nanosecond() as u64);
+        out.push(LogLine {
+            at,
+            text: l.to_string(),
+        });
+    }
+    Ok(out)
+}
+
+fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    let pat = format!("{name}=");
+    let start = line.find(&pat)? + pat.len();
+    line[start..].split_whitespace().next()
+}
+
+fn secs_between(a: SystemTime, b: SystemTime) -> f64 {
+    match b.duration_since(a) {
+        Ok(d) => d.as_secs_f64(),
+        Err(e) => -e.duration().as_secs_f64(),
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn percentile(v: &[Duration], p: usize) -> Duration {
+    let mut s = v.to_vec();
+    s.sort();
+    s[((s.len() * p) / 100).min(s.len() - 1)]
+}
+
+/// `ip -batch` / `bridge -batch` programming the same 3N entries into
+/// a fresh namespace with a VXLAN device like the agent's.
+fn ip_batch_reference(n: usize) -> Result<Duration> {
+    let ns = mycni_testkit::NetNs::new("ref")?;
+    let dir = tempfile::Builder::new()
+        .prefix("mycni-bench-ref-")
+        .tempdir()?;
+    // No dummy module here: a veth pair stands in for the underlay.
+    ns.exec(
+        "ip",
+        &[
+            "link", "add", "eth0", "type", "veth", "peer", "name", "eth1",
+        ],
+    )?;
+    ns.exec("ip", &["link", "set", "eth1", "up"])?;
+    ns.exec("ip", &["addr", "add", "192.168.77.11/24", "dev", "eth0"])?;
+    ns.exec("ip", &["link", "set", "eth0", "up"])?;
+    ns.exec(
+        "ip",
+        &[
+            "link",
+            "add",
+            VXLAN,
+            "type",
+            "vxlan",
+            "id",
+            "1",
+            "dstport",
+            "8472",
+            "local",
+            "192.168.77.11",
+            "dev",
+            "eth0",
+            "nolearning",
+        ],
+    )?;
+    ns.exec("ip", &["addr", "add", "10.244.1.0/32", "dev", VXLAN])?;
+    ns.exec("ip", &["link", "set", VXLAN, "up"])?;
+    let (mut fdb, mut neigh, mut route) = (String::new(), String::new(), String::new());
+    for i in 0..n {
+        let p = peer(i);
+        let mac = p.mac.to_string();
+        fdb.push_str(&format!(
+            "fdb add {mac} dev {VXLAN} dst {} self permanent\n",
+            p.host_ip
+        ));
+        neigh.push_str(&format!(
+            "neigh add {} lladdr {mac} dev {VXLAN} nud permanent\n",
+            p.gw
+        ));
+        route.push_str(&format!(
+            "route add {} via {} dev {VXLAN} onlink proto {PROTO}\n",
+            p.cidr, p.gw
+        ));
+    }
+    let files: Vec<PathBuf> = ["fdb", "neigh", "route"]
+        .iter()
+        .map(|f| dir.path().join(f))
+        .collect();
+    std::fs::write(&files[0], fdb)?;
+    std::fs::write(&files[1], neigh)?;
+    std::fs::write(&files[2], route)?;
+    let s = |p: &PathBuf| p.to_string_lossy().into_owned();
+    let start = Instant::now();
+    sh("bridge", &["-n", ns.name(), "-batch", &s(&files[0])])?;
+    sh("ip", &["-n", ns.name(), "-batch", &s(&files[1])])?;
+    sh("ip", &["-n", ns.name(), "-batch", &s(&files[2])])?;
+    let took = start.elapsed();
+    let overlay = Overlay::open(ns.name())?;
+    let vx = overlay.ifindex(VXLAN)?;
+    let c = counts(&overlay, vx)?;
+    ensure!(
+        c == Some((n, n, n)),
+        "ip -batch reference programmed {c:?} entries, not {n} each"
+    );
+    Ok(took)
+}
+
+pub fn bench(bin_dir: &Path, n: usize, full: bool) -> Result<()> {
+    ensure!(
+        (1..=38_000).contains(&n),
+        "nodes must be 1..=38000 (podCIDRs stay below 10.244.0.0/16, host IPs in 192.168.100-251)"
+    );
+    let bins = Bins {
+        agent: bin_dir.join("mycni-agent"),
+        plugin: bin_dir.join("mycni"),
+        apiserver: bin_dir.join("mycni-apiserver"),
+        lab: bin_dir.join("mycni-lab"),
+    };
+    for b in [&bins.agent, &bins.apiserver, &bins.lab] {
+        ensure!(b.exists(), "{} is not built", b.display());
+    }
+
+    eprintln!(
+        "mycni-bench: ip -batch reference, 3 runs of {} entries",
+        3 * n
+    );
+    let mut refs = Vec::new();
+    for _ in 0..3 {
+        refs.push(ip_batch_reference(n)?);
+    }
+    let prefix = unique("mycni-bench");
+    let root = std::env::temp_dir().join(&prefix);
+    eprintln!("mycni-bench: 1-node lab {prefix} under {}", root.display());
+    let lab = Guard(Lab::up(Spec {
+        prefix,
+        nodes: 1,
+        pods: 0,
+        root,
+        bins,
+        agent_args: vec!["--cluster-cidr".into(), "10.0.0.0/8".into()],
+        in_process_api: true,
+    })?);
+    let r = run(&lab.0, n, full, &refs);
+    if r.is_err() {
+        let log = lab.0.spec.node_dir(1).join("agent.log");
+        if let Ok(s) = std::fs::read_to_string(&log) {
+            let tail: Vec<&str> = s.lines().rev().take(15).collect();
+            eprintln!(
+                "agent log tail:\n{}",
+                strip_ansi(&tail.into_iter().rev().collect::<Vec<_>>().join("\n"))
+            );
+        }
+    }
+    r
+}
+
+fn run(lab: &Lab, n: usize, full: bool, refs: &[Duration]) -> Result<()> {
+    let reference = percentile(refs, 50);
+    let api = lab.api.as_ref().context("in-process API fixture")?;
+    let ns = lab.spec.node_name(1);
+    let dir = lab.spec.node_dir(1);
+    lab.stop_agent(1);
+
+    let t = Instant::now();
+    let peers: Vec<Peer> = (0..n).map(peer).collect();
+    for p in &peers {
+        api.create_node(peer_node(p, full)?)?;
+    }
+    eprintln!(
+        "mycni-bench: created {n} peer Nodes in {:.2} s",
+        t.elapsed().as_secs_f64()
+    );
+
+    let sock = Overlay::open(&ns)?;
+    let vx = sock.ifindex(VXLAN)?;
+    ensure!(
+        counts(&sock, vx)? == Some((0, 0, 0)),
+        "the overlay is not empty before the agent starts"
+    );
+
+    // (a) Convergence from a cold start with N peers.
+    let started_wall = SystemTime::now();
+    let started = Instant::now();
+    lab.start_agent(1)?;
+    let pid: u32 = std::fs::read_to_string(dir.join("agent.pid"))?
+        .trim()
+        .parse()?;
+    let mut polls = 0u32;
+    let (converged_wall, converged) = loop {
+        if started.elapsed() > Duration::from_secs(300) {
+            bail!("not converged within 300 s: {:?}", counts(&sock, vx)?);
+        }
+        polls += 1;
+        // Routes are the agent's last phase: count them alone until complete.
+        if sock.count_routes(PROTO)? == Some(n) && counts(&sock, vx)? == Some((n, n, n)) {
+            break (SystemTime::now(), started.elapsed());
+        }
+        std::thread::sleep(POLL);
+    };
+    let (cpu_user, cpu_sys) = cpu(pid)?;
+    let hwm_converged = proc_status(pid, "VmHWM:")?;
+    let rss_converged = proc_status(pid, "VmRSS:")?;
+
+    // The agent's own view: when the list completed, and its passes.
+    let mut lines = Vec::new();
+    for _ in 0..100 {
+        lines = agent_log(&dir.join("agent.log"))?;
+        if lines.iter().any(|l| l.text.contains("reconciled overlay")) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let listed = lines
+        .iter()
+        .find(|l| l.text.contains("initial Node list complete"))
+        .context("no \"initial Node list complete\" line in the agent log")?;
+    let listed_nodes = field(&listed.text, "nodes").unwrap_or("?").to_string();
+    let list_to_programmed = secs_between(listed.at, converged_wall);
+    let passes: Vec<&LogLine> = lines
+        .iter()
+        .filter(|l| l.text.contains("reconciled overlay"))
+        .collect();
+
+    // Idle cost at N peers: resync passes (full dumps) every 2 s.
+    std::thread::sleep(Duration::from_secs(2));
+    let m0 = metrics(lab)?;
+    let c0 = cpu(pid)?;
+    let idle = Duration::from_secs(10);
+    std::thread::sleep(idle);
+    let m1 = metrics(lab)?;
+    let c1 = cpu(pid)?;
+    let runs = m1.get("mycni_reconcile_runs_total").copied().unwrap_or(0.0)
+        - m0.get("mycni_reconcile_runs_total").copied().unwrap_or(0.0);
+    let pass_secs = m1
+        .get("mycni_reconcile_duration_seconds_sum")
+        .copied()
+        .unwrap_or(0.0)
+        - m0.get("mycni_reconcile_duration_seconds_sum")
+            .copied()
+            .unwrap_or(0.0);
+    let idle_cpu = (c1.0 + c1.1 - c0.0 - c0.1) / idle.as_secs_f64();
+
+    // (b) One Node update at a time: a new VTEP MAC, until the
+    // neighbour carries it.
+    let mut macs: Vec<Mac> = peers.iter().map(|p| p.mac).collect();
+    let mut updates = Vec::new();
+    for u in 0..UPDATES {
+        let k = (u * 997 + 13) % n;
+        let new = Mac([
+            0x02,
+            0x01,
+            u as u8,
+            (k >> 16) as u8,
+            (k >> 8) as u8,
+            k as u8,
+        ]);
+        let t = Instant::now();
+        api.update_node(&peers[k].name, |node| {
+            node.metadata
+                .annotations
+                .get_or_insert_default()
+                .insert("mycni.dev/vtep-mac".into(), new.to_string());
+        })?;
+        loop {
+            if sock.neighbour(vx, peers[k].gw)? == Some(new) {
+                break;
+            }
+            if t.elapsed() > Duration::from_secs(30) {
+                bail!("update of {} not applied within 30 s", peers[k].name);
+            }
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        updates.push(t.elapsed());
+        macs[k] = new;
+        // Let the pass finish (old FDB entry out, new in) before the next.
+        let t2 = Instant::now();
+        while sock.has_fdb(vx, peers[k].mac)? || !sock.has_fdb(vx, new)? {
+            ensure!(
+                t2.elapsed() < Duration::from_secs(30),
+                "FDB of {} not updated",
+                peers[k].name
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+
+    // One Node delete: until its neighbour and FDB entry are gone
+    // (the route goes first, in the same pass).
+    let k = n / 2;
+    let t = Instant::now();
+    api.delete_node(&peers[k].name)?;
+    loop {
+        if sock.neighbour(vx, peers[k].gw)?.is_none() && !sock.has_fdb(vx, macs[k])? {
+            break;
+        }
+        ensure!(
+            t.elapsed() < Duration::from_secs(30),
+            "delete of {} not applied within 30 s",
+            peers[k].name
+        );
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    let delete = t.elapsed();
+    std::thread::sleep(Duration::from_millis(200));
+    let after = counts(&sock, vx)?;
+    ensure!(
+        after == Some((n - 1, n - 1, n - 1)),
+        "after the delete the overlay holds {after:?}"
+    );
+    let hwm_end = proc_status(pid, "VmHWM:")?;
+    let rss_end = proc_status(pid, "VmRSS:")?;
+
+    // Keep the log for a closer look.
+    let kept = std::env::temp_dir().join(format!("mycni-bench-agent-{n}.log"));
+    let _ = std::fs::copy(dir.join("agent.log"), &kept);
+
+    let upd_med = percentile(&updates, 50);
+    let upd_p90 = percentile(&updates, 90);
+    let rss_peak = hwm_converged.max(hwm_end);
+    let scale = n as f64 / 5000.0;
+    let conv_target = TARGET_CONVERGE_S * scale;
+
+    println!();
+    let node_bytes = serde_json::to_vec(&api.get_node(&peers[0].name))?.len();
+    println!(
+        "mycni-agent convergence, {n} peer Nodes ({}, {node_bytes} B of JSON each), 1-node lab, in-process API fixture, {} CPUs",
+        if full {
+            "kubelet-like: status, labels, managedFields"
+        } else {
+            "minimal: podCIDR and mycni annotations"
+        },
+        std::thread::available_parallelism().map_or(0, |p| p.get())
+    );
+    println!("| measure | mycni-agent | target | agent/target | ip -batch | agent/ip -batch |");
+    println!("|---|---|---|---|---|---|");
+    println!("| nodes | {n} | | | | |");
+    println!(
+        "| list-complete -> programmed (s) | {list_to_programmed:.3} | {conv_target:.2} | {:.2} | {:.3} | {:.2} |",
+        list_to_programmed / conv_target,
+        reference.as_secs_f64(),
+        list_to_programmed / reference.as_secs_f64()
+    );
+    println!(
+        "| start -> programmed (s) | {:.3} | | | {:.3} | {:.2} |",
+        converged.as_secs_f64(),
+        reference.as_secs_f64(),
+        converged.as_secs_f64() / reference.as_secs_f64()
+    );
+    println!(
+        "| update latency median / p90 (ms, {UPDATES} runs) | {:.1} / {:.1} | | | | |",
+        ms(upd_med),
+        ms(upd_p90)
+    );
+    println!("| delete latency (ms) | {:.1} | | | | |", ms(delete));
+    println!(
+        "| peak RSS, VmHWM (MB) | {rss_peak:.1} | {TARGET_RSS_MB:.0} | {:.2} | | |",
+        rss_peak / TARGET_RSS_MB
+    );
+    println!();
+    println!("details:");
+    println!(
+        "  convergence polled every {} ms ({polls} polls); the agent logged its list complete with nodes={listed_nodes}, {:.3} s after start",
+        POLL.as_millis(),
+        secs_between(started_wall, listed.at)
+    );
+    for p in passes.iter().take(8) {
+        let text = p.text.split("reconciled overlay").nth(1).unwrap_or("");
+        println!(
+            "  pass logged at list+{:.3} s:{text}",
+            secs_between(listed.at, p.at)
+        );
+    }
+    println!(
+        "  agent CPU until converged: {cpu_user:.2} s user + {cpu_sys:.2} s system (wall {:.2} s)",
+        converged.as_secs_f64()
+    );
+    println!(
+        "  RSS: VmHWM {hwm_converged:.1} MB / VmRSS {rss_converged:.1} MB at convergence; VmHWM {hwm_end:.1} MB / VmRSS {rss_end:.1} MB after updates and delete"
+    );
+    println!(
+        "  idle at {n} peers: {runs:.0} reconcile passes in {} s, {:.1} ms each on average, agent CPU {:.1} %",
+        idle.as_secs(),
+        if runs > 0.0 {
+            pass_secs * 1e3 / runs
+        } else {
+            0.0
+        },
+        idle_cpu * 100.0
+    );
+    let mut sorted = updates.clone();
+    sorted.sort();
+    println!(
+        "  update latencies (ms): {}",
+        sorted
+            .iter()
+            .map(|d| format!("{:.1}", ms(*d)))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    println!("  ip -batch reference runs (s): {}", refs_fmt(refs));
+    println!("  agent log kept at {}", kept.display());
+    Ok(())
+}
+
+fn refs_fmt(v: &[Duration]) -> String {
+    v.iter()
+        .map(|d| format!("{:.3}", d.as_secs_f64()))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The agent's metrics as name -> value (unlabelled series only).
+fn metrics(lab: &Lab) -> Result<BTreeMap<String, f64>> {
+    let text = lab.metrics(1)?;
+    Ok(text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.contains('{'))
+        .filter_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            Some((k.to_string(), v.trim().parse().ok()?))
+        })
+        .collect())
+}
