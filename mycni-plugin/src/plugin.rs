@@ -6,13 +6,13 @@ use std::net::Ipv4Addr;
 use std::path::Path;
 
 use mycni_common::contract::VethAlias;
-use mycni_common::net::Mac;
+use mycni_common::net::{Cidr, Mac};
 
 use crate::config::{Env, NetConf};
 use crate::error::{CniError, Code, Result};
 use crate::ipam::Ipam;
 use crate::log;
-use crate::netlink::{GATEWAY, Link, Nl, read_sysctl, write_sysctl};
+use crate::netlink::{GATEWAY, Link, Netlink, cidr, plugin_route, read_sysctl, write_sysctl};
 use crate::types::{CniResult, Interface, IpConfig, Route};
 
 /// Host veth names: this prefix plus 10 hex digits of a hash of the pod.
@@ -80,6 +80,8 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .map_err(|e| CniError::new(Code::Io, format!("starting the async runtime: {e}")))
 }
 
+const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
+
 fn sysctl_path(ifname: &str, key: &str) -> String {
     // proxy_delay is a neighbour-table knob, proxy_arp an interface one.
     let table = if key == "proxy_delay" {
@@ -92,7 +94,7 @@ fn sysctl_path(ifname: &str, key: &str) -> String {
 
 fn ip_from_prev(conf: &NetConf) -> Option<Ipv4Addr> {
     let prev = CniResult::from_json(conf.prev_result.as_ref()?).ok()?;
-    prev.ips.first().map(|i| i.address)
+    prev.ips.first().map(|i| i.address.addr())
 }
 
 /// Test hook: `MYCNI_TEST_FAULT=<step>` makes ADD fail right after that
@@ -127,8 +129,8 @@ pub fn add(conf: &NetConf, env: &Env) -> Result<CniResult> {
     let netns = open_netns(&env.netns)?;
     let rt = runtime()?;
     rt.block_on(async {
-        let host = Nl::current()?;
-        let pod = Nl::in_netns(&netns)?;
+        let host = Netlink::current()?;
+        let pod = Netlink::in_netns(&netns)?;
         if pod.link_by_name(&env.ifname).await?.is_some() {
             return Err(CniError::new(
                 Code::InvalidEnv,
@@ -146,14 +148,14 @@ pub fn add(conf: &NetConf, env: &Env) -> Result<CniResult> {
                     log::warn(&format!(
                         "removing stale host veth {host_name} of container {cid}"
                     ));
-                    host.del_link(stale.index).await?;
+                    host.delete_link(stale.index).await?;
                 }
                 // Our name but no mark: an ADD killed between creating the
                 // veth and marking it (the kernel takes the alias only after
                 // creation). The name is this pod's, so it is this pod's.
                 None if stale.alias.is_none() => {
                     log::warn(&format!("removing unmarked host veth {host_name} left by an interrupted ADD"));
-                    host.del_link(stale.index).await?;
+                    host.delete_link(stale.index).await?;
                 }
                 None => {
                     return Err(CniError::new(
@@ -171,7 +173,7 @@ pub fn add(conf: &NetConf, env: &Env) -> Result<CniResult> {
         if result.is_err() {
             for step in undo.into_iter().rev() {
                 let r = match step {
-                    Undo::Link(i) => host.del_link(i).await,
+                    Undo::Link(i) => host.delete_link(i).await.map_err(CniError::from),
                     Undo::Ipam => ipam.del(conf, env, None),
                 };
                 if let Err(e) = r {
@@ -188,8 +190,8 @@ async fn add_steps(
     conf: &NetConf,
     env: &Env,
     ipam: &Ipam,
-    host: &Nl,
-    pod: &Nl,
+    host: &Netlink,
+    pod: &Netlink,
     netns: &File,
     host_name: &str,
     undo: &mut Vec<Undo>,
@@ -199,7 +201,7 @@ async fn add_steps(
     fault("ipam")?;
     let alias = alias(&conf.name, &env.container_id, &env.ifname);
     let host_link = host
-        .add_veth(host_name, &env.ifname, netns, conf.mtu)
+        .create_veth_in(host_name, &env.ifname, netns, conf.mtu)
         .await?;
     undo.push(Undo::Link(host_link.index));
     fault("veth")?;
@@ -208,7 +210,21 @@ async fn add_steps(
     // instead of up to 0.8 s late.
     write_sysctl(&sysctl_path(host_name, "proxy_arp"), "1")?;
     write_sysctl(&sysctl_path(host_name, "proxy_delay"), "0")?;
-    host.mark_up(host_link.index, &alias).await?;
+    // Anti-spoofing on the kernel path: strict reverse-path filtering. The
+    // only route back to an address arriving on this veth is the pod's own
+    // /32 through it, so a packet from any other source (another pod's, an
+    // outside one) is dropped and counted (TcpExtIPReversePathFilter)
+    // before routing or netfilter. The fast path declines such packets and
+    // leaves them here. The kernel applies max(all, this device): an `all`
+    // of 2 (loose) would weaken it, which the agent reports.
+    write_sysctl(&sysctl_path(host_name, "rp_filter"), "1")?;
+    // Pods reach each other and the world only through the host's
+    // forwarding; the agent turns it on too, but a runtime may run the
+    // plugin with nothing but its conflist (as the reference ptp does).
+    if read_sysctl(IP_FORWARD)? != "1" {
+        write_sysctl(IP_FORWARD, "1")?;
+    }
+    host.set_alias_and_up(host_link.index, &alias).await?;
     fault("host")?;
 
     let pod_link = pod.link_by_name(&env.ifname).await?.ok_or_else(|| {
@@ -217,17 +233,29 @@ async fn add_steps(
             format!("{} missing in the pod after creation", env.ifname),
         )
     })?;
-    pod.add_addr32(pod_link.index, ip.address).await?;
+    pod.add_address(pod_link.index, cidr(ip.address.addr(), 32)?)
+        .await?;
     pod.set_up(pod_link.index).await?;
+    let host_mac = host_link.ethernet_mac().ok_or_else(|| {
+        CniError::new(
+            Code::Kernel,
+            format!("host veth {host_name} has no Ethernet address"),
+        )
+    })?;
+    let (gw_32, default, pod_32) = (
+        cidr(GATEWAY, 32)?,
+        cidr(Ipv4Addr::UNSPECIFIED, 0)?,
+        cidr(ip.address.addr(), 32)?,
+    );
     // Independent of each other once eth0 is up: in flight together, and
     // with the host route on the other socket. The static neighbour saves
     // the first packet an ARP round trip and works even where proxy ARP
     // would not answer (no host route to 169.254.1.1).
     let (neigh, gw_route, default_route, host_route) = futures::join!(
-        pod.add_permanent_neigh(pod_link.index, GATEWAY, &host_link.mac),
-        pod.add_route(GATEWAY, 32, None, pod_link.index),
-        pod.add_route(Ipv4Addr::UNSPECIFIED, 0, Some(GATEWAY), pod_link.index),
-        host.add_route(ip.address, 32, None, host_link.index),
+        pod.replace_permanent_neighbour(pod_link.index, GATEWAY, host_mac),
+        pod.add_route(plugin_route(gw_32, None, pod_link.index)),
+        pod.add_route(plugin_route(default, Some(GATEWAY), pod_link.index)),
+        host.add_route(plugin_route(pod_32, None, host_link.index)),
     );
     neigh?;
     gw_route?;
@@ -252,14 +280,12 @@ async fn add_steps(
             },
         ],
         ips: vec![IpConfig {
-            address: ip.address,
-            prefix: 32,
+            address: pod_32,
             gateway: Some(GATEWAY),
             interface: Some(1),
         }],
         routes: vec![Route {
-            dst: Ipv4Addr::UNSPECIFIED,
-            prefix: 0,
+            dst: default,
             gw: Some(GATEWAY),
         }],
         dns: conf.dns.clone(),
@@ -279,13 +305,13 @@ pub fn del(conf: &NetConf, env: &Env) -> Result<()> {
     };
     let rt = runtime()?;
     note(rt.block_on(async {
-        let host = Nl::current()?;
+        let host = Netlink::current()?;
         let host_name = host_veth_name(env);
         if let Some(link) = host.link_by_name(&host_name).await? {
             let mine = alias(&conf.name, &env.container_id, &env.ifname);
             if link.alias.as_deref() == Some(mine.as_str()) {
                 // Deleting the host end removes the pod end and the host route.
-                host.del_link(link.index).await?;
+                host.delete_link(link.index).await?;
             } else if link.alias.is_none() && is_container_peer(&link, env).await? {
                 // An ADD killed between creating the veth and marking it
                 // (the kernel takes no alias at creation): its other end is
@@ -294,7 +320,7 @@ pub fn del(conf: &NetConf, env: &Env) -> Result<()> {
                     "DEL {}: removing unmarked host veth {host_name} left by an interrupted ADD",
                     env.container_id
                 ));
-                host.del_link(link.index).await?;
+                host.delete_link(link.index).await?;
             } else {
                 log::info(&format!(
                     "DEL {}: {host_name} belongs to {:?}, leaving it",
@@ -321,11 +347,10 @@ async fn is_container_peer(host_link: &Link, env: &Env) -> Result<bool> {
     let Ok(netns) = File::open(&env.netns) else {
         return Ok(false);
     };
-    let pod = Nl::in_netns(&netns)?;
-    Ok(pod
-        .link_by_name(&env.ifname)
-        .await?
-        .is_some_and(|p| p.peer == Some(host_link.index) && host_link.peer == Some(p.index)))
+    let pod = Netlink::in_netns(&netns)?;
+    Ok(pod.link_by_name(&env.ifname).await?.is_some_and(|p| {
+        p.peer_index == Some(host_link.index) && host_link.peer_index == Some(p.index)
+    }))
 }
 
 fn check_failed(msg: String) -> CniError {
@@ -342,14 +367,14 @@ pub fn check(conf: &NetConf, env: &Env) -> Result<()> {
     let ip = prev
         .ips
         .first()
-        .map(|i| i.address)
+        .map(|i| i.address.addr())
         .ok_or_else(|| CniError::new(Code::InvalidConfig, "prevResult has no IP"))?;
     let ipam = Ipam::select(conf, env)?;
     let netns = open_netns(&env.netns)?;
     let host_name = host_veth_name(env);
     runtime()?.block_on(async {
-        let host = Nl::current()?;
-        let pod = Nl::in_netns(&netns)?;
+        let host = Netlink::current()?;
+        let pod = Netlink::in_netns(&netns)?;
         let hl: Link = host
             .link_by_name(&host_name)
             .await?
@@ -369,7 +394,7 @@ pub fn check(conf: &NetConf, env: &Env) -> Result<()> {
                 hl.mtu, conf.mtu
             )));
         }
-        for (key, want) in [("proxy_arp", "1"), ("proxy_delay", "0")] {
+        for (key, want) in [("proxy_arp", "1"), ("proxy_delay", "0"), ("rp_filter", "1")] {
             let got = read_sysctl(&sysctl_path(&host_name, key))?;
             if got != want {
                 return Err(check_failed(format!(
@@ -377,10 +402,11 @@ pub fn check(conf: &NetConf, env: &Env) -> Result<()> {
                 )));
             }
         }
-        let host_routes = host.routes_v4().await?;
+        let host_routes = host.ipv4_routes().await?;
+        let pod_32 = cidr(ip, 32)?;
         if !host_routes
             .iter()
-            .any(|r| r.0 == ip && r.1 == 32 && r.3 == Some(hl.index))
+            .any(|r| r.dst == pod_32 && r.oif == Some(hl.index))
         {
             return Err(check_failed(format!(
                 "host route {ip}/32 dev {host_name} is missing"
@@ -399,30 +425,31 @@ pub fn check(conf: &NetConf, env: &Env) -> Result<()> {
                 env.ifname, pl.mtu, conf.mtu
             )));
         }
-        let addrs = pod.addrs_v4(pl.index).await?;
-        if addrs != vec![(ip, 32)] {
+        let addrs = pod.ipv4_addresses(pl.index).await?;
+        if addrs != [pod_32] {
+            let addrs: Vec<String> = addrs.iter().map(ToString::to_string).collect();
             return Err(check_failed(format!(
                 "pod {} has addresses {addrs:?}, want [{ip}/32]",
                 env.ifname
             )));
         }
-        let routes = pod.routes_v4().await?;
-        let has = |dst: Ipv4Addr, p: u8, gw: Option<Ipv4Addr>| {
+        let routes = pod.ipv4_routes().await?;
+        let has = |dst: Cidr<Ipv4Addr>, gw: Option<Ipv4Addr>| {
             routes
                 .iter()
-                .any(|r| r.0 == dst && r.1 == p && r.2 == gw && r.3 == Some(pl.index))
+                .any(|r| r.dst == dst && r.gateway == gw && r.oif == Some(pl.index))
         };
-        if !has(GATEWAY, 32, None) || !has(Ipv4Addr::UNSPECIFIED, 0, Some(GATEWAY)) {
+        if !has(cidr(GATEWAY, 32)?, None) || !has(cidr(Ipv4Addr::UNSPECIFIED, 0)?, Some(GATEWAY)) {
             return Err(check_failed(format!(
                 "pod routes via {GATEWAY} are missing: {routes:?}"
             )));
         }
-        match pod.permanent_neigh(pl.index, GATEWAY).await? {
-            Some(mac) if mac == hl.mac => {}
+        match pod.permanent_neighbour(pl.index, GATEWAY).await? {
+            Some(mac) if mac.0[..] == hl.mac[..] => {}
             other => {
                 return Err(check_failed(format!(
                     "pod neighbour {GATEWAY} is {:?}, want permanent {}",
-                    other.map(|m| mac_text(&m)),
+                    other.map(|m| m.to_string()),
                     mac_text(&hl.mac)
                 )));
             }
@@ -447,8 +474,9 @@ pub fn status(conf: &NetConf, env: &Env) -> Result<()> {
             "check the mycni-agent pod on this node: kubectl -n kube-system logs ds/mycni-agent",
         ));
     }
-    let vx =
-        runtime()?.block_on(async { Nl::current()?.link_by_name(&conf.vxlan_device).await })?;
+    let vx = runtime()?.block_on(async {
+        Ok::<_, CniError>(Netlink::current()?.link_by_name(&conf.vxlan_device).await?)
+    })?;
     if vx.is_none() {
         return Err(CniError::new(
             Code::NotAvailable,
@@ -471,7 +499,7 @@ pub fn gc(conf: &NetConf, env: &Env) -> Result<()> {
         .collect();
     let mut first_err = None;
     let r = runtime()?.block_on(async {
-        let host = Nl::current()?;
+        let host = Netlink::current()?;
         for l in host.links().await? {
             let Some(VethAlias {
                 network: net,
@@ -483,7 +511,7 @@ pub fn gc(conf: &NetConf, env: &Env) -> Result<()> {
             };
             if net == conf.name && !keep.contains(&(cid.to_string(), ifname.to_string())) {
                 log::info(&format!("GC: removing {} of {cid}/{ifname}", l.name));
-                host.del_link(l.index).await?;
+                host.delete_link(l.index).await?;
             }
         }
         Ok::<(), CniError>(())

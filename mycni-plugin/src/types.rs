@@ -1,7 +1,7 @@
 //! CNI results: one internal shape, rendered for the requested version, and
 //! parsed back from any supported version (IPAM results, prevResult).
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use mycni_common::net::Cidr;
 use serde_json::{Value, json};
@@ -20,8 +20,7 @@ pub struct Interface {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IpConfig {
-    pub address: Ipv4Addr,
-    pub prefix: u8,
+    pub address: Cidr<Ipv4Addr>,
     pub gateway: Option<Ipv4Addr>,
     /// Index into `interfaces`.
     pub interface: Option<usize>,
@@ -29,8 +28,7 @@ pub struct IpConfig {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
-    pub dst: Ipv4Addr,
-    pub prefix: u8,
+    pub dst: Cidr<Ipv4Addr>,
     pub gw: Option<Ipv4Addr>,
 }
 
@@ -48,6 +46,17 @@ pub struct CniResult {
 pub fn parse_cidr(s: &str) -> Option<(Ipv4Addr, u8)> {
     let c: Cidr<Ipv4Addr> = s.parse().ok()?;
     Some((c.addr(), c.prefix()))
+}
+
+/// A list field of a result: absent or null is empty (Go decodes both to a
+/// nil slice); anything else that is not an array is a broken result, not
+/// "no IPs".
+fn list<'a>(obj: &'a serde_json::Map<String, Value>, field: &str) -> Result<&'a [Value]> {
+    match obj.get(field) {
+        None | Some(Value::Null) => Ok(&[]),
+        Some(Value::Array(a)) => Ok(a),
+        Some(other) => Err(decode(format!("result `{field}` is not a list: {other}"))),
+    }
 }
 
 /// An optional IPv4 field (`gateway`, `gw`): absent or null is None; anything
@@ -89,7 +98,7 @@ impl CniResult {
             .ips
             .iter()
             .map(|ip| {
-                let mut o = json!({ "address": format!("{}/{}", ip.address, ip.prefix) });
+                let mut o = json!({ "address": ip.address.to_string() });
                 if version.ip_has_version_field() {
                     o["version"] = json!("4");
                 }
@@ -106,7 +115,7 @@ impl CniResult {
             .routes
             .iter()
             .map(|r| {
-                let mut o = json!({ "dst": format!("{}/{}", r.dst, r.prefix) });
+                let mut o = json!({ "dst": r.dst.to_string() });
                 if let Some(g) = r.gw {
                     o["gw"] = json!(g.to_string());
                 }
@@ -133,8 +142,8 @@ impl CniResult {
             .as_object()
             .ok_or_else(|| decode(format!("result is not an object: {v}")))?;
         let mut out = CniResult::default();
-        if let Some(ifs) = obj.get("interfaces").and_then(Value::as_array) {
-            for i in ifs {
+        for i in list(obj, "interfaces")? {
+            {
                 // `as u32` would read 2^32 + 1450 as 1450.
                 let mtu =
                     match i.get("mtu") {
@@ -153,16 +162,11 @@ impl CniResult {
                 });
             }
         }
-        for ip in obj
-            .get("ips")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
+        for ip in list(obj, "ips")? {
             let addr = ip["address"]
                 .as_str()
                 .ok_or_else(|| decode(format!("result IP without address: {ip}")))?;
-            let (address, prefix) = parse_cidr(addr).ok_or_else(|| {
+            let address: Cidr<Ipv4Addr> = addr.parse().map_err(|_| {
                 CniError::new(
                     Code::UnsupportedField,
                     format!("result address {addr:?} is not an IPv4 CIDR (mycni is IPv4-only)"),
@@ -171,23 +175,34 @@ impl CniResult {
             let gateway = optional_ip(ip, "gateway")?;
             out.ips.push(IpConfig {
                 address,
-                prefix,
                 gateway,
-                interface: ip["interface"].as_u64().map(|i| i as usize),
+                interface: match ip.get("interface") {
+                    None | Some(Value::Null) => None,
+                    Some(i) => Some(
+                        i.as_u64()
+                            .and_then(|i| usize::try_from(i).ok())
+                            .ok_or_else(|| {
+                                decode(format!("result IP interface {i} is not an index"))
+                            })?,
+                    ),
+                },
             });
         }
-        for r in obj
-            .get("routes")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            let dst = r["dst"].as_str().unwrap_or_default();
-            let Some((dst, prefix)) = parse_cidr(dst) else {
-                continue; // an IPv6 route from IPAM has no IPv4 meaning; ignore it
+        for r in list(obj, "routes")? {
+            let dst = r["dst"]
+                .as_str()
+                .ok_or_else(|| decode(format!("result route without dst: {r}")))?;
+            let Ok(dst) = dst.parse::<Cidr<Ipv4Addr>>() else {
+                // An IPv6 route from IPAM has no IPv4 meaning yet; anything
+                // else that is not a CIDR is a broken result, as libcni
+                // decodes it.
+                if dst.parse::<Cidr<Ipv6Addr>>().is_ok() {
+                    continue;
+                }
+                return Err(decode(format!("result route dst {dst:?} is not a CIDR")));
             };
             let gw = optional_ip(r, "gw")?;
-            out.routes.push(Route { dst, prefix, gw });
+            out.routes.push(Route { dst, gw });
         }
         out.dns = obj.get("dns").cloned().filter(|d| d.is_object());
         Ok(out)
@@ -215,14 +230,12 @@ mod tests {
                 },
             ],
             ips: vec![IpConfig {
-                address: Ipv4Addr::new(10, 244, 1, 5),
-                prefix: 32,
+                address: Cidr::new(Ipv4Addr::new(10, 244, 1, 5), 32).unwrap(),
                 gateway: Some(Ipv4Addr::new(169, 254, 1, 1)),
                 interface: Some(1),
             }],
             routes: vec![Route {
-                dst: Ipv4Addr::UNSPECIFIED,
-                prefix: 0,
+                dst: Cidr::new(Ipv4Addr::UNSPECIFIED, 0).unwrap(),
                 gw: Some(Ipv4Addr::new(169, 254, 1, 1)),
             }],
             dns: Some(json!({"nameservers": ["10.96.0.10"]})),
@@ -276,6 +289,35 @@ mod tests {
         );
         assert!(parse_cidr("10.0.0.0/33").is_none());
         assert!(parse_cidr("10.0.0.0").is_none());
+    }
+
+    /// What libcni fails to decode is a decode error here too (code 6),
+    /// not a result with fewer IPs or routes.
+    #[test]
+    fn broken_lists_and_routes_are_decode_errors() {
+        for bad in [
+            json!({"ips": {"address": "10.244.1.5/32"}}),
+            json!({"ips": "10.244.1.5/32"}),
+            json!({"interfaces": {}, "ips": []}),
+            json!({"ips": [], "routes": {"dst": "0.0.0.0/0"}}),
+            json!({"ips": [], "routes": [{"dst": "not-a-cidr"}]}),
+            json!({"ips": [], "routes": [{"dst": "10.0.0.0/33"}]}),
+            json!({"ips": [], "routes": [{"gw": "10.0.0.1"}]}),
+            json!({"ips": [{"address": "10.244.1.5/32", "interface": "0"}]}),
+        ] {
+            assert_eq!(
+                CniResult::from_json(&bad).map(|_| ()).map_err(|e| e.code),
+                Err(Code::Decode),
+                "{bad}"
+            );
+        }
+        // Absent or null lists are empty, as Go decodes them; an IPv6 route
+        // is left aside until dual-stack.
+        let ok = json!({"interfaces": null, "ips": null,
+            "routes": [{"dst": "fd00::/8"}, {"dst": "0.0.0.0/0"}]});
+        let r = CniResult::from_json(&ok).unwrap();
+        assert!(r.ips.is_empty() && r.interfaces.is_empty());
+        assert_eq!(r.routes.len(), 1);
     }
 
     /// Inputs the fuzz targets (fuzz/) found accepted or changed in silence.

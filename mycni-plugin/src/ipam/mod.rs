@@ -1,20 +1,33 @@
 //! IP address management: the built-in in-process IPAM (`mycni-ipam`), or
 //! delegation to an IPAM plugin binary found on CNI_PATH (e.g. `host-local`).
+//!
+//! The built-in IPAM's leases: `store` is the API and the on-disk layout, over
+//! `lock` (one locked call: the directory fd, the `flock`, naming a new
+//! lease), `lease` (what a lease file says), `dirfd` (the `*at` syscalls) and
+//! `range` (the addresses a config allows). `delegate` runs an IPAM plugin
+//! in the highest CNI version both sides speak.
 
+mod delegate;
+mod dirfd;
+mod lease;
+mod lock;
+pub mod range;
 pub mod store;
+#[cfg(test)]
+mod testutil;
 
 use std::collections::HashSet;
-use std::io::Write;
 use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::PathBuf;
 
+use mycni_common::net::Cidr;
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::config::{Env, NetConf};
 use crate::error::{CniError, Code, Result};
 use crate::types::{CniResult, IpConfig};
+use delegate::Delegate;
 use store::{LeaseStore, Range};
 
 /// `ipam.type` of the built-in IPAM, as the agent's conflist names it.
@@ -169,92 +182,10 @@ fn store_err(e: store::StoreError) -> CniError {
     CniError::new(code, e.to_string())
 }
 
-/// Finds the plugin binary `name` on CNI_PATH.
-pub fn find_plugin(path: &[PathBuf], name: &str) -> Result<PathBuf> {
-    path.iter()
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-        .ok_or_else(|| {
-            CniError::new(
-                Code::InvalidConfig,
-                format!(
-                    "IPAM plugin {name:?} not found in CNI_PATH ({})",
-                    path.iter()
-                        .map(|p| p.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(":")
-                ),
-            )
-        })
-}
-
-/// Runs a delegated plugin per the spec: same environment (with
-/// CNI_COMMAND set to `command`), the network config on stdin; returns its
-/// stdout on success, or its own error (code and message) on failure.
-pub fn exec_plugin(bin: &Path, command: &str, conf: &NetConf) -> Result<Vec<u8>> {
-    let mut child = Command::new(bin)
-        .env("CNI_COMMAND", command)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| {
-            CniError::new(
-                Code::Ipam,
-                format!("cannot run IPAM plugin {}: {e}", bin.display()),
-            )
-        })?;
-    if let Some(mut stdin) = child.stdin.take() {
-        // A plugin that exits without reading stdin gives EPIPE: its exit status says more.
-        let _ = stdin.write_all(&conf.raw);
-    }
-    let out = child
-        .wait_with_output()
-        .map_err(|e| CniError::new(Code::Ipam, format!("IPAM plugin {}: {e}", bin.display())))?;
-    if out.status.success() {
-        return Ok(out.stdout);
-    }
-    let name = bin
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let parsed: Option<Value> = serde_json::from_slice(&out.stdout).ok();
-    let msg = parsed
-        .as_ref()
-        .and_then(|v| v["msg"].as_str())
-        .map(str::to_string)
-        .unwrap_or_else(|| String::from_utf8_lossy(&out.stderr).trim().to_string());
-    let code = parsed
-        .as_ref()
-        .and_then(|v| v["code"].as_u64())
-        .and_then(code_from)
-        .unwrap_or(Code::Ipam);
-    Err(CniError::new(
-        code,
-        format!("IPAM plugin {name} {command} failed: {msg}"),
-    ))
-}
-
-fn code_from(n: u64) -> Option<Code> {
-    Some(match n {
-        1 => Code::IncompatibleVersion,
-        2 => Code::UnsupportedField,
-        3 => Code::UnknownContainer,
-        4 => Code::InvalidEnv,
-        5 => Code::Io,
-        6 => Code::Decode,
-        7 => Code::InvalidConfig,
-        11 => Code::TryAgainLater,
-        50 => Code::NotAvailable,
-        51 => Code::LimitedConnectivity,
-        _ => return None,
-    })
-}
-
 /// The IPAM a config selects.
 pub enum Ipam {
     Builtin(Builtin),
-    Delegate(PathBuf),
+    Delegate(Delegate),
 }
 
 impl Ipam {
@@ -264,7 +195,10 @@ impl Ipam {
             let ipam = conf.ipam.as_ref().ok_or_else(|| bad("no ipam section"))?;
             return Ok(Ipam::Builtin(Builtin::from_conf(ipam)?));
         }
-        Ok(Ipam::Delegate(find_plugin(&env.path, ty)?))
+        Ok(Ipam::Delegate(Delegate::new(
+            delegate::find_plugin(&env.path, ty)?,
+            conf,
+        )?))
     }
 
     /// ADD: one IPv4 address for the pod.
@@ -272,26 +206,31 @@ impl Ipam {
         match self {
             Ipam::Builtin(b) => {
                 let ip = b.add(&conf.name, &env.container_id, &env.ifname)?;
+                // The range's prefix was parsed as an IPv4 CIDR's.
+                let address = Cidr::new(ip, b.range.prefix).ok_or_else(|| {
+                    CniError::new(Code::Ipam, format!("{ip}/{} is not a CIDR", b.range.prefix))
+                })?;
                 Ok(IpConfig {
-                    address: ip,
-                    prefix: b.range.prefix,
+                    address,
                     gateway: None,
                     interface: None,
                 })
             }
-            Ipam::Delegate(bin) => {
-                let out = exec_plugin(bin, "ADD", conf)?;
+            Ipam::Delegate(d) => {
+                let out = d.exec("ADD", conf)?.unwrap_or_default();
                 let v: Value = serde_json::from_slice(&out).map_err(|e| {
                     CniError::new(
                         Code::Ipam,
-                        format!("IPAM plugin {} returned invalid JSON: {e}", bin.display()),
+                        format!("IPAM plugin {} returned invalid JSON: {e}", d.name()),
                     )
                 })?;
+                // Read in whichever version it answered in; the caller
+                // renders the pod's result in the runtime's version.
                 let r = CniResult::from_json(&v)?;
                 r.ips.into_iter().next().ok_or_else(|| {
                     CniError::new(
                         Code::Ipam,
-                        format!("IPAM plugin {} returned no IPv4 address", bin.display()),
+                        format!("IPAM plugin {} returned no IPv4 address", d.name()),
                     )
                 })
             }
@@ -304,7 +243,7 @@ impl Ipam {
             Ipam::Builtin(b) => b
                 .del(&conf.name, &env.container_id, &env.ifname, hint)
                 .map(|_| ()),
-            Ipam::Delegate(bin) => exec_plugin(bin, "DEL", conf).map(|_| ()),
+            Ipam::Delegate(d) => d.exec("DEL", conf).map(|_| ()),
         }
     }
 
@@ -320,21 +259,21 @@ impl Ipam {
                     ))
                 }
             }
-            Ipam::Delegate(bin) => exec_plugin(bin, "CHECK", conf).map(|_| ()),
+            Ipam::Delegate(d) => d.exec("CHECK", conf).map(|_| ()),
         }
     }
 
     pub fn status(&self, conf: &NetConf) -> Result<()> {
         match self {
             Ipam::Builtin(b) => b.status(&conf.name),
-            Ipam::Delegate(bin) => exec_plugin(bin, "STATUS", conf).map(|_| ()),
+            Ipam::Delegate(d) => d.exec("STATUS", conf).map(|_| ()),
         }
     }
 
     pub fn gc(&self, conf: &NetConf, keep: &HashSet<(String, String)>) -> Result<()> {
         match self {
             Ipam::Builtin(b) => b.gc(&conf.name, keep).map(|_| ()),
-            Ipam::Delegate(bin) => exec_plugin(bin, "GC", conf).map(|_| ()),
+            Ipam::Delegate(d) => d.exec("GC", conf).map(|_| ()),
         }
     }
 }

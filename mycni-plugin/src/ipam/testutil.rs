@@ -1,0 +1,72 @@
+//! Helpers the lease store's tests share across its modules.
+
+use std::collections::HashSet;
+use std::fs;
+use std::net::Ipv4Addr;
+
+use tempfile::TempDir;
+
+use super::lock::TMP_PREFIX;
+use super::range::Range;
+use super::store::LeaseStore;
+
+pub(super) const NONE: [Ipv4Addr; 0] = [];
+pub(super) const LAST_RESERVED_FILE: &str = "last_reserved_ip.0";
+
+pub(super) fn ip(s: &str) -> Ipv4Addr {
+    s.parse().unwrap()
+}
+
+pub(super) fn range(cidr: &str) -> Range {
+    let (net, prefix) = Range::parse_cidr(cidr).unwrap();
+    Range::new(net, prefix, None, None).unwrap()
+}
+
+pub(super) fn store() -> (TempDir, LeaseStore) {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = LeaseStore::open(tmp.path(), "net1").unwrap();
+    (tmp, store)
+}
+
+/// Names in the store directory that parse as IPs, sorted.
+pub(super) fn lease_files(store: &LeaseStore) -> Vec<Ipv4Addr> {
+    let mut v: Vec<Ipv4Addr> = fs::read_dir(store.dir())
+        .unwrap()
+        .filter_map(|e| e.unwrap().file_name().to_str()?.parse().ok())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Every name in the store directory, sorted.
+pub(super) fn names(store: &LeaseStore) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(store.dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+pub(super) fn tmp_files(store: &LeaseStore) -> Vec<String> {
+    fs::read_dir(store.dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(TMP_PREFIX))
+        .collect()
+}
+
+pub(super) fn write(store: &LeaseStore, name: &str, content: &[u8]) {
+    fs::write(store.dir().join(name), content).unwrap();
+}
+
+pub(super) fn read(store: &LeaseStore, name: &str) -> String {
+    fs::read_to_string(store.dir().join(name)).unwrap()
+}
+
+pub(super) fn keep(pairs: &[(&str, &str)]) -> HashSet<(String, String)> {
+    pairs
+        .iter()
+        .map(|(c, i)| (c.to_string(), i.to_string()))
+        .collect()
+}
