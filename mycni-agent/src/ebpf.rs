@@ -349,13 +349,132 @@ pub fn detach_all(pin_dir: &Path) -> Result<usize, DatapathError> {
     Ok(n)
 }
 
-fn open_map(pin_dir: &Path, name: &'static str) -> Result<aya::maps::Map, DatapathError> {
-    let path = pin_dir.join(name);
-    let data = MapData::from_pin(&path).map_err(|source| DatapathError::Map {
-        name,
-        path: path.clone(),
-        source,
-    })?;
+/// Where the fast path's maps are opened: under the directory the agent
+/// pinned them in, or by id, from the programs attached in this network
+/// namespace (what `inspect` finds when nobody tells it the directory).
+pub trait MapSource {
+    fn open_data(&self, name: &'static str) -> Result<MapData, aya::maps::MapError>;
+    /// Where `name` was looked for, for error messages.
+    fn locate(&self, name: &'static str) -> PathBuf;
+}
+
+impl MapSource for Path {
+    fn open_data(&self, name: &'static str) -> Result<MapData, aya::maps::MapError> {
+        MapData::from_pin(self.join(name))
+    }
+    fn locate(&self, name: &'static str) -> PathBuf {
+        self.join(name)
+    }
+}
+
+impl MapSource for PathBuf {
+    fn open_data(&self, name: &'static str) -> Result<MapData, aya::maps::MapError> {
+        self.as_path().open_data(name)
+    }
+    fn locate(&self, name: &'static str) -> PathBuf {
+        self.join(name)
+    }
+}
+
+/// The fast path as the kernel holds it in this network namespace: the
+/// mycni programs attached at TCX ingress of `vxlan.1`, of the underlay and
+/// of the pods' veths, and the maps they use, by id. Needs no bpffs path,
+/// and sees only this namespace's agent (a lab runs several on one kernel,
+/// each with its own pins).
+#[derive(Debug, Default)]
+pub struct AttachedMaps {
+    ids: BTreeMap<&'static str, u32>,
+    /// Every attachment found, in the order the devices were visited.
+    pub links: Vec<(Prog, u32)>,
+}
+
+impl AttachedMaps {
+    /// Starts at `vxlan` (its program uses the config, which names the
+    /// underlay, and the local endpoints, which name the pod veths), then
+    /// visits the underlay and every pod veth. None when no mycni program
+    /// is attached to `vxlan`.
+    pub fn discover(vxlan: u32) -> Result<Option<Self>, DatapathError> {
+        let mut found = Self::default();
+        found.visit(vxlan)?;
+        if found.links.is_empty() {
+            return Ok(None);
+        }
+        if let Ok(cfg) = read_config(&found)
+            && cfg.underlay_ifindex != 0
+        {
+            found.visit(cfg.underlay_ifindex)?;
+        }
+        // Every pod veth, so the attachments shown are all of them.
+        if let Ok(local) = read_local(&found) {
+            for ep in local.values() {
+                found.visit(ep.ifindex)?;
+            }
+        }
+        Ok(Some(found))
+    }
+
+    fn visit(&mut self, ifindex: u32) -> Result<(), DatapathError> {
+        let programs = match SchedClassifier::query_tcx(ifindex, TcAttachType::Ingress) {
+            Ok((_, programs)) => programs,
+            // A device gone since its index was read has nothing to show.
+            Err(_) => return Ok(()),
+        };
+        for info in programs {
+            // The kernel keeps 15 bytes of a program's name.
+            let Some(prog) = info.name_as_str().and_then(|n| {
+                Prog::ALL
+                    .into_iter()
+                    .find(|p| n.len() >= 14 && p.name().starts_with(n))
+            }) else {
+                continue;
+            };
+            self.links.push((prog, ifindex));
+            let ids = info
+                .map_ids()
+                .map_err(|source| DatapathError::Program {
+                    name: prog.name(),
+                    source,
+                })?
+                .unwrap_or_default();
+            for id in ids {
+                let Ok(map) = aya::maps::MapInfo::from_id(id) else {
+                    continue;
+                };
+                if let Some(name) = map
+                    .name_as_str()
+                    .and_then(|n| MAPS.iter().find(|m| **m == n))
+                {
+                    self.ids.insert(name, id);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl MapSource for AttachedMaps {
+    fn open_data(&self, name: &'static str) -> Result<MapData, aya::maps::MapError> {
+        let id = self
+            .ids
+            .get(name)
+            .ok_or_else(|| aya::maps::MapError::InvalidName {
+                name: format!("{name} (used by no attached mycni program)"),
+            })?;
+        MapData::from_id(*id)
+    }
+    fn locate(&self, name: &'static str) -> PathBuf {
+        match self.ids.get(name) {
+            Some(id) => PathBuf::from(format!("map id {id}")),
+            None => PathBuf::from("no attached program"),
+        }
+    }
+}
+
+fn open_map<S: MapSource + ?Sized>(
+    src: &S,
+    name: &'static str,
+) -> Result<aya::maps::Map, DatapathError> {
+    let data = src.open_data(name).map_err(map_err(src, name))?;
     Ok(match name {
         COUNTERS_MAP => aya::maps::Map::PerCpuArray(data),
         CONFIG_MAP => aya::maps::Map::Array(data),
@@ -364,8 +483,11 @@ fn open_map(pin_dir: &Path, name: &'static str) -> Result<aya::maps::Map, Datapa
     })
 }
 
-fn map_err(pin_dir: &Path, name: &'static str) -> impl Fn(aya::maps::MapError) -> DatapathError {
-    let path = pin_dir.join(name);
+fn map_err<S: MapSource + ?Sized>(
+    src: &S,
+    name: &'static str,
+) -> impl Fn(aya::maps::MapError) -> DatapathError + use<S> {
+    let path = src.locate(name);
     move |source| DatapathError::Map {
         name,
         path: path.clone(),
@@ -373,7 +495,7 @@ fn map_err(pin_dir: &Path, name: &'static str) -> impl Fn(aya::maps::MapError) -
     }
 }
 
-pub fn read_config(pin_dir: &Path) -> Result<DpConfig, DatapathError> {
+pub fn read_config<S: MapSource + ?Sized>(pin_dir: &S) -> Result<DpConfig, DatapathError> {
     let e = map_err(pin_dir, CONFIG_MAP);
     let a: Array<MapData, DpConfig> = open_map(pin_dir, CONFIG_MAP)?.try_into().map_err(&e)?;
     a.get(&0, 0).map_err(e)
@@ -396,7 +518,9 @@ pub struct SyncStats {
     pub total: usize,
 }
 
-pub fn read_remote(pin_dir: &Path) -> Result<BTreeMap<(Ipv4Addr, u8), RemoteNode>, DatapathError> {
+pub fn read_remote<S: MapSource + ?Sized>(
+    pin_dir: &S,
+) -> Result<BTreeMap<(Ipv4Addr, u8), RemoteNode>, DatapathError> {
     let e = map_err(pin_dir, REMOTE_MAP);
     let t: LpmTrie<MapData, [u8; 4], RemoteNode> =
         open_map(pin_dir, REMOTE_MAP)?.try_into().map_err(&e)?;
@@ -452,8 +576,8 @@ pub fn sync_remote(
 }
 
 /// Reads a hash map keyed by an IPv4 address.
-fn read_hash<V: aya::Pod>(
-    pin_dir: &Path,
+fn read_hash<V: aya::Pod, S: MapSource + ?Sized>(
+    pin_dir: &S,
     name: &'static str,
 ) -> Result<BTreeMap<Ipv4Addr, V>, DatapathError> {
     let e = map_err(pin_dir, name);
@@ -484,7 +608,9 @@ fn sync_hash<V: aya::Pod + PartialEq>(
     })
 }
 
-pub fn read_local(pin_dir: &Path) -> Result<BTreeMap<Ipv4Addr, LocalEndpoint>, DatapathError> {
+pub fn read_local<S: MapSource + ?Sized>(
+    pin_dir: &S,
+) -> Result<BTreeMap<Ipv4Addr, LocalEndpoint>, DatapathError> {
     read_hash(pin_dir, LOCAL_MAP)
 }
 
@@ -496,7 +622,9 @@ pub fn sync_local(
     sync_hash(pin_dir, LOCAL_MAP, want)
 }
 
-pub fn read_peers(pin_dir: &Path) -> Result<BTreeMap<Ipv4Addr, PeerNode>, DatapathError> {
+pub fn read_peers<S: MapSource + ?Sized>(
+    pin_dir: &S,
+) -> Result<BTreeMap<Ipv4Addr, PeerNode>, DatapathError> {
     read_hash(pin_dir, PEERS_MAP)
 }
 
@@ -511,7 +639,9 @@ pub fn sync_peers(
 /// Sums the per-CPU counters of the map pinned under `pin_dir`, one entry per
 /// path, in `DpPath::ALL` order. Works while no agent runs (what `inspect` and
 /// tests use).
-pub fn read_counters(pin_dir: &Path) -> Result<Vec<(DpPath, PathCounter)>, DatapathError> {
+pub fn read_counters<S: MapSource + ?Sized>(
+    pin_dir: &S,
+) -> Result<Vec<(DpPath, PathCounter)>, DatapathError> {
     let e = map_err(pin_dir, COUNTERS_MAP);
     let counters: PerCpuArray<MapData, PathCounter> =
         open_map(pin_dir, COUNTERS_MAP)?.try_into().map_err(&e)?;

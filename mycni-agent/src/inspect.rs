@@ -34,7 +34,6 @@ fn human(n: u64) -> String {
 
 /// Renders everything pinned under `pin_dir`.
 pub fn render(pin_dir: &Path) -> Result<String> {
-    let mut o = String::new();
     let cfg = match ebpf::read_config(pin_dir) {
         Ok(c) => c,
         Err(e) => {
@@ -44,7 +43,49 @@ pub fn render(pin_dir: &Path) -> Result<String> {
             ));
         }
     };
-    writeln!(o, "fast path pinned at {}", pin_dir.display())?;
+    let links = ebpf::pinned_links(pin_dir)?;
+    render_from(
+        pin_dir,
+        cfg,
+        &format!("fast path pinned at {}", pin_dir.display()),
+        &links,
+    )
+}
+
+/// Renders the fast path of this network namespace as the kernel holds
+/// it, found from the programs attached to `vxlan` (no bpffs path needed),
+/// or else what is pinned under `fallback`.
+pub fn render_attached(vxlan: &str, fallback: &Path) -> Result<String> {
+    let index = std::ffi::CString::new(vxlan)
+        .map(|c| {
+            // SAFETY: a NUL-terminated name; the call only reads it.
+            unsafe { libc::if_nametoindex(c.as_ptr()) }
+        })
+        .unwrap_or(0);
+    let found = if index == 0 {
+        None
+    } else {
+        ebpf::AttachedMaps::discover(index)?
+    };
+    let Some(found) = found else {
+        let pinned = render(fallback)?;
+        return Ok(format!(
+            "no mycni program attached to {vxlan} in this network namespace\n{pinned}"
+        ));
+    };
+    let cfg = ebpf::read_config(&found).context("reading mycni_config")?;
+    let header = format!("fast path attached to {vxlan} (ifindex {index}), maps found by id");
+    render_from(&found, cfg, &header, &found.links)
+}
+
+fn render_from<S: ebpf::MapSource + ?Sized>(
+    pin_dir: &S,
+    cfg: mycni_common::DpConfig,
+    header: &str,
+    links: &[(Prog, u32)],
+) -> Result<String> {
+    let mut o = String::new();
+    writeln!(o, "{header}")?;
     writeln!(
         o,
         "  vxlan: {} (ifindex {}), VTEP MAC {}",
@@ -78,9 +119,8 @@ pub fn render(pin_dir: &Path) -> Result<String> {
         cfg.udp_timeout_ms / 1000
     )?;
 
-    let links = ebpf::pinned_links(pin_dir)?;
     writeln!(o, "\nattached ({}):", links.len())?;
-    for (p, ifindex) in &links {
+    for (p, ifindex) in links {
         let hook = match p {
             Prog::FromPod => "pod veth ingress",
             Prog::FromVxlan => "vxlan ingress",
@@ -88,7 +128,7 @@ pub fn render(pin_dir: &Path) -> Result<String> {
         };
         writeln!(
             o,
-            "  {:<18} {:<16} ifindex {:<6} {hook}",
+            "  {:<20} {:<16} ifindex {:<6} {hook}",
             p.name(),
             ifname(*ifindex),
             ifindex

@@ -3,21 +3,10 @@
 //! by `reconcile`.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 
-use futures::{StreamExt, TryStreamExt, stream};
-use netlink_packet_route::AddressFamily;
-use netlink_packet_route::address::AddressAttribute;
-use netlink_packet_route::link::{
-    InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
-};
-use netlink_packet_route::neighbour::{
-    NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
-};
-use netlink_packet_route::route::{
-    RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope,
-};
-use rtnetlink::{Handle, LinkUnspec, LinkVxlan, RouteMessageBuilder};
+use futures::{StreamExt, stream};
+use mycni_common::netlink::{self, Link, Netlink, Route, VxlanConfig};
 use thiserror::Error;
 
 use crate::peers::{Cidr, Mac};
@@ -39,27 +28,10 @@ const CONCURRENCY: usize = 64;
 
 #[derive(Debug, Error)]
 pub enum KernelError {
-    #[error("netlink socket: {0}")]
-    Socket(std::io::Error),
-    #[error("{what}: {source}")]
-    Netlink {
-        what: String,
-        source: rtnetlink::Error,
-    },
+    #[error(transparent)]
+    Netlink(#[from] netlink::Error),
     #[error("{0}")]
     Other(String),
-}
-
-fn nl(what: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> KernelError {
-    let what = what.into();
-    move |source| KernelError::Netlink { what, source }
-}
-
-fn errno(e: &rtnetlink::Error) -> i32 {
-    match e {
-        rtnetlink::Error::NetlinkError(m) => -m.raw_code(),
-        _ => 0,
-    }
 }
 
 /// What the VXLAN device must look like.
@@ -88,49 +60,6 @@ pub struct Underlay {
     pub subnets: Vec<Cidr>,
 }
 
-#[derive(Debug, Clone)]
-pub struct LinkFacts {
-    pub index: u32,
-    pub name: String,
-    pub mac: Vec<u8>,
-    pub mtu: u32,
-    pub up: bool,
-    pub vxlan: Option<Vec<InfoVxlan>>,
-}
-
-fn facts(m: LinkMessage) -> LinkFacts {
-    let mut f = LinkFacts {
-        index: m.header.index,
-        name: String::new(),
-        mac: vec![],
-        mtu: 0,
-        up: m.header.flags.contains(LinkFlags::Up),
-        vxlan: None,
-    };
-    for a in m.attributes {
-        match a {
-            LinkAttribute::IfName(n) => f.name = n,
-            LinkAttribute::Address(a) => f.mac = a,
-            LinkAttribute::Mtu(x) => f.mtu = x,
-            LinkAttribute::LinkInfo(infos) => {
-                let mut is_vxlan = false;
-                for i in infos {
-                    match i {
-                        LinkInfo::Kind(InfoKind::Vxlan) => is_vxlan = true,
-                        LinkInfo::Data(InfoData::Vxlan(v)) => f.vxlan = Some(v),
-                        _ => {}
-                    }
-                }
-                if !is_vxlan {
-                    f.vxlan = None;
-                }
-            }
-            _ => {}
-        }
-    }
-    f
-}
-
 /// A pod on this node, as the fast path needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PodEndpoint {
@@ -141,57 +70,130 @@ pub struct PodEndpoint {
     pub pod_mac: Mac,
 }
 
+/// How the underlay interface is chosen (`--iface`, ConfigMap key
+/// `underlay`). The forms follow Calico's IP autodetection methods, the ones
+/// operators already know: an exact name, a name pattern, or the interface
+/// the node would use to reach an address.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum UnderlaySelect {
+    /// The interface of the default route.
+    #[default]
+    DefaultRoute,
+    /// Exactly this interface.
+    Name(String),
+    /// The first interface (lowest ifindex) whose name matches this glob
+    /// (`*`, `?`) and has an IPv4 address: `interface=eth*`.
+    Pattern(String),
+    /// The interface of the most specific route to this address:
+    /// `can-reach=192.168.1.1`.
+    CanReach(Ipv4Addr),
+}
+
+/// Linux's IFNAMSIZ less the terminating NUL.
+const MAX_IFNAME: usize = 15;
+
+impl std::str::FromStr for UnderlaySelect {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        let valid_name_chars = |n: &str| {
+            !n.is_empty()
+                && n.len() <= MAX_IFNAME
+                && !n.contains(['/', ':', '='])
+                && !n.chars().any(char::is_whitespace)
+        };
+        if let Some(glob) = s.strip_prefix("interface=") {
+            if !valid_name_chars(glob) {
+                return Err(format!(
+                    "interface={glob:?}: the pattern must be 1 to {MAX_IFNAME} characters of an interface name, with * and ? as wildcards"
+                ));
+            }
+            return Ok(Self::Pattern(glob.to_string()));
+        }
+        if let Some(addr) = s.strip_prefix("can-reach=") {
+            return addr
+                .parse::<Ipv4Addr>()
+                .map(Self::CanReach)
+                .map_err(|_| format!("can-reach={addr:?}: not an IPv4 address"));
+        }
+        if s.is_empty() || s == "default-route" {
+            return Ok(Self::DefaultRoute);
+        }
+        if !valid_name_chars(s) || s.contains(['*', '?']) {
+            return Err(format!(
+                "{s:?} is not an interface name; use a name (eth0), interface=<pattern> (interface=en*), can-reach=<IPv4 address> or default-route"
+            ));
+        }
+        Ok(Self::Name(s.to_string()))
+    }
+}
+
+impl std::fmt::Display for UnderlaySelect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::DefaultRoute => f.write_str("default-route"),
+            Self::Name(n) => f.write_str(n),
+            Self::Pattern(p) => write!(f, "interface={p}"),
+            Self::CanReach(a) => write!(f, "can-reach={a}"),
+        }
+    }
+}
+
+/// Shell-style matching of `*` (any run) and `?` (one character), enough
+/// for interface names; no character classes.
+pub fn glob_match(pattern: &str, name: &str) -> bool {
+    let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
+    let (mut pi, mut ni) = (0, 0);
+    // The last `*` seen and the name position it was tried at: on a
+    // mismatch, let that star swallow one more character.
+    let mut star: Option<(usize, usize)> = None;
+    while ni < n.len() {
+        match p.get(pi) {
+            Some('*') => {
+                star = Some((pi, ni));
+                pi += 1;
+            }
+            Some(c) if *c == '?' || *c == n[ni] => {
+                pi += 1;
+                ni += 1;
+            }
+            _ => match star {
+                Some((sp, sn)) => {
+                    pi = sp + 1;
+                    ni = sn + 1;
+                    star = Some((sp, sn + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    p[pi..].iter().all(|c| *c == '*')
+}
+
+/// The route `ip route get` would most likely pick for `to` without policy
+/// rules: the longest prefix that covers it among routes with a device.
+pub fn longest_match(routes: &[netlink::Route], to: Ipv4Addr) -> Option<&netlink::Route> {
+    routes
+        .iter()
+        .filter(|r| r.oif.is_some() && r.dst.contains(to))
+        .max_by_key(|r| r.dst.prefix())
+}
+
 pub struct Kernel {
-    handle: Handle,
+    nl: Netlink,
 }
 
 impl Kernel {
     /// A netlink handle in the calling thread's namespace; needs a tokio runtime.
     pub fn new() -> Result<Self, KernelError> {
-        let (conn, handle, _) = rtnetlink::new_connection().map_err(KernelError::Socket)?;
-        tokio::spawn(conn);
-        Ok(Self { handle })
+        Ok(Self {
+            nl: Netlink::current()?,
+        })
     }
 
-    pub async fn link(&self, name: &str) -> Result<Option<LinkFacts>, KernelError> {
-        let mut s = self
-            .handle
-            .link()
-            .get()
-            .match_name(name.to_string())
-            .execute();
-        match s.try_next().await {
-            Ok(m) => Ok(m.map(facts)),
-            Err(e) if errno(&e) == libc::ENODEV => Ok(None),
-            Err(e) => Err(nl(format!("looking up {name}"))(e)),
-        }
-    }
-
-    async fn link_by_index(&self, index: u32) -> Result<Option<LinkFacts>, KernelError> {
-        let mut s = self.handle.link().get().match_index(index).execute();
-        match s.try_next().await {
-            Ok(m) => Ok(m.map(facts)),
-            Err(e) if errno(&e) == libc::ENODEV => Ok(None),
-            Err(e) => Err(nl(format!("looking up link {index}"))(e)),
-        }
-    }
-
-    pub async fn ipv4_addrs(&self, index: u32) -> Result<Vec<(Ipv4Addr, u8)>, KernelError> {
-        let mut out = vec![];
-        let mut s = self
-            .handle
-            .address()
-            .get()
-            .set_link_index_filter(index)
-            .execute();
-        while let Some(m) = s.try_next().await.map_err(nl("listing addresses"))? {
-            for a in &m.attributes {
-                if let AddressAttribute::Address(IpAddr::V4(ip)) = a {
-                    out.push((*ip, m.header.prefix_len));
-                }
-            }
-        }
-        Ok(out)
+    pub async fn link(&self, name: &str) -> Result<Option<Link>, KernelError> {
+        Ok(self.nl.link_by_name(name).await?)
     }
 
     /// The underlay: `name` if given, else the interface of the default route.
@@ -201,44 +203,38 @@ impl Kernel {
                 KernelError::Other(format!("underlay interface {n} does not exist"))
             })?,
             None => {
-                let mut oif = None;
-                let req = RouteMessageBuilder::<Ipv4Addr>::new().build();
-                let mut s = self.handle.route().get(req).execute();
-                while let Some(m) = s.try_next().await.map_err(nl("listing routes"))? {
-                    if m.header.destination_prefix_length == 0 {
-                        oif = m.attributes.iter().find_map(|a| match a {
-                            RouteAttribute::Oif(i) => Some(*i),
-                            _ => None,
-                        });
-                        if oif.is_some() {
-                            break;
-                        }
-                    }
-                }
-                let oif = oif.ok_or_else(|| {
-                    KernelError::Other(
-                        "no default route to pick the underlay interface from; pass --iface".into(),
-                    )
-                })?;
-                self.link_by_index(oif).await?.ok_or_else(|| {
+                let oif = self
+                    .nl
+                    .ipv4_routes()
+                    .await?
+                    .into_iter()
+                    .find(|r| r.dst.prefix() == 0 && r.oif.is_some())
+                    .and_then(|r| r.oif)
+                    .ok_or_else(|| {
+                        KernelError::Other(
+                            "no default route to pick the underlay interface from; pass --iface"
+                                .into(),
+                        )
+                    })?;
+                self.nl.link_by_index(oif).await?.ok_or_else(|| {
                     KernelError::Other(format!("default route's interface {oif} vanished"))
                 })?
             }
         };
-        let addrs: Vec<(Ipv4Addr, u8)> = self
-            .ipv4_addrs(link.index)
+        let addrs: Vec<Cidr> = self
+            .nl
+            .ipv4_addresses(link.index)
             .await?
             .into_iter()
-            .filter(|(ip, _)| !ip.is_loopback() && !ip.is_link_local())
+            .filter(|c| !c.addr().is_loopback() && !c.addr().is_link_local())
             .collect();
-        let ip = addrs.first().map(|(ip, _)| *ip).ok_or_else(|| {
+        let ip = addrs.first().map(|c| c.addr()).ok_or_else(|| {
             KernelError::Other(format!("underlay {} has no IPv4 address", link.name))
         })?;
         let subnets = addrs
             .iter()
-            .filter(|(_, prefix)| *prefix < 32)
-            // An IPv4 address's prefix is below 32 here: none is dropped.
-            .filter_map(|&(addr, prefix)| Cidr::new(addr, prefix).map(Cidr::trunc))
+            .filter(|c| c.prefix() < 32)
+            .map(|c| c.trunc())
             .collect();
         Ok(Underlay {
             name: link.name,
@@ -247,6 +243,47 @@ impl Kernel {
             mtu: link.mtu,
             subnets,
         })
+    }
+
+    /// The underlay as `how` selects it.
+    pub async fn select_underlay(&self, how: &UnderlaySelect) -> Result<Underlay, KernelError> {
+        match how {
+            UnderlaySelect::DefaultRoute => self.underlay(None).await,
+            UnderlaySelect::Name(n) => self.underlay(Some(n)).await,
+            UnderlaySelect::Pattern(p) => {
+                let mut links = self.nl.links().await?;
+                links.sort_by_key(|l| l.index);
+                for l in links {
+                    // Our own devices and the pods' veths are never the
+                    // underlay, whatever a broad pattern says.
+                    if l.vxlan.is_some()
+                        || l.alias.as_deref().is_some_and(is_pod_veth)
+                        || !glob_match(p, &l.name)
+                    {
+                        continue;
+                    }
+                    match self.underlay(Some(&l.name)).await {
+                        Ok(u) => return Ok(u),
+                        // No IPv4 address (yet): not a candidate.
+                        Err(KernelError::Other(_)) => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(KernelError::Other(format!(
+                    "no interface matching {p} has an IPv4 address"
+                )))
+            }
+            UnderlaySelect::CanReach(to) => {
+                let routes = self.nl.ipv4_routes().await?;
+                let oif = longest_match(&routes, *to)
+                    .and_then(|r| r.oif)
+                    .ok_or_else(|| KernelError::Other(format!("no route reaches {to}")))?;
+                let link = self.nl.link_by_index(oif).await?.ok_or_else(|| {
+                    KernelError::Other(format!("the interface {oif} of the route to {to} vanished"))
+                })?;
+                self.underlay(Some(&link.name)).await
+            }
+        }
     }
 
     /// Creates the VXLAN device, or adopts an existing one and corrects what
@@ -262,31 +299,24 @@ impl Kernel {
             other => {
                 if let Some(l) = other {
                     tracing::warn!(device = %spec.name, "existing device differs from the wanted VXLAN setup; recreating it");
-                    self.handle
-                        .link()
-                        .del(l.index)
-                        .execute()
-                        .await
-                        .map_err(nl(format!("deleting {}", spec.name)))?;
+                    self.nl.delete_link(l.index).await?;
                 }
-                let msg = LinkVxlan::new(&spec.name, spec.vni)
-                    .dev(spec.underlay_index)
-                    .local(spec.local_ip)
-                    .port(spec.port)
-                    .learning(false)
-                    // No outer UDP checksum (the IPv4 default, made explicit):
-                    // the tc encapsulation sends none either, and both paths
-                    // must put the same bytes on the wire.
-                    .udp_csum(false)
-                    .mtu(spec.mtu)
-                    .address(spec.mac.0.to_vec())
-                    .build();
-                self.handle
-                    .link()
-                    .add(msg)
-                    .execute()
-                    .await
-                    .map_err(nl(format!("creating {}", spec.name)))?;
+                self.nl
+                    .create_vxlan(&VxlanConfig {
+                        name: &spec.name,
+                        vni: spec.vni,
+                        dev: spec.underlay_index,
+                        local: spec.local_ip,
+                        port: spec.port,
+                        learning: false,
+                        // No outer UDP checksum (the IPv4 default, made
+                        // explicit): the tc encapsulation sends none either,
+                        // and both paths must put the same bytes on the wire.
+                        udp_csum: false,
+                        mtu: spec.mtu,
+                        mac: spec.mac,
+                    })
+                    .await?;
                 created = true;
                 self.link(&spec.name)
                     .await?
@@ -297,39 +327,21 @@ impl Kernel {
             }
         };
         let l = self
+            .nl
             .link_by_index(index)
             .await?
             .ok_or_else(|| KernelError::Other(format!("{} vanished", spec.name)))?;
         if l.mac != spec.mac.0 || l.mtu != spec.mtu || !l.up {
-            self.handle
-                .link()
-                .set(
-                    LinkUnspec::new_with_index(index)
-                        .address(spec.mac.0.to_vec())
-                        .mtu(spec.mtu)
-                        .up()
-                        .build(),
-                )
-                .execute()
-                .await
-                .map_err(nl(format!("setting {} up", spec.name)))?;
+            self.nl
+                .set_mac_mtu_and_up(index, spec.mac, spec.mtu)
+                .await?;
         }
-        let addrs = self.ipv4_addrs(index).await?;
-        if !addrs.contains(&(spec.address, 32)) {
-            match self
-                .handle
-                .address()
-                .add(index, IpAddr::V4(spec.address), 32)
-                .execute()
-                .await
-            {
-                Ok(()) => {}
-                Err(e) if errno(&e) == libc::EEXIST => {}
-                Err(e) => {
-                    return Err(nl(format!("adding {}/32 to {}", spec.address, spec.name))(
-                        e,
-                    ));
-                }
+        let address = Cidr::new(spec.address, 32)
+            .ok_or_else(|| KernelError::Other(format!("{}/32 is not a CIDR", spec.address)))?;
+        if !self.nl.ipv4_addresses(index).await?.contains(&address) {
+            match self.nl.add_address(index, address).await {
+                Err(e) if !e.is_exists() => return Err(e.into()),
+                _ => {}
             }
         }
         Ok((index, created))
@@ -343,69 +355,30 @@ impl Kernel {
     /// leave by; 0 when direct routing is off, so any such route is stale.
     pub async fn dump(&self, vxlan: u32, underlay: u32) -> Result<OverlayState, KernelError> {
         let mut s = OverlayState::default();
-        let req = RouteMessageBuilder::<Ipv4Addr>::new().build();
-        let mut routes = self.handle.route().get(req).execute();
-        while let Some(m) = routes.try_next().await.map_err(nl("listing routes"))? {
-            if m.header.protocol != RouteProtocol::Other(RTPROT_MYCNI_AGENT) {
+        for r in self.nl.routes_by_protocol(RTPROT_MYCNI_AGENT).await? {
+            // The agent makes no default route (and no route without a
+            // gateway): such a route with its protocol is not one of its.
+            let Some(g) = r.gateway.filter(|_| r.dst.prefix() != 0) else {
                 continue;
-            }
-            let (mut dst, mut gw, mut oif) = (None, None, None);
-            for a in &m.attributes {
-                match a {
-                    RouteAttribute::Destination(RouteAddress::Inet(d)) => dst = Some(*d),
-                    RouteAttribute::Gateway(RouteAddress::Inet(g)) => gw = Some(*g),
-                    RouteAttribute::Oif(i) => oif = Some(*i),
-                    _ => {}
-                }
-            }
-            // An IPv4 route's prefix is at most 32, so `Cidr::new` drops none.
-            if let (Some(d), Some(g)) = (dst, gw)
-                && let Some(c) = Cidr::new(d, m.header.destination_prefix_length)
-            {
-                let dev = if reconcile::via_vxlan(c, g) {
-                    vxlan
-                } else {
-                    underlay
-                };
-                if dev != 0 && oif == Some(dev) {
-                    s.routes.insert(c, g);
-                } else {
-                    // Ours, but on a device that is gone or replaced: stale.
-                    s.routes.insert(c, Ipv4Addr::UNSPECIFIED);
-                }
+            };
+            let dev = if reconcile::via_vxlan(r.dst, g) {
+                vxlan
+            } else {
+                underlay
+            };
+            if dev != 0 && r.oif == Some(dev) {
+                s.routes.insert(r.dst, g);
+            } else {
+                // Ours, but on a device that is gone or replaced: stale.
+                s.routes.insert(r.dst, Ipv4Addr::UNSPECIFIED);
             }
         }
-        let mut neighs = self
-            .handle
-            .neighbours()
-            .get()
-            .set_address_family(AddressFamily::Inet)
-            .execute();
-        while let Some(m) = neighs.try_next().await.map_err(nl("listing neighbours"))? {
-            if m.header.ifindex != vxlan || !is_permanent(m.header.state) {
-                continue;
-            }
-            if let (Some(ip), Some(mac)) = neigh_ip_mac(&m) {
-                s.neighbours.insert(ip, mac);
-            }
+        for n in self.nl.permanent_neighbours(vxlan).await? {
+            s.neighbours.insert(n.ip, n.mac);
         }
-        let mut fdb = self
-            .handle
-            .neighbours()
-            .get()
-            .set_address_family(AddressFamily::Bridge)
-            .execute();
-        while let Some(m) = fdb.try_next().await.map_err(nl("listing FDB"))? {
-            if m.header.ifindex != vxlan
-                || !is_permanent(m.header.state)
-                || !m.header.flags.contains(NeighbourFlags::Own)
-            {
-                continue;
-            }
-            if let (Some(ip), Some(mac)) = neigh_ip_mac(&m)
-                && mac != Mac::ZERO
-            {
-                s.fdb.insert(mac, ip);
+        for e in self.nl.fdb_entries(vxlan).await? {
+            if let Some(ip) = e.dst {
+                s.fdb.insert(e.mac, ip);
             }
         }
         Ok(s)
@@ -431,7 +404,12 @@ impl Kernel {
             }
             for phase in phases {
                 let results: Vec<Result<(), KernelError>> = stream::iter(phase)
-                    .map(|a| self.apply_one(vxlan, underlay, a))
+                    .map(|a| {
+                        crate::metrics::netlink_timed(
+                            crate::metrics::NetlinkOp::of(a),
+                            self.apply_one(vxlan, underlay, a),
+                        )
+                    })
                     .buffer_unordered(CONCURRENCY)
                     .collect()
                     .await;
@@ -446,81 +424,42 @@ impl Kernel {
         failed
     }
 
+    /// One action; deleting what is already gone is success.
     async fn apply_one(&self, vxlan: u32, underlay: u32, a: &Action) -> Result<(), KernelError> {
-        let gone =
-            |e: &rtnetlink::Error| matches!(errno(e), libc::ENOENT | libc::ESRCH | libc::ENODEV);
-        match a {
+        let nl = &self.nl;
+        let r = match a {
             Action::SetRoute(c, gw) => {
-                let msg = if reconcile::via_vxlan(*c, *gw) {
-                    route_msg(*c, Some(*gw), vxlan)
+                let route = if reconcile::via_vxlan(*c, *gw) {
+                    // The gateway (the peer's podCIDR.0) is on no subnet of ours.
+                    Route {
+                        dst: *c,
+                        gateway: Some(*gw),
+                        oif: Some(vxlan).filter(|i| *i != 0),
+                        protocol: RTPROT_MYCNI_AGENT,
+                        onlink: true,
+                    }
                 } else {
-                    direct_route_msg(*c, *gw, underlay)
+                    // A peer's podCIDR straight to its host IP on the
+                    // underlay (direct routing).
+                    Route {
+                        dst: *c,
+                        gateway: Some(*gw),
+                        oif: Some(underlay),
+                        protocol: RTPROT_MYCNI_AGENT,
+                        onlink: false,
+                    }
                 };
-                self.handle
-                    .route()
-                    .add(msg)
-                    .replace()
-                    .execute()
-                    .await
-                    .map_err(nl(format!("route {c} via {gw}")))
+                nl.replace_route(route).await
             }
-            Action::DelRoute(c) => {
-                // The dumped route may sit on a dead device: match by
-                // destination and protocol only.
-                let mut msg = route_msg(*c, None, 0);
-                msg.attributes
-                    .retain(|a| !matches!(a, RouteAttribute::Oif(_)));
-                msg.header.scope = RouteScope::NoWhere;
-                match self.handle.route().del(msg).execute().await {
-                    Err(e) if !gone(&e) => Err(nl(format!("deleting route {c}"))(e)),
-                    _ => Ok(()),
-                }
-            }
-            Action::SetNeighbour(ip, mac) => self
-                .handle
-                .neighbours()
-                .add(vxlan, IpAddr::V4(*ip))
-                .link_layer_address(&mac.0)
-                .state(NeighbourState::Permanent)
-                .replace()
-                .execute()
-                .await
-                .map_err(nl(format!("neighbour {ip}"))),
-            Action::DelNeighbour(ip) => {
-                let mut m = NeighbourMessage::default();
-                m.header.family = AddressFamily::Inet;
-                m.header.ifindex = vxlan;
-                m.attributes
-                    .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(*ip)));
-                match self.handle.neighbours().del(m).execute().await {
-                    Err(e) if !gone(&e) => Err(nl(format!("deleting neighbour {ip}"))(e)),
-                    _ => Ok(()),
-                }
-            }
-            Action::SetFdb(mac, ip) => self
-                .handle
-                .neighbours()
-                .add_bridge(vxlan, &mac.0)
-                .destination(IpAddr::V4(*ip))
-                .flags(NeighbourFlags::Own)
-                .state(NeighbourState::Permanent)
-                .replace()
-                .execute()
-                .await
-                .map_err(nl(format!("fdb {mac}"))),
-            Action::DelFdb(mac) => {
-                let mut m = NeighbourMessage::default();
-                m.header.family = AddressFamily::Bridge;
-                m.header.ifindex = vxlan;
-                m.header.flags = NeighbourFlags::Own;
-                m.attributes
-                    .push(NeighbourAttribute::LinkLayerAddress(mac.0.to_vec()));
-                match self.handle.neighbours().del(m).execute().await {
-                    Err(e) if !gone(&e) => Err(nl(format!("deleting fdb {mac}"))(e)),
-                    _ => Ok(()),
-                }
-            }
-        }
+            // The dumped route may sit on a dead device: match by
+            // destination and protocol only.
+            Action::DelRoute(c) => nl.delete_route(*c, RTPROT_MYCNI_AGENT).await,
+            Action::SetNeighbour(ip, mac) => nl.replace_permanent_neighbour(vxlan, *ip, *mac).await,
+            Action::DelNeighbour(ip) => nl.delete_neighbour(vxlan, *ip).await,
+            Action::SetFdb(mac, ip) => nl.replace_fdb_entry(vxlan, *mac, *ip).await,
+            Action::DelFdb(mac) => nl.delete_fdb_entry(vxlan, *mac).await,
+        };
+        Ok(r?)
     }
 
     /// The pods on this node as the kernel holds them: every /32 host route
@@ -533,71 +472,38 @@ impl Kernel {
             peer: Option<(u32, i32)>,
         }
         let mut veths: BTreeMap<u32, Veth> = BTreeMap::new();
-        let mut links = self.handle.link().get().execute();
-        while let Some(m) = links.try_next().await.map_err(nl("listing links"))? {
-            let (mut alias, mut mac, mut peer_index, mut nsid) = (false, None, None, None);
-            for a in &m.attributes {
-                match a {
-                    LinkAttribute::IfAlias(x) => alias = is_pod_veth(x),
-                    LinkAttribute::Address(a) => {
-                        if let Ok(x) = Mac::try_from(a.as_slice()) {
-                            mac = Some(x);
-                        }
-                    }
-                    LinkAttribute::Link(i) => peer_index = Some(*i),
-                    LinkAttribute::LinkNetNsId(n) => nsid = Some(*n),
-                    _ => {}
-                }
+        for l in self.nl.links().await? {
+            if !l.alias.as_deref().is_some_and(is_pod_veth) {
+                continue;
             }
-            if let (true, Some(mac)) = (alias, mac) {
+            if let Some(mac) = l.ethernet_mac() {
                 veths.insert(
-                    m.header.index,
+                    l.index,
                     Veth {
                         mac,
-                        peer: peer_index.zip(nsid),
+                        peer: l.peer_index.zip(l.peer_netns_id),
                     },
                 );
             }
         }
+        let pods: Vec<(Ipv4Addr, u32)> = self
+            .nl
+            .routes_by_protocol(RTPROT_MYCNI_PLUGIN)
+            .await?
+            .into_iter()
+            .filter(|r| r.dst.prefix() == 32)
+            .filter_map(|r| Some((r.dst.addr(), r.oif?)))
+            .collect();
         let mut out = BTreeMap::new();
-        let req = RouteMessageBuilder::<Ipv4Addr>::new().build();
-        let mut routes = self.handle.route().get(req).execute();
-        let mut pods = vec![];
-        while let Some(m) = routes.try_next().await.map_err(nl("listing routes"))? {
-            if m.header.protocol != RouteProtocol::Other(RTPROT_MYCNI_PLUGIN)
-                || m.header.destination_prefix_length != 32
-            {
-                continue;
-            }
-            let (mut dst, mut oif) = (None, None);
-            for a in &m.attributes {
-                match a {
-                    RouteAttribute::Destination(RouteAddress::Inet(d)) => dst = Some(*d),
-                    RouteAttribute::Oif(i) => oif = Some(*i),
-                    _ => {}
-                }
-            }
-            if let (Some(ip), Some(oif)) = (dst, oif) {
-                pods.push((ip, oif));
-            }
-        }
         for (ip, oif) in pods {
             let Some(v) = veths.get(&oif) else { continue };
             let Some((peer, nsid)) = v.peer else { continue };
-            let mut req = self.handle.link().get().match_index(peer);
-            req.message_mut()
-                .attributes
-                .push(LinkAttribute::IfNetnsId(nsid));
-            let pod_mac = match req.execute().try_next().await {
-                Ok(Some(m)) => m.attributes.iter().find_map(|a| match a {
-                    LinkAttribute::Address(a) => Mac::try_from(a.as_slice()).ok(),
-                    _ => None,
-                }),
-                // The pod's netns is going away: no endpoint.
-                Ok(None) => None,
-                Err(e) if errno(&e) == libc::ENODEV || errno(&e) == libc::EINVAL => None,
-                Err(e) => return Err(nl(format!("looking up the peer of link {oif}"))(e)),
-            };
+            // None: the pod's netns is going away, and so is the endpoint.
+            let pod_mac = self
+                .nl
+                .link_in_peer_netns(nsid, peer)
+                .await?
+                .and_then(|l| l.ethernet_mac());
             if let Some(pod_mac) = pod_mac {
                 out.insert(
                     ip,
@@ -613,95 +519,104 @@ impl Kernel {
     }
 
     pub async fn del_link(&self, index: u32) -> Result<(), KernelError> {
-        match self.handle.link().del(index).execute().await {
-            Err(e) if errno(&e) != libc::ENODEV => Err(nl("deleting link")(e)),
-            _ => Ok(()),
-        }
+        Ok(self.nl.delete_link(index).await?)
     }
 }
 
-/// A peer's podCIDR straight to its host IP on the underlay (direct routing).
-fn direct_route_msg(c: Cidr, host: Ipv4Addr, underlay: u32) -> RouteMessage {
-    RouteMessageBuilder::<Ipv4Addr>::new()
-        .destination_prefix(c.addr(), c.prefix())
-        .protocol(RouteProtocol::Other(RTPROT_MYCNI_AGENT))
-        .output_interface(underlay)
-        .gateway(host)
-        .build()
-}
-
-fn route_msg(c: Cidr, gw: Option<Ipv4Addr>, oif: u32) -> RouteMessage {
-    let mut b = RouteMessageBuilder::<Ipv4Addr>::new()
-        .destination_prefix(c.addr(), c.prefix())
-        .protocol(RouteProtocol::Other(RTPROT_MYCNI_AGENT));
-    if oif != 0 {
-        b = b.output_interface(oif);
-    }
-    if let Some(g) = gw {
-        // The gateway (the peer's podCIDR.0) is on no subnet of ours.
-        b = b.gateway(g).onlink();
-    }
-    b.build()
-}
-
-/// NUD_PERMANENT, alone or combined: a new vxlan FDB entry reports
-/// PERMANENT|NOARP, which the enum only has as `Other(0xc0)`.
-fn is_permanent(state: NeighbourState) -> bool {
-    const NUD_PERMANENT: u16 = 0x80;
-    match state {
-        NeighbourState::Permanent => true,
-        NeighbourState::Other(v) => v & NUD_PERMANENT != 0,
-        _ => false,
-    }
-}
-
-fn neigh_ip_mac(m: &NeighbourMessage) -> (Option<Ipv4Addr>, Option<Mac>) {
-    let mut ip = None;
-    let mut mac = None;
-    for a in &m.attributes {
-        match a {
-            NeighbourAttribute::Destination(NeighbourAddress::Inet(d)) => ip = Some(*d),
-            // In AF_BRIDGE (FDB) messages the parser cannot tell the
-            // destination's family and leaves the raw bytes.
-            NeighbourAttribute::Destination(NeighbourAddress::Other(b)) if b.len() == 4 => {
-                ip = Some(Ipv4Addr::new(b[0], b[1], b[2], b[3]));
-            }
-            NeighbourAttribute::LinkLayerAddress(l) => {
-                if let Ok(x) = Mac::try_from(l.as_slice()) {
-                    mac = Some(x);
-                }
-            }
-            _ => {}
-        }
-    }
-    (ip, mac)
-}
-
-fn vxlan_matches(l: &LinkFacts, spec: &VxlanSpec) -> bool {
-    let Some(info) = &l.vxlan else {
+fn vxlan_matches(l: &Link, spec: &VxlanSpec) -> bool {
+    let Some(v) = &l.vxlan else {
         return false;
     };
-    let mut id = None;
-    let mut local = None;
-    let mut port = None;
-    let mut learning = None;
-    let mut link = None;
-    let mut udp_csum = None;
-    for i in info {
-        match i {
-            InfoVxlan::Id(x) => id = Some(*x),
-            InfoVxlan::Local(x) => local = Some(*x),
-            InfoVxlan::Port(x) => port = Some(*x),
-            InfoVxlan::Learning(x) => learning = Some(*x),
-            InfoVxlan::Link(x) => link = Some(*x),
-            InfoVxlan::UDPCsum(x) => udp_csum = Some(*x),
-            _ => {}
+    v.vni == Some(spec.vni)
+        && v.local == Some(spec.local_ip)
+        && v.port == Some(spec.port)
+        && v.learning == Some(false)
+        && v.dev == Some(spec.underlay_index)
+        && v.udp_csum != Some(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn underlay_selection_parses_each_form() {
+        let parse = |s: &str| s.parse::<UnderlaySelect>();
+        assert_eq!(parse("eth0"), Ok(UnderlaySelect::Name("eth0".into())));
+        assert_eq!(parse(""), Ok(UnderlaySelect::DefaultRoute));
+        assert_eq!(parse("default-route"), Ok(UnderlaySelect::DefaultRoute));
+        assert_eq!(
+            parse("interface=en*"),
+            Ok(UnderlaySelect::Pattern("en*".into()))
+        );
+        assert_eq!(
+            parse("can-reach=192.168.1.1"),
+            Ok(UnderlaySelect::CanReach(Ipv4Addr::new(192, 168, 1, 1)))
+        );
+        for bad in [
+            "can-reach=example.com",
+            "can-reach=10.0.0.0/8",
+            "interface=",
+            "eth*",
+            "a-name-longer-than-15",
+            "eth 0",
+            "first-found=1",
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} accepted");
+        }
+        for s in [
+            "eth0",
+            "interface=en*",
+            "can-reach=10.0.0.1",
+            "default-route",
+        ] {
+            assert_eq!(parse(s).map(|u| u.to_string()).as_deref(), Ok(s));
         }
     }
-    id == Some(spec.vni)
-        && local == Some(spec.local_ip)
-        && port == Some(spec.port)
-        && learning == Some(false)
-        && link == Some(spec.underlay_index)
-        && udp_csum != Some(true)
+
+    #[test]
+    fn glob_matches_like_a_shell() {
+        for (p, n, want) in [
+            ("eth*", "eth0", true),
+            ("eth*", "eth", true),
+            ("eth*", "ens3", false),
+            ("en*", "enp0s3", true),
+            ("e?h0", "eth0", true),
+            ("*0", "bond0", true),
+            ("*0", "bond1", false),
+            ("*", "anything", true),
+            ("a*b*c", "axxbyyc", true),
+            ("a*b*c", "axxbyy", false),
+            ("eth0", "eth0", true),
+            ("eth0", "eth01", false),
+        ] {
+            assert_eq!(glob_match(p, n), want, "{p} vs {n}");
+        }
+    }
+
+    #[test]
+    fn can_reach_takes_the_longest_prefix_with_a_device() {
+        let r = |dst: &str, oif: Option<u32>| netlink::Route {
+            dst: dst.parse().expect("cidr"),
+            gateway: None,
+            oif,
+            protocol: 0,
+            onlink: false,
+        };
+        let routes = [
+            r("0.0.0.0/0", Some(2)),
+            r("192.168.0.0/16", Some(3)),
+            r("192.168.7.0/24", None),
+            r("192.168.1.0/24", Some(4)),
+        ];
+        let via = |a: [u8; 4]| longest_match(&routes, Ipv4Addr::from(a)).and_then(|r| r.oif);
+        assert_eq!(via([192, 168, 1, 9]), Some(4));
+        assert_eq!(
+            via([192, 168, 7, 9]),
+            Some(3),
+            "a route without a device is skipped"
+        );
+        assert_eq!(via([8, 8, 8, 8]), Some(2));
+        assert_eq!(longest_match(&routes[1..], Ipv4Addr::new(8, 8, 8, 8)), None);
+    }
 }

@@ -1,14 +1,15 @@
 //! `mycni-agent`: the mycni node agent (DaemonSet).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use mycni_agent::agent::{self, Config};
+use mycni_agent::agent::{self, Config, RunOptions};
 use mycni_agent::fastpath::Mode;
+use mycni_agent::kernel::UnderlaySelect;
 use mycni_agent::metrics::Metrics;
 use mycni_agent::peers::Cidr;
 use mycni_common::contract::{
@@ -42,12 +43,21 @@ enum Cmd {
     /// Print the fast path's pinned state: attachments, peers, local
     /// endpoints and counters (works while the agent is down).
     Inspect {
-        /// bpffs mount; the state lives under <bpffs>/mycni.
-        #[arg(long, env = "MYCNI_BPFFS", default_value = "/sys/fs/bpf")]
-        bpffs: PathBuf,
+        /// bpffs mount; the state lives under <bpffs>/mycni. Without it,
+        /// the state is found from the programs attached to the VXLAN
+        /// device of this network namespace (else /sys/fs/bpf/mycni).
+        #[arg(long, env = "MYCNI_BPFFS")]
+        bpffs: Option<PathBuf>,
+        /// The VXLAN device whose programs lead to the maps.
+        #[arg(long, default_value = DEFAULT_VXLAN_DEVICE)]
+        vxlan_device: String,
     },
     /// Remove the conflist, ready marker, masquerade rules, the fast path and the VXLAN device.
     Uninstall(RunArgs),
+    /// Check the configuration (flags, and the environment the ConfigMap
+    /// fills) as `run` would, print it, and exit: a bad value fails here
+    /// with the setting's name, before a rollout.
+    CheckConfig(RunArgs),
 }
 
 #[derive(Args, Clone)]
@@ -66,9 +76,16 @@ struct RunArgs {
     /// The cluster's pod CIDR (kube-controller-manager --cluster-cidr).
     #[arg(long, env = "MYCNI_CLUSTER_CIDR", default_value = "10.244.0.0/16", value_parser = parse_cidr)]
     cluster_cidr: Cidr,
-    /// Underlay interface; default: the interface of the default route.
-    #[arg(long, env = "MYCNI_IFACE")]
-    iface: Option<String>,
+    /// The underlay interface: a name (`eth0`), `interface=<glob>` (the
+    /// first interface whose name matches and has an IPv4 address),
+    /// `can-reach=<IPv4>` (the interface of the route to that address), or
+    /// `default-route` (the default: the interface of the default route).
+    #[arg(long, env = "MYCNI_IFACE", default_value = "default-route", value_parser = parse_underlay)]
+    iface: UnderlaySelect,
+    /// The overlay MTU (vxlan.1 and the pods' eth0), or `auto`: the
+    /// underlay's MTU less the 50 bytes of VXLAN.
+    #[arg(long, env = "MYCNI_MTU", default_value = "auto", value_parser = parse_mtu)]
+    mtu: MtuSetting,
     #[arg(long, default_value = DEFAULT_VXLAN_DEVICE)]
     vxlan_name: String,
     #[arg(long, default_value_t = DEFAULT_VNI)]
@@ -92,13 +109,18 @@ struct RunArgs {
     #[arg(long, env = "MYCNI_PROC_SYS", default_value = "/host/proc/sys")]
     proc_sys: PathBuf,
     /// /metrics, /healthz, /readyz; "off" disables.
-    #[arg(long, env = "MYCNI_METRICS_ADDR", default_value = "0.0.0.0:9971")]
-    metrics_addr: String,
+    #[arg(long, env = "MYCNI_METRICS_ADDR", default_value = "0.0.0.0:9971", value_parser = parse_metrics_addr)]
+    metrics_addr: MetricsAddr,
     /// Full reconcile period, also what bounds kernel drift repair.
-    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    #[arg(long, env = "MYCNI_RESYNC", default_value = "2s", value_parser = parse_resync)]
     resync: Duration,
+    /// /healthz fails once the reconcile loop has not finished a pass for
+    /// this long (at least 3 resync periods), so the liveness probe
+    /// restarts a stuck agent [default: 3 resync periods, at least 30s].
+    #[arg(long, env = "MYCNI_LIVENESS_STALE_AFTER", value_parser = parse_stale_after)]
+    liveness_stale_after: Option<Duration>,
     /// SNAT pod traffic leaving the cluster CIDR (nftables table `ip mycni`).
-    #[arg(long, env = "MYCNI_MASQUERADE", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, env = "MYCNI_MASQUERADE", default_value_t = true, action = clap::ArgAction::Set, value_parser = parse_masquerade)]
     masquerade: bool,
     /// bpffs mount; pinned maps and links live under <bpffs>/mycni.
     #[arg(long, env = "MYCNI_BPFFS", default_value = "/sys/fs/bpf")]
@@ -106,7 +128,7 @@ struct RunArgs {
     /// `ebpf`: the tc fast path, with the kernel's routes, ARP and FDB as
     /// the fallback (used alone if the programs cannot load); `kernel`:
     /// routes, ARP and FDB only, and anything mycni attached is detached.
-    #[arg(long, env = "MYCNI_DATAPATH", default_value = "ebpf")]
+    #[arg(long, env = "MYCNI_DATAPATH", default_value = "ebpf", value_parser = parse_datapath)]
     datapath: Mode,
     /// Log every packet the tc programs see (aya-log, at debug level; also
     /// set MYCNI_LOG=debug). Costs a ring-buffer write per packet: for
@@ -123,7 +145,7 @@ struct RunArgs {
     /// (one L2 segment) straight to that host, without VXLAN: `podCIDR via
     /// <host IP>` on the underlay (flannel's DirectRouting, Calico's
     /// CrossSubnet). Peers elsewhere still go through VXLAN.
-    #[arg(long, env = "MYCNI_DIRECT_ROUTING", default_value_t = false, action = clap::ArgAction::Set)]
+    #[arg(long, env = "MYCNI_DIRECT_ROUTING", default_value_t = false, action = clap::ArgAction::Set, value_parser = parse_direct_routing)]
     direct_routing: bool,
     /// Load this eBPF object instead of the one built into the agent.
     #[arg(long, env = "MYCNI_EBPF_OBJECT")]
@@ -137,37 +159,155 @@ struct RunArgs {
     plugin_log_file: Option<PathBuf>,
 }
 
+/// `--mtu`: None is `auto`.
+#[derive(Debug, Clone, Copy)]
+struct MtuSetting(Option<u32>);
+
+/// `--metrics-addr`: None is `off`.
+#[derive(Debug, Clone, Copy)]
+struct MetricsAddr(Option<SocketAddr>);
+
+/// A bad value must name what the operator edits, which in a cluster is a
+/// ConfigMap key, not the flag clap names: (ConfigMap key, env var).
+fn setting<T>(key: &str, env: &str, r: Result<T, String>) -> Result<T, String> {
+    r.map_err(|e| format!("{e} (ConfigMap mycni-config key `{key}`, env {env})"))
+}
+
 fn parse_cidr(s: &str) -> Result<Cidr, String> {
-    Cidr::parse_network(s).map_err(|_| format!("{s:?} is not an IPv4 CIDR like 10.244.0.0/16"))
+    setting(
+        "cluster-cidr",
+        "MYCNI_CLUSTER_CIDR",
+        Cidr::parse_network(s).map_err(|_| format!("{s:?} is not an IPv4 CIDR like 10.244.0.0/16")),
+    )
+}
+
+fn parse_underlay(s: &str) -> Result<UnderlaySelect, String> {
+    setting("underlay", "MYCNI_IFACE", s.parse())
+}
+
+/// The smallest datagram every IPv4 host must accept (RFC 791), and the
+/// largest that fits an IPv4 packet with the VXLAN headers around it.
+const MTU_RANGE: std::ops::RangeInclusive<u32> = 576..=65485;
+
+fn parse_mtu(s: &str) -> Result<MtuSetting, String> {
+    let v = match s.trim() {
+        "" | "auto" => Ok(MtuSetting(None)),
+        n => match n.parse::<u32>() {
+            Ok(m) if MTU_RANGE.contains(&m) => Ok(MtuSetting(Some(m))),
+            _ => Err(format!(
+                "{s:?} is not an MTU: `auto` or a number from {} to {}",
+                MTU_RANGE.start(),
+                MTU_RANGE.end()
+            )),
+        },
+    };
+    setting("mtu", "MYCNI_MTU", v)
+}
+
+fn parse_datapath(s: &str) -> Result<Mode, String> {
+    setting("datapath", "MYCNI_DATAPATH", s.trim().parse())
+}
+
+fn parse_bool(s: &str) -> Result<bool, String> {
+    match s.trim() {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(format!("{s:?} is not true or false")),
+    }
+}
+
+fn parse_masquerade(s: &str) -> Result<bool, String> {
+    setting("masquerade", "MYCNI_MASQUERADE", parse_bool(s))
+}
+
+fn parse_direct_routing(s: &str) -> Result<bool, String> {
+    setting("direct-routing", "MYCNI_DIRECT_ROUTING", parse_bool(s))
+}
+
+fn parse_metrics_addr(s: &str) -> Result<MetricsAddr, String> {
+    let v = match s.trim() {
+        "off" | "" => Ok(MetricsAddr(None)),
+        a => a
+            .parse::<SocketAddr>()
+            .map(|a| MetricsAddr(Some(a)))
+            .map_err(|_| format!("{a:?} is not `off` or an address:port like 0.0.0.0:9971")),
+    };
+    setting("metrics-addr", "MYCNI_METRICS_ADDR", v)
+}
+
+fn parse_resync(s: &str) -> Result<Duration, String> {
+    setting("resync", "MYCNI_RESYNC", positive(parse_duration(s)))
+}
+
+fn parse_stale_after(s: &str) -> Result<Duration, String> {
+    setting(
+        "liveness-stale-after",
+        "MYCNI_LIVENESS_STALE_AFTER",
+        positive(parse_duration(s)),
+    )
+}
+
+fn positive(d: Result<Duration, String>) -> Result<Duration, String> {
+    d.and_then(|d| {
+        if d.is_zero() {
+            Err("a duration of 0 is not allowed".into())
+        } else {
+            Ok(d)
+        }
+    })
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
     let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
     let n: u64 = num.parse().map_err(|_| format!("bad duration {s:?}"))?;
     match unit {
         "ms" => Ok(Duration::from_millis(n)),
         "s" | "" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
+        "m" => n
+            .checked_mul(60)
+            .map(Duration::from_secs)
+            .ok_or_else(|| format!("duration {s:?} is too long")),
         _ => Err(format!("bad duration unit in {s:?} (ms, s, m)")),
     }
 }
 
 impl RunArgs {
+    /// The settings `run` takes besides [`Config`].
+    fn options(&self) -> RunOptions {
+        RunOptions { mtu: self.mtu.0 }
+    }
+
+    /// How long a pass may be missing before /healthz fails: as set, else
+    /// 3 resync periods (at least 30 s), so lengthening the resync alone
+    /// never makes a valid configuration invalid.
+    fn stale_after(&self) -> Duration {
+        self.liveness_stale_after
+            .unwrap_or_else(|| (self.resync * 3).max(Duration::from_secs(30)))
+    }
+
     fn config(self) -> Result<Config> {
-        let metrics_addr = match self.metrics_addr.as_str() {
-            "off" | "" => None,
-            a => Some(
-                a.parse::<SocketAddr>()
-                    .with_context(|| format!("--metrics-addr {a:?}"))?,
-            ),
-        };
+        // Fewer than 3 periods would restart a healthy agent whose pass
+        // merely ran long once.
+        if let Some(set) = self.liveness_stale_after
+            && set < self.resync * 3
+        {
+            anyhow::bail!(
+                "--liveness-stale-after {:?} (ConfigMap mycni-config key `liveness-stale-after`, env MYCNI_LIVENESS_STALE_AFTER) must be at least 3 resync periods ({:?})",
+                set,
+                self.resync * 3
+            );
+        }
         Ok(Config {
             node_name: self.node_name,
             pod_name: self.pod_name,
             pod_namespace: self.pod_namespace,
             kubeconfig: self.kubeconfig,
             cluster_cidr: self.cluster_cidr,
-            iface: self.iface,
+            iface: match self.iface {
+                UnderlaySelect::DefaultRoute => None,
+                u => Some(u.to_string()),
+            },
             vxlan_name: self.vxlan_name,
             vni: self.vni,
             vxlan_port: self.vxlan_port,
@@ -175,7 +315,7 @@ impl RunArgs {
             state_dir: self.state_dir,
             data_dir: self.data_dir,
             proc_sys: self.proc_sys,
-            metrics_addr,
+            metrics_addr: self.metrics_addr.0,
             resync: self.resync,
             masquerade: self.masquerade,
             ipam_data_dir: self.ipam_data_dir,
@@ -217,27 +357,58 @@ fn main() -> Result<()> {
         .build()?;
     match cli.cmd {
         Some(Cmd::InstallCni { src, dst_dir }) => install_cni(&src, &dst_dir),
-        Some(Cmd::Inspect { bpffs }) => {
-            print!("{}", mycni_agent::inspect::render(&bpffs.join("mycni"))?);
+        Some(Cmd::Inspect {
+            bpffs,
+            vxlan_device,
+        }) => {
+            let out = match bpffs {
+                Some(b) => mycni_agent::inspect::render(&b.join("mycni"))?,
+                None => mycni_agent::inspect::render_attached(
+                    &vxlan_device,
+                    Path::new("/sys/fs/bpf/mycni"),
+                )?,
+            };
+            print!("{out}");
             Ok(())
         }
         Some(Cmd::Uninstall(args)) => rt.block_on(agent::uninstall(&args.config()?)),
+        Some(Cmd::CheckConfig(args)) => {
+            let (opts, stale_after) = (args.options(), args.stale_after());
+            let cfg = args.config()?;
+            println!(
+                "configuration ok: cluster-cidr={} underlay={} mtu={} datapath={} direct-routing={} masquerade={} metrics-addr={} resync={:?} liveness-stale-after={:?}",
+                cfg.cluster_cidr,
+                cfg.underlay()?,
+                opts.mtu.map_or("auto".to_string(), |m| m.to_string()),
+                format!("{:?}", cfg.datapath).to_lowercase(),
+                cfg.direct_routing,
+                cfg.masquerade,
+                cfg.metrics_addr
+                    .map_or("off".to_string(), |a| a.to_string()),
+                cfg.resync,
+                stale_after,
+            );
+            Ok(())
+        }
         Some(Cmd::Run(args)) => run(&rt, args),
         None => run(&rt, cli.run),
     }
 }
 
 fn run(rt: &tokio::runtime::Runtime, args: RunArgs) -> Result<()> {
-    // Before anything else: a missing capability must fail the pod at once,
-    // naming it, not later as an EPERM from netlink or bpf(2).
+    // A bad setting first: it is what the operator just changed.
+    let (opts, stale_after) = (args.options(), args.stale_after());
+    let cfg = args.config()?;
+    // Then a missing capability must fail the pod at once, naming it, not
+    // later as an EPERM from netlink or bpf(2).
     let eff = mycni_agent::caps::effective().context("reading this process's capabilities")?;
-    if let Err(msg) = mycni_agent::caps::check(eff, &mycni_agent::caps::required(args.datapath)) {
+    if let Err(msg) = mycni_agent::caps::check(eff, &mycni_agent::caps::required(cfg.datapath)) {
         tracing::error!("{msg}");
         anyhow::bail!(msg);
     }
-    let cfg = args.config()?;
     let metrics = Arc::new(Metrics::default());
-    rt.block_on(agent::run(cfg, metrics, async {
+    metrics.liveness.set_stale_after(stale_after);
+    rt.block_on(agent::run_with(cfg, opts, metrics, async {
         let mut term =
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
                 Ok(s) => s,
@@ -248,4 +419,99 @@ fn run(rt: &tokio::runtime::Runtime, args: RunArgs) -> Result<()> {
             _ = term.recv() => {}
         }
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Parsed {
+        cfg: Config,
+        mtu: Option<u32>,
+        stale_after: Duration,
+        underlay: UnderlaySelect,
+    }
+
+    fn parse(args: &[&str]) -> Result<Parsed, String> {
+        let cli = Cli::try_parse_from(["mycni-agent", "check-config"].iter().chain(args).copied())
+            .map_err(|e| e.to_string())?;
+        match cli.cmd {
+            Some(Cmd::CheckConfig(a)) => {
+                let (mtu, stale_after) = (a.options().mtu, a.stale_after());
+                let cfg = a.config().map_err(|e| e.to_string())?;
+                let underlay = cfg.underlay().map_err(|e| e.to_string())?;
+                Ok(Parsed {
+                    cfg,
+                    mtu,
+                    stale_after,
+                    underlay,
+                })
+            }
+            _ => Err("not check-config".into()),
+        }
+    }
+
+    #[test]
+    fn every_setting_parses_its_documented_forms() {
+        let c = parse(&[]).expect("defaults");
+        assert_eq!(
+            (c.mtu, &c.underlay, c.cfg.masquerade, c.cfg.direct_routing),
+            (None, &UnderlaySelect::DefaultRoute, true, false)
+        );
+        assert_eq!(c.stale_after, Duration::from_secs(30));
+        // Unset, it follows the resync: a long resync alone stays valid.
+        let c = parse(&["--resync=60s"]).expect("long resync");
+        assert_eq!(c.stale_after, Duration::from_secs(180));
+        let c = parse(&[
+            "--cluster-cidr=10.32.0.0/12",
+            "--mtu=1400",
+            "--iface=interface=en*",
+            "--datapath=kernel",
+            "--direct-routing=true",
+            "--masquerade=false",
+            "--metrics-addr=off",
+            "--resync=5s",
+            "--liveness-stale-after=1m",
+        ])
+        .expect("all set");
+        assert_eq!(c.cfg.cluster_cidr.to_string(), "10.32.0.0/12");
+        assert_eq!(c.mtu, Some(1400));
+        assert_eq!(c.underlay, UnderlaySelect::Pattern("en*".into()));
+        assert_eq!(c.cfg.datapath, Mode::Kernel);
+        assert!(c.cfg.direct_routing && !c.cfg.masquerade && c.cfg.metrics_addr.is_none());
+        assert_eq!(c.stale_after, Duration::from_secs(60));
+        let c = parse(&["--iface=can-reach=192.168.1.1", "--mtu=auto"]).expect("can-reach");
+        assert_eq!(
+            c.underlay,
+            UnderlaySelect::CanReach(std::net::Ipv4Addr::new(192, 168, 1, 1))
+        );
+        assert_eq!(c.mtu, None);
+    }
+
+    #[test]
+    fn a_bad_value_names_its_configmap_key() {
+        for (arg, key) in [
+            ("--cluster-cidr=10.244.0.1/33", "cluster-cidr"),
+            ("--mtu=100", "mtu"),
+            ("--mtu=1500b", "mtu"),
+            ("--iface=can-reach=gateway", "underlay"),
+            ("--iface=eth*", "underlay"),
+            ("--datapath=xdp", "datapath"),
+            ("--direct-routing=yes", "direct-routing"),
+            ("--masquerade=1", "masquerade"),
+            ("--metrics-addr=9971", "metrics-addr"),
+            ("--resync=0s", "resync"),
+            ("--liveness-stale-after=2x", "liveness-stale-after"),
+            // Valid alone, but shorter than 3 resync periods.
+            ("--liveness-stale-after=5s", "liveness-stale-after"),
+        ] {
+            let e = parse(&[arg])
+                .err()
+                .unwrap_or_else(|| panic!("{arg} accepted"));
+            assert!(
+                e.contains(&format!("ConfigMap mycni-config key `{key}`")),
+                "{arg}: {e}"
+            );
+        }
+    }
 }

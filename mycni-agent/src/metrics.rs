@@ -1,24 +1,64 @@
-//! Prometheus metrics, `/healthz` and `/readyz`, on a tiny HTTP endpoint.
-//! Hand-written on purpose: three read-only paths do not need a framework.
+//! Prometheus metrics, `/healthz` and `/readyz`, served by axum.
+//!
+//! The gauges and counters stay plain atomics that the agent's modules bump
+//! without knowing about Prometheus; a scrape snapshots them into a
+//! `prometheus-client` registry together with the histograms, which only
+//! exist here. `/metrics` answers in OpenMetrics when the scraper offers it
+//! (Prometheus does) and in the 0.0.4 text format otherwise (curl, the lab,
+//! `promtool check metrics`, which only parses the latter).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use mycni_common::{DpPath, PathCounter};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelSet, EncodeMetric, prometheus_text, text,
+};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
 use tokio::net::TcpListener;
 
-#[derive(Default)]
+use crate::reconcile::Action;
+
+/// Reconcile passes: ~100 µs for an event pass on a small cluster, seconds
+/// for a full pass over thousands of peers on a loaded node.
+pub const RECONCILE_BUCKETS: [f64; 16] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+];
+
+/// One netlink request: tens of µs when the kernel answers at once, up to a
+/// second when RTNL is contended or a dump is large.
+pub const NETLINK_BUCKETS: [f64; 16] = [
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1, 0.25, 0.5, 1.0,
+];
+
+/// Node event to kernel: a pass plus the wait for the loop to pick the event
+/// up; tens of seconds mean passes keep failing and the event waits for one
+/// that succeeds.
+pub const EVENT_TO_KERNEL_BUCKETS: [f64; 15] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
 pub struct Metrics {
     pub peers_programmed: AtomicU64,
     pub reconcile_runs: AtomicU64,
     pub reconcile_errors: AtomicU64,
-    /// Sum of reconcile durations in microseconds (with `reconcile_runs`, a mean).
-    pub reconcile_micros_sum: AtomicU64,
-    pub reconcile_last_micros: AtomicU64,
     /// Kernel entries re-created or removed although the desired state had
     /// not changed since the last good reconcile: someone else touched them.
     pub drift_repaired: AtomicU64,
@@ -38,6 +78,146 @@ pub struct Metrics {
     pub underlay_filter_peers: AtomicU64,
     /// Failed writes of the underlay filter (nft); each is retried.
     pub underlay_filter_errors: AtomicU64,
+    reconcile_duration: Histogram,
+    event_to_kernel: Histogram,
+    /// When the oldest Node event that no finished pass has applied yet
+    /// arrived. One stamp, not one per event: a pass applies all of them at
+    /// once, and the oldest is the latency that matters.
+    pending_event: Arc<Mutex<Option<Instant>>>,
+    /// What `/healthz` answers from.
+    pub liveness: Liveness,
+}
+
+/// The reconcile loop's heartbeat. `/healthz` fails when the loop has not
+/// finished a pass for longer than `stale_after`: a wedged loop (a hung
+/// netlink or API call, a deadlock) keeps serving HTTP and keeps the
+/// datapath as it was, but no longer follows Nodes or repairs drift; only a
+/// restart gets it going again, which is what the liveness probe does.
+#[derive(Debug)]
+pub struct Liveness {
+    last_pass: Mutex<Option<Instant>>,
+    stale_after: Mutex<Duration>,
+}
+
+/// The default staleness: 15 periods of the default 2 s resync.
+pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(30);
+
+impl Default for Liveness {
+    fn default() -> Self {
+        Liveness {
+            last_pass: Mutex::default(),
+            stale_after: Mutex::new(DEFAULT_STALE_AFTER),
+        }
+    }
+}
+
+impl Liveness {
+    /// A pass finished, whatever its outcome: a pass that fails is the
+    /// readiness probe's and the error counter's business; restarting the
+    /// agent would not make the kernel accept the update.
+    pub fn beat(&self) {
+        if let Ok(mut t) = self.last_pass.lock() {
+            *t = Some(Instant::now());
+        }
+    }
+
+    pub fn set_stale_after(&self, d: Duration) {
+        if let Ok(mut s) = self.stale_after.lock() {
+            *s = d;
+        }
+    }
+
+    /// Ok while the loop beats; else why not.
+    pub fn check(&self) -> Result<(), String> {
+        let stale_after = self
+            .stale_after
+            .lock()
+            .map(|s| *s)
+            .unwrap_or(DEFAULT_STALE_AFTER);
+        match self.last_pass.lock().map(|t| *t) {
+            Ok(Some(t)) if t.elapsed() <= stale_after => Ok(()),
+            Ok(Some(t)) => Err(format!(
+                "the reconcile loop has not finished a pass for {:.1} s (limit {:.1} s)",
+                t.elapsed().as_secs_f64(),
+                stale_after.as_secs_f64()
+            )),
+            Ok(None) => Err("starting: no reconcile pass yet".into()),
+            Err(_) => Err("the heartbeat lock is poisoned".into()),
+        }
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            peers_programmed: AtomicU64::default(),
+            reconcile_runs: AtomicU64::default(),
+            reconcile_errors: AtomicU64::default(),
+            drift_repaired: AtomicU64::default(),
+            kernel_actions: AtomicU64::default(),
+            rejected: Mutex::default(),
+            ready: AtomicBool::default(),
+            ready_detail: Mutex::default(),
+            api_reachable: AtomicBool::default(),
+            datapath_ebpf: AtomicBool::default(),
+            ebpf_load_failures: AtomicU64::default(),
+            pin_dir: Mutex::default(),
+            dp_local: AtomicU64::default(),
+            dp_remote: AtomicU64::default(),
+            underlay_filter_peers: AtomicU64::default(),
+            underlay_filter_errors: AtomicU64::default(),
+            reconcile_duration: Histogram::new(RECONCILE_BUCKETS),
+            event_to_kernel: Histogram::new(EVENT_TO_KERNEL_BUCKETS),
+            pending_event: Arc::default(),
+            liveness: Liveness::default(),
+        }
+    }
+}
+
+/// Times one reconcile pass into `mycni_reconcile_duration_seconds` when
+/// dropped, so a pass that returns early through `?` is timed too.
+#[derive(Debug)]
+#[must_use = "the pass is timed until this is dropped; bind it with `let _timer`"]
+pub struct ReconcileTimer {
+    started: Instant,
+    histogram: Histogram,
+}
+
+impl Drop for ReconcileTimer {
+    fn drop(&mut self) {
+        self.histogram.observe(self.started.elapsed().as_secs_f64());
+    }
+}
+
+/// The Node events a pass is about to apply (see
+/// [`Metrics::take_node_events`]). Dropped without [`NodeEvents::applied`]
+/// (the pass failed), the events go back to wait for the next pass, so
+/// their latency counts until one succeeds.
+#[derive(Debug)]
+#[must_use = "call .applied() once the pass succeeded"]
+pub struct NodeEvents {
+    oldest: Option<Instant>,
+    pending: Arc<Mutex<Option<Instant>>>,
+    histogram: Histogram,
+}
+
+impl NodeEvents {
+    /// The pass that read these events finished and the kernel holds them.
+    pub fn applied(mut self) {
+        if let Some(t) = self.oldest.take() {
+            self.histogram.observe(t.elapsed().as_secs_f64());
+        }
+    }
+}
+
+impl Drop for NodeEvents {
+    fn drop(&mut self) {
+        if let Some(t) = self.oldest.take()
+            && let Ok(mut p) = self.pending.lock()
+        {
+            *p = Some(p.map_or(t, |q| q.min(t)));
+        }
+    }
 }
 
 impl Metrics {
@@ -62,166 +242,591 @@ impl Metrics {
             .unwrap_or_default()
     }
 
-    pub fn render(&self) -> String {
+    /// Starts timing a reconcile pass; the time is recorded when the
+    /// returned timer is dropped.
+    pub fn reconcile_started(&self) -> ReconcileTimer {
+        ReconcileTimer {
+            started: Instant::now(),
+            histogram: self.reconcile_duration.clone(),
+        }
+    }
+
+    /// A Node event arrived from the watch (after the reflector stored it).
+    pub fn node_event(&self) {
+        if let Ok(mut p) = self.pending_event.lock() {
+            p.get_or_insert_with(Instant::now);
+        }
+    }
+
+    /// Takes the events that arrived so far. Call it before reading the Node
+    /// cache for a pass: every event stamped by then is in what the pass
+    /// reads, and none stamped later is claimed by it.
+    pub fn take_node_events(&self) -> NodeEvents {
+        NodeEvents {
+            oldest: self.pending_event.lock().ok().and_then(|mut p| p.take()),
+            pending: self.pending_event.clone(),
+            histogram: self.event_to_kernel.clone(),
+        }
+    }
+
+    /// The exposition in `format`, for one scrape.
+    pub fn render(&self, format: Format) -> Result<String, std::fmt::Error> {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(self.snapshot()));
+        registry.register_with_unit(
+            "mycni_reconcile_duration",
+            "Time spent in reconcile passes, failed ones included",
+            Unit::Seconds,
+            self.reconcile_duration.clone(),
+        );
+        registry.register_with_unit(
+            "mycni_node_event_to_kernel",
+            "From a Node watch event arriving to the end of the first reconcile pass that applied it to the kernel and the eBPF maps",
+            Unit::Seconds,
+            self.event_to_kernel.clone(),
+        );
+        registry.register_with_unit(
+            "mycni_netlink_op_duration",
+            "Netlink requests the reconcile loop makes, by operation",
+            Unit::Seconds,
+            NETLINK_OPS.clone(),
+        );
         let mut out = String::new();
-        let g = |out: &mut String, name: &str, help: &str, kind: &str, v: u64| {
-            out.push_str(&format!(
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
-            ));
-        };
-        g(
-            &mut out,
-            "mycni_peers_programmed",
-            "Peer nodes whose route, neighbour and FDB entry are programmed.",
-            "gauge",
-            self.peers_programmed.load(Ordering::Relaxed),
-        );
-        g(
-            &mut out,
-            "mycni_reconcile_runs_total",
-            "Reconcile passes run.",
-            "counter",
-            self.reconcile_runs.load(Ordering::Relaxed),
-        );
-        g(
-            &mut out,
-            "mycni_reconcile_errors_total",
-            "Reconcile passes with at least one failed kernel update or read.",
-            "counter",
-            self.reconcile_errors.load(Ordering::Relaxed),
-        );
-        let runs = self.reconcile_runs.load(Ordering::Relaxed);
-        out.push_str(&format!(
-            "# HELP mycni_reconcile_duration_seconds Time spent in reconcile passes.\n# TYPE mycni_reconcile_duration_seconds summary\nmycni_reconcile_duration_seconds_sum {}\nmycni_reconcile_duration_seconds_count {runs}\n",
-            self.reconcile_micros_sum.load(Ordering::Relaxed) as f64 / 1e6
-        ));
-        g(
-            &mut out,
-            "mycni_kernel_drift_repaired_total",
-            "Kernel entries repaired that changed without a Node change.",
-            "counter",
-            self.drift_repaired.load(Ordering::Relaxed),
-        );
-        g(
-            &mut out,
-            "mycni_kernel_updates_total",
-            "Route, neighbour and FDB updates applied.",
-            "counter",
-            self.kernel_actions.load(Ordering::Relaxed),
-        );
-        out.push_str("# HELP mycni_rejected_peers Nodes not programmed because their data is malformed or hostile, by reason.\n# TYPE mycni_rejected_peers gauge\n");
-        if let Ok(r) = self.rejected.lock() {
-            for (reason, n) in r.iter() {
-                out.push_str(&format!(
-                    "mycni_rejected_peers{{reason=\"{reason}\"}} {n}\n"
-                ));
-            }
+        match format {
+            Format::OpenMetrics => text::encode(&mut out, &registry)?,
+            Format::Prometheus => prometheus_text::encode(&mut out, &registry)?,
         }
-        g(
-            &mut out,
-            "mycni_ready",
-            "1 when the overlay is up and the CNI config written.",
-            "gauge",
-            u64::from(self.ready.load(Ordering::Relaxed)),
-        );
-        g(
-            &mut out,
-            "mycni_api_reachable",
-            "1 while the Kubernetes API watch is healthy.",
-            "gauge",
-            u64::from(self.api_reachable.load(Ordering::Relaxed)),
-        );
-        g(
-            &mut out,
-            "mycni_datapath_ebpf",
-            "1 while the eBPF fast path runs; 0 on the kernel path (see /readyz for why).",
-            "gauge",
-            u64::from(self.datapath_ebpf.load(Ordering::Relaxed)),
-        );
-        g(
-            &mut out,
-            "mycni_ebpf_load_failures_total",
-            "Failed loads of the eBPF programs (the node then runs the kernel path).",
-            "counter",
-            self.ebpf_load_failures.load(Ordering::Relaxed),
-        );
-        g(
-            &mut out,
-            "mycni_underlay_filter_peers",
-            "Host IPs VXLAN is accepted from (nftables set mycni_underlay/peers).",
-            "gauge",
-            self.underlay_filter_peers.load(Ordering::Relaxed),
-        );
-        g(
-            &mut out,
-            "mycni_underlay_filter_errors_total",
-            "Failed writes of the VXLAN underlay filter (nft); retried on the next pass.",
-            "counter",
-            self.underlay_filter_errors.load(Ordering::Relaxed),
-        );
-        out.push_str("# HELP mycni_datapath_entries Entries in the fast path's maps.\n# TYPE mycni_datapath_entries gauge\n");
-        out.push_str(&format!(
-            "mycni_datapath_entries{{map=\"local\"}} {}\nmycni_datapath_entries{{map=\"remote\"}} {}\n",
-            self.dp_local.load(Ordering::Relaxed),
-            self.dp_remote.load(Ordering::Relaxed)
-        ));
+        Ok(out)
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let pin = self.pin_dir.lock().ok().and_then(|p| p.clone());
-        if let Some(Ok(counters)) = pin.map(|p| crate::ebpf::read_counters(&p)) {
-            out.push_str("# HELP mycni_datapath_packets_total Packets seen by the tc programs, by the path they took or why they were left to the kernel.\n# TYPE mycni_datapath_packets_total counter\n");
-            for (path, c) in &counters {
-                out.push_str(&format!(
-                    "mycni_datapath_packets_total{{path=\"{}\",fast=\"{}\"}} {}\n",
-                    path.name(),
-                    path.is_fast(),
-                    c.packets
-                ));
-            }
-            out.push_str("# HELP mycni_datapath_bytes_total Bytes seen by the tc programs, by path.\n# TYPE mycni_datapath_bytes_total counter\n");
-            for (path, c) in &counters {
-                out.push_str(&format!(
-                    "mycni_datapath_bytes_total{{path=\"{}\",fast=\"{}\"}} {}\n",
-                    path.name(),
-                    path.is_fast(),
-                    c.bytes
-                ));
-            }
+        // A map that cannot be read this time leaves the family out rather
+        // than failing the whole scrape; the log of the load says why.
+        let datapath = pin.and_then(|p| crate::ebpf::read_counters(&p).ok());
+        Snapshot {
+            peers_programmed: load(&self.peers_programmed),
+            reconcile_runs: load(&self.reconcile_runs),
+            reconcile_errors: load(&self.reconcile_errors),
+            drift_repaired: load(&self.drift_repaired),
+            kernel_actions: load(&self.kernel_actions),
+            rejected: self.rejected.lock().map(|r| r.clone()).unwrap_or_default(),
+            ready: self.ready.load(Ordering::Relaxed),
+            api_reachable: self.api_reachable.load(Ordering::Relaxed),
+            datapath_ebpf: self.datapath_ebpf.load(Ordering::Relaxed),
+            ebpf_load_failures: load(&self.ebpf_load_failures),
+            underlay_filter_peers: load(&self.underlay_filter_peers),
+            underlay_filter_errors: load(&self.underlay_filter_errors),
+            dp_local: load(&self.dp_local),
+            dp_remote: load(&self.dp_remote),
+            datapath,
         }
-        out
     }
 }
 
-/// Serves until the process ends. Each connection gets one response.
+/// The exposition formats `/metrics` speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// OpenMetrics 1.0 text.
+    OpenMetrics,
+    /// The Prometheus text format 0.0.4.
+    Prometheus,
+}
+
+impl Format {
+    /// OpenMetrics when an `Accept` header offers it with a non-zero
+    /// quality (Prometheus' scrape header does), else the 0.0.4 text format
+    /// every Prometheus-compatible tool reads.
+    pub fn negotiate(accept: Option<&str>) -> Self {
+        let offered = accept.unwrap_or("").split(',').any(|range| {
+            let mut parts = range.split(';').map(str::trim);
+            let media = parts.next().unwrap_or("");
+            let refused = parts.any(|p| {
+                p.strip_prefix("q=")
+                    .and_then(|q| q.parse::<f64>().ok())
+                    .is_some_and(|q| q <= 0.0)
+            });
+            media.eq_ignore_ascii_case("application/openmetrics-text") && !refused
+        });
+        if offered {
+            Format::OpenMetrics
+        } else {
+            Format::Prometheus
+        }
+    }
+
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            Format::Prometheus => prometheus_text::CONTENT_TYPE,
+        }
+    }
+}
+
+/// The netlink operations timed in `mycni_netlink_op_duration_seconds`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NetlinkOp {
+    /// Reading routes, neighbours and FDB entries of the overlay.
+    Dump,
+    /// Checking (and creating or fixing) `vxlan.1` and its address.
+    EnsureVxlan,
+    /// Reading the pods' routes and veths for the fast path.
+    PodEndpoints,
+    RouteSet,
+    RouteDel,
+    NeighbourSet,
+    NeighbourDel,
+    FdbSet,
+    FdbDel,
+}
+
+impl NetlinkOp {
+    pub const ALL: [NetlinkOp; 9] = [
+        NetlinkOp::Dump,
+        NetlinkOp::EnsureVxlan,
+        NetlinkOp::PodEndpoints,
+        NetlinkOp::RouteSet,
+        NetlinkOp::RouteDel,
+        NetlinkOp::NeighbourSet,
+        NetlinkOp::NeighbourDel,
+        NetlinkOp::FdbSet,
+        NetlinkOp::FdbDel,
+    ];
+
+    /// The `op` label value.
+    pub fn name(self) -> &'static str {
+        match self {
+            NetlinkOp::Dump => "dump",
+            NetlinkOp::EnsureVxlan => "ensure_vxlan",
+            NetlinkOp::PodEndpoints => "pod_endpoints",
+            NetlinkOp::RouteSet => "route_set",
+            NetlinkOp::RouteDel => "route_del",
+            NetlinkOp::NeighbourSet => "neighbour_set",
+            NetlinkOp::NeighbourDel => "neighbour_del",
+            NetlinkOp::FdbSet => "fdb_set",
+            NetlinkOp::FdbDel => "fdb_del",
+        }
+    }
+
+    /// The request that applies `a`.
+    pub fn of(a: &Action) -> Self {
+        match a {
+            Action::SetRoute(..) => NetlinkOp::RouteSet,
+            Action::DelRoute(_) => NetlinkOp::RouteDel,
+            Action::SetNeighbour(..) => NetlinkOp::NeighbourSet,
+            Action::DelNeighbour(_) => NetlinkOp::NeighbourDel,
+            Action::SetFdb(..) => NetlinkOp::FdbSet,
+            Action::DelFdb(_) => NetlinkOp::FdbDel,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabels {
+    op: &'static str,
+}
+
+type NetlinkFamily = Family<OpLabels, Histogram, fn() -> Histogram>;
+
+/// Process-wide rather than in [`Metrics`]: the netlink calls live in
+/// `kernel`, which has no handle on the agent's metrics and should not need
+/// one to be timed.
+static NETLINK_OPS: LazyLock<NetlinkFamily> = LazyLock::new(|| {
+    let family: NetlinkFamily = Family::new_with_constructor(|| Histogram::new(NETLINK_BUCKETS));
+    // Every op is exported from the start: a series that appears only at
+    // its first request makes rate() and the dashboards miss that request.
+    for op in NetlinkOp::ALL {
+        drop(family.get_or_create(&OpLabels { op: op.name() }));
+    }
+    family
+});
+
+/// Records one netlink request of kind `op` that took `took`.
+pub fn observe_netlink(op: NetlinkOp, took: Duration) {
+    NETLINK_OPS
+        .get_or_create(&OpLabels { op: op.name() })
+        .observe(took.as_secs_f64());
+}
+
+/// Awaits `f` and records how long it took as one `op` request.
+pub async fn netlink_timed<T>(op: NetlinkOp, f: impl Future<Output = T>) -> T {
+    let started = Instant::now();
+    let out = f.await;
+    observe_netlink(op, started.elapsed());
+    out
+}
+
+/// What one scrape reads of the atomics, encoded in a fixed order (a
+/// `Family` would order its series by hash, differently on every agent).
+#[derive(Debug)]
+struct Snapshot {
+    peers_programmed: u64,
+    reconcile_runs: u64,
+    reconcile_errors: u64,
+    drift_repaired: u64,
+    kernel_actions: u64,
+    rejected: BTreeMap<&'static str, u64>,
+    ready: bool,
+    api_reachable: bool,
+    datapath_ebpf: bool,
+    ebpf_load_failures: u64,
+    underlay_filter_peers: u64,
+    underlay_filter_errors: u64,
+    dp_local: u64,
+    dp_remote: u64,
+    datapath: Option<Vec<(DpPath, PathCounter)>>,
+}
+
+fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
+    ConstGauge::new(v).encode(e.encode_descriptor(name, help, None, MetricType::Gauge)?)
+}
+
+/// `name` without `_total`: the encoders add it.
+fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
+    ConstCounter::new(v).encode(e.encode_descriptor(name, help, None, MetricType::Counter)?)
+}
+
+impl Collector for Snapshot {
+    fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
+        let e = &mut e;
+        gauge(
+            e,
+            "mycni_peers_programmed",
+            "Peer nodes whose route, neighbour and FDB entry are programmed.",
+            self.peers_programmed,
+        )?;
+        counter(
+            e,
+            "mycni_reconcile_runs",
+            "Reconcile passes run.",
+            self.reconcile_runs,
+        )?;
+        counter(
+            e,
+            "mycni_reconcile_errors",
+            "Reconcile passes with at least one failed kernel update or read.",
+            self.reconcile_errors,
+        )?;
+        counter(
+            e,
+            "mycni_kernel_drift_repaired",
+            "Kernel entries repaired that changed without a Node change.",
+            self.drift_repaired,
+        )?;
+        counter(
+            e,
+            "mycni_kernel_updates",
+            "Route, neighbour and FDB updates applied.",
+            self.kernel_actions,
+        )?;
+        let mut m = e.encode_descriptor(
+            "mycni_rejected_peers",
+            "Nodes not programmed because their data is malformed or hostile, by reason.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (reason, n) in &self.rejected {
+            ConstGauge::new(*n).encode(m.encode_family(&[("reason", *reason)])?)?;
+        }
+        gauge(
+            e,
+            "mycni_ready",
+            "1 when the overlay is up and the CNI config written.",
+            u64::from(self.ready),
+        )?;
+        gauge(
+            e,
+            "mycni_api_reachable",
+            "1 while the Kubernetes API watch is healthy.",
+            u64::from(self.api_reachable),
+        )?;
+        gauge(
+            e,
+            "mycni_datapath_ebpf",
+            "1 while the eBPF fast path runs; 0 on the kernel path (see /readyz for why).",
+            u64::from(self.datapath_ebpf),
+        )?;
+        counter(
+            e,
+            "mycni_ebpf_load_failures",
+            "Failed loads of the eBPF programs (the node then runs the kernel path).",
+            self.ebpf_load_failures,
+        )?;
+        gauge(
+            e,
+            "mycni_underlay_filter_peers",
+            "Host IPs VXLAN is accepted from (nftables set mycni_underlay/peers).",
+            self.underlay_filter_peers,
+        )?;
+        counter(
+            e,
+            "mycni_underlay_filter_errors",
+            "Failed writes of the VXLAN underlay filter (nft); retried on the next pass.",
+            self.underlay_filter_errors,
+        )?;
+        let mut m = e.encode_descriptor(
+            "mycni_datapath_entries",
+            "Entries in the fast path's maps.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (map, n) in [("local", self.dp_local), ("remote", self.dp_remote)] {
+            ConstGauge::new(n).encode(m.encode_family(&[("map", map)])?)?;
+        }
+        // Declared on the kernel path too, without samples: the family is
+        // part of what the agent exports whichever datapath runs.
+        let counters = self.datapath.as_deref().unwrap_or_default();
+        let mut m = e.encode_descriptor(
+            "mycni_datapath_packets",
+            "Packets seen by the tc programs, by the path they took or why they were left to the kernel.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (path, c) in counters {
+            ConstCounter::new(c.packets).encode(m.encode_family(&path_labels(*path))?)?;
+        }
+        let mut m = e.encode_descriptor(
+            "mycni_datapath_bytes",
+            "Bytes seen by the tc programs, by path.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (path, c) in counters {
+            ConstCounter::new(c.bytes).encode(m.encode_family(&path_labels(*path))?)?;
+        }
+        Ok(())
+    }
+}
+
+fn path_labels(p: DpPath) -> [(&'static str, &'static str); 2] {
+    [
+        ("path", p.name()),
+        ("fast", if p.is_fast() { "true" } else { "false" }),
+    ]
+}
+
+/// The endpoint's routes; separate from [`serve`] so tests can drive it
+/// without a socket.
+pub fn router(metrics: Arc<Metrics>) -> Router {
+    Router::new()
+        .route("/metrics", get(scrape))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
+        .with_state(metrics)
+}
+
+async fn scrape(State(m): State<Arc<Metrics>>, headers: HeaderMap) -> Response {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let format = Format::negotiate(accept);
+    match m.render(format) {
+        Ok(body) => ([(header::CONTENT_TYPE, format.content_type())], body).into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encoding the metrics failed: {e}\n"),
+        )
+            .into_response(),
+    }
+}
+
+/// 200 while the reconcile loop beats (see [`Liveness`]); 503 before its
+/// first pass too, so the startup probe waits for it, and the liveness probe
+/// (which Kubernetes starts only after the startup probe passed) restarts a
+/// stuck loop.
+async fn healthz(State(m): State<Arc<Metrics>>) -> Response {
+    match m.liveness.check() {
+        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
+        // What start-up waits for (podCIDR, the API) is in the detail.
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("unhealthy: {why} ({})\n", m.detail()),
+        )
+            .into_response(),
+    }
+}
+
+async fn readyz(State(m): State<Arc<Metrics>>) -> Response {
+    if m.ready.load(Ordering::Relaxed) {
+        (StatusCode::OK, format!("ready: {}\n", m.detail())).into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {}\n", m.detail()),
+        )
+            .into_response()
+    }
+}
+
+/// Serves until the process ends.
 pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
     let listener = TcpListener::bind(addr).await?;
     tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
-    loop {
-        let (mut sock, _) = listener.accept().await?;
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let mut buf = [0u8; 2048];
-            let n = match sock.read(&mut buf).await {
-                Ok(n) => n,
-                Err(_) => return,
-            };
-            let req = String::from_utf8_lossy(&buf[..n]);
-            let path = req.split_whitespace().nth(1).unwrap_or("/");
-            let (status, body) = match path {
-                "/metrics" => ("200 OK", metrics.render()),
-                "/healthz" => ("200 OK", "ok\n".to_string()),
-                "/readyz" if metrics.ready.load(Ordering::Relaxed) => {
-                    ("200 OK", format!("ready: {}\n", metrics.detail()))
-                }
-                "/readyz" => (
-                    "503 Service Unavailable",
-                    format!("not ready: {}\n", metrics.detail()),
-                ),
-                _ => ("404 Not Found", "not found\n".to_string()),
-            };
-            let resp = format!(
-                "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
+    axum::serve(listener, router(metrics)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    #[test]
+    fn existing_series_keep_their_names_and_lines() {
+        let m = Metrics::default();
+        m.peers_programmed.store(3, Ordering::Relaxed);
+        m.reconcile_runs.store(7, Ordering::Relaxed);
+        m.ebpf_load_failures.store(1, Ordering::Relaxed);
+        m.set_ready("up");
+        if let Ok(mut r) = m.rejected.lock() {
+            r.insert("bad_mac", 2);
+        }
+        for format in [Format::Prometheus, Format::OpenMetrics] {
+            let t = m.render(format).expect("render");
+            for line in [
+                "mycni_peers_programmed 3",
+                "mycni_reconcile_runs_total 7",
+                "mycni_reconcile_errors_total 0",
+                "mycni_kernel_drift_repaired_total 0",
+                "mycni_kernel_updates_total 0",
+                "mycni_rejected_peers{reason=\"bad_mac\"} 2",
+                "mycni_ready 1",
+                "mycni_api_reachable 0",
+                "mycni_datapath_ebpf 0",
+                "mycni_ebpf_load_failures_total 1",
+                "mycni_underlay_filter_peers 0",
+                "mycni_underlay_filter_errors_total 0",
+                "mycni_datapath_entries{map=\"local\"} 0",
+                "mycni_datapath_entries{map=\"remote\"} 0",
+                "mycni_reconcile_duration_seconds_count 0",
+            ] {
+                assert!(
+                    t.lines().any(|l| l == line),
+                    "{format:?}: no {line:?} in\n{t}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn formats_differ_where_the_specs_do() {
+        let m = Metrics::default();
+        let om = m.render(Format::OpenMetrics).expect("render");
+        assert!(om.ends_with("# EOF\n"), "{om}");
+        assert!(om.contains("# TYPE mycni_reconcile_runs counter\n"), "{om}");
+        assert!(om.contains("# UNIT mycni_reconcile_duration_seconds seconds\n"));
+        let p = m.render(Format::Prometheus).expect("render");
+        assert!(!p.contains("# EOF"), "{p}");
+        assert!(
+            p.contains("# TYPE mycni_reconcile_runs_total counter\n"),
+            "{p}"
+        );
+        assert!(p.contains("# TYPE mycni_reconcile_duration_seconds histogram\n"));
+    }
+
+    #[test]
+    fn reconcile_timer_observes_on_drop() {
+        let m = Metrics::default();
+        {
+            let _timer = m.reconcile_started();
+        }
+        let t = m.render(Format::Prometheus).expect("render");
+        assert_eq!(
+            sample(&t, "mycni_reconcile_duration_seconds_count"),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(&t, "mycni_reconcile_duration_seconds_bucket{le=\"+Inf\"}"),
+            Some(1.0),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn events_wait_for_a_pass_that_succeeds() {
+        let m = Metrics::default();
+        let count = |m: &Metrics| {
+            sample(
+                &m.render(Format::Prometheus).expect("render"),
+                "mycni_node_event_to_kernel_seconds_count",
+            )
+        };
+        // A pass with nothing pending records nothing.
+        m.take_node_events().applied();
+        assert_eq!(count(&m), Some(0.0));
+
+        m.node_event();
+        let first = m.pending_event.lock().map(|p| *p).expect("lock");
+        m.node_event();
+        // The failed pass puts the oldest stamp back.
+        drop(m.take_node_events());
+        assert_eq!(m.pending_event.lock().map(|p| *p).expect("lock"), first);
+        assert_eq!(count(&m), Some(0.0));
+
+        let events = m.take_node_events();
+        // An event during the pass waits for the next one.
+        m.node_event();
+        events.applied();
+        assert_eq!(count(&m), Some(1.0));
+        m.take_node_events().applied();
+        assert_eq!(count(&m), Some(2.0));
+    }
+
+    #[test]
+    fn every_netlink_op_is_exported_before_its_first_request() {
+        let t = Metrics::default()
+            .render(Format::Prometheus)
+            .expect("render");
+        for op in NetlinkOp::ALL {
+            let series = format!(
+                "mycni_netlink_op_duration_seconds_count{{op=\"{}\"}}",
+                op.name()
             );
-            let _ = sock.write_all(resp.as_bytes()).await;
-        });
+            assert!(sample(&t, &series).is_some(), "no {series} in\n{t}");
+        }
+    }
+
+    #[tokio::test]
+    async fn healthz_follows_the_loop_heartbeat() {
+        let m = Arc::new(Metrics::default());
+        m.set_not_ready("waiting for spec.podCIDR");
+        let get = |m: Arc<Metrics>| async move {
+            let resp = healthz(State(m)).await;
+            let code = resp.status();
+            let body = axum::body::to_bytes(resp.into_body(), 4096)
+                .await
+                .expect("body");
+            (code, String::from_utf8_lossy(&body).into_owned())
+        };
+        let (code, body) = get(m.clone()).await;
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert!(
+            body.contains("starting") && body.contains("podCIDR"),
+            "{body}"
+        );
+        m.liveness.set_stale_after(Duration::from_millis(50));
+        m.liveness.beat();
+        assert_eq!(get(m.clone()).await, (StatusCode::OK, "ok\n".into()));
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        let (code, body) = get(m.clone()).await;
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert!(body.contains("has not finished a pass"), "{body}");
+        m.liveness.beat();
+        assert_eq!(get(m).await.0, StatusCode::OK);
+    }
+
+    #[test]
+    fn openmetrics_only_when_offered() {
+        let prom = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+        assert_eq!(Format::negotiate(Some(prom)), Format::OpenMetrics);
+        assert_eq!(Format::negotiate(None), Format::Prometheus);
+        assert_eq!(Format::negotiate(Some("*/*")), Format::Prometheus);
+        assert_eq!(
+            Format::negotiate(Some("application/openmetrics-text; q=0, text/plain")),
+            Format::Prometheus
+        );
     }
 }

@@ -93,13 +93,17 @@ pub struct NodeView {
     pub annotations: BTreeMap<String, String>,
 }
 
+/// A host IP other nodes can send VXLAN to. 240.0.0.0/4 is reserved
+/// (RFC 1112 class E): Linux routes it only with special sysctls, so a node
+/// that announced one would be a peer nobody can reach.
 fn valid_host_ip(ip: Ipv4Addr) -> bool {
     !(ip.is_unspecified()
         || ip.is_loopback()
         || ip.is_multicast()
         || ip.is_broadcast()
         || ip.is_link_local()
-        || ip.octets()[0] == 0)
+        || ip.octets()[0] == 0
+        || ip.octets()[0] >= 240)
 }
 
 /// Validates one node on its own.
@@ -363,6 +367,15 @@ mod tests {
                     Some("10.244.1.0/24"),
                     Some("02:00:00:00:00:01"),
                     Some("255.255.255.255"),
+                ),
+                "bad_host_ip",
+            ),
+            (
+                view(
+                    "a",
+                    Some("10.244.1.0/24"),
+                    Some("02:00:00:00:00:01"),
+                    Some("240.0.0.1"),
                 ),
                 "bad_host_ip",
             ),

@@ -1,0 +1,290 @@
+//! Start-up: what the agent does once before its loop. It finds its Node and
+//! waits for the podCIDR, brings `vxlan.1` up with a stable VTEP MAC, loads
+//! the programs, sets the sysctls and the masquerade rules, and announces the
+//! VTEP on its Node. [`Started`] is all of it the loop goes on with.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
+
+use super::{Config, RunOptions, VXLAN_OVERHEAD, kube_client, resolve_node_name, write_atomic};
+use crate::fastpath::FastPath;
+use crate::kernel::{Kernel, Underlay, VxlanSpec};
+use crate::metrics::Metrics;
+use crate::peers::{ANNOTATION_HOST_IP, ANNOTATION_VTEP_MAC, Cidr, Mac};
+use crate::underlay_filter::UnderlayFilter;
+
+/// What start-up produced, handed to the loop as a whole.
+pub(super) struct Started {
+    pub(super) client: kube::Client,
+    pub(super) nodes: Api<Node>,
+    pub(super) node_name: String,
+    pub(super) own_cidr: Cidr,
+    pub(super) kernel: Kernel,
+    /// `vxlan.1` as brought up; the loop moves it when the underlay moves.
+    pub(super) vx: VxlanSpec,
+    /// The underlay's own subnets at start: the first set direct routing
+    /// uses, before the loop re-reads the underlay.
+    pub(super) underlay_subnets: Vec<Cidr>,
+    pub(super) filter: UnderlayFilter,
+    pub(super) fast: FastPath,
+}
+
+pub(super) async fn start(
+    cfg: &Config,
+    opts: RunOptions,
+    metrics: &Arc<Metrics>,
+) -> Result<Started> {
+    let how = cfg.underlay()?;
+    let client = kube_client(cfg.kubeconfig.as_deref()).await?;
+    let node_name = retry("finding this node's name", || {
+        resolve_node_name(cfg, &client)
+    })
+    .await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    metrics.set_not_ready(format!("waiting for Node {node_name} to have spec.podCIDR"));
+    let own_cidr = wait_for_pod_cidr(cfg, &nodes, &node_name, metrics).await;
+
+    // Before vxlan.1 can exist: a fresh node accepts no VXLAN until its
+    // first pass knows the peers; a restarted one keeps its peer set.
+    let filter = UnderlayFilter::start(cfg.vxlan_port, metrics.clone());
+    let kernel = Kernel::new()?;
+    let underlay = kernel
+        .select_underlay(&how)
+        .await
+        .with_context(|| {
+            format!(
+                "finding the underlay --iface {how} (ConfigMap mycni-config key `underlay`, env MYCNI_IFACE)"
+            )
+        })?;
+    let mtu = overlay_mtu(opts.mtu, &underlay)?;
+    let vx = bring_up_vxlan(cfg, &kernel, &underlay, mtu, &node_name, own_cidr).await?;
+    let fast = load_programs(cfg, metrics)?;
+    set_sysctl(&cfg.proc_sys, "net.ipv4.ip_forward", "1")?;
+    warn_loose_rp_filter(&cfg.proc_sys);
+    if cfg.masquerade {
+        crate::masq::install(cfg.cluster_cidr).context("installing masquerade rules")?;
+    }
+    announce(&nodes, &node_name, vx.mac, &underlay).await;
+    Ok(Started {
+        client,
+        nodes,
+        node_name,
+        own_cidr,
+        kernel,
+        vx,
+        underlay_subnets: underlay.subnets,
+        filter,
+        fast,
+    })
+}
+
+/// The podCIDR comes from kube-controller-manager; until then there is
+/// nothing to do but wait and say so.
+async fn wait_for_pod_cidr(
+    cfg: &Config,
+    nodes: &Api<Node>,
+    node_name: &str,
+    metrics: &Metrics,
+) -> Cidr {
+    loop {
+        match nodes.get_opt(node_name).await {
+            Ok(Some(n)) => match n
+                .spec
+                .as_ref()
+                .and_then(|s| s.pod_cidr.as_deref())
+                .map(|c| (c, Cidr::parse_network(c).ok()))
+            {
+                Some((_, Some(c))) if cfg.cluster_cidr.covers(c) => return c,
+                Some((raw, _)) => {
+                    tracing::error!(node = %node_name, pod_cidr = raw, cluster_cidr = %cfg.cluster_cidr, "own podCIDR is invalid or outside the cluster CIDR");
+                    metrics.set_not_ready(format!(
+                        "own podCIDR {raw:?} is invalid or outside {}",
+                        cfg.cluster_cidr
+                    ));
+                }
+                None => {
+                    tracing::info!(node = %node_name, "waiting for spec.podCIDR (kube-controller-manager --allocate-node-cidrs)")
+                }
+            },
+            Ok(None) => tracing::warn!(node = %node_name, "own Node object not found; retrying"),
+            Err(e) => tracing::warn!(error = %e, "cannot read own Node; retrying"),
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// `vxlan.1` over the underlay, addressed with the podCIDR's network address.
+async fn bring_up_vxlan(
+    cfg: &Config,
+    kernel: &Kernel,
+    underlay: &Underlay,
+    mtu: u32,
+    node_name: &str,
+    own_cidr: Cidr,
+) -> Result<VxlanSpec> {
+    let existing_mac = kernel.link(&cfg.vxlan_name).await?.map(|l| l.mac);
+    let mac = vtep_mac(&cfg.data_dir, existing_mac.as_deref())?;
+    let vx = VxlanSpec {
+        name: cfg.vxlan_name.clone(),
+        vni: cfg.vni,
+        port: cfg.vxlan_port,
+        underlay_index: underlay.index,
+        local_ip: underlay.ip,
+        mtu,
+        mac,
+        address: own_cidr.network(),
+    };
+    tracing::info!(node = %node_name, pod_cidr = %own_cidr, underlay = %underlay.name, host_ip = %underlay.ip, vtep_mac = %mac, mtu = vx.mtu, "bringing the overlay up");
+    kernel.ensure_vxlan(&vx).await?;
+    Ok(vx)
+}
+
+/// The MTU of vxlan.1 and the pods: the override, if the underlay can carry
+/// it with VXLAN around it (a larger one would have the underlay drop or
+/// fragment every full-size packet), else the most it can carry.
+fn overlay_mtu(want: Option<u32>, underlay: &Underlay) -> Result<u32> {
+    let most = underlay.mtu.saturating_sub(VXLAN_OVERHEAD);
+    match want {
+        None => Ok(most),
+        Some(m) if m <= most => Ok(m),
+        Some(m) => anyhow::bail!(
+            "--mtu {m} (ConfigMap mycni-config key `mtu`, env MYCNI_MTU) is above what the underlay {} carries with VXLAN: at most {most} ({} less {VXLAN_OVERHEAD})",
+            underlay.name,
+            underlay.mtu
+        ),
+    }
+}
+
+/// The eBPF fast path, from `--ebpf-object` or the embedded object; it
+/// falls back to the kernel path by itself when the programs cannot load.
+fn load_programs(cfg: &Config, metrics: &Arc<Metrics>) -> Result<FastPath> {
+    let object = match &cfg.ebpf_object {
+        Some(p) => Some(
+            std::fs::read(p).with_context(|| format!("reading --ebpf-object {}", p.display()))?,
+        ),
+        None => crate::ebpf::embedded_object().map(<[u8]>::to_vec),
+    };
+    Ok(FastPath::start(
+        cfg.datapath,
+        cfg.tc_encap,
+        object.as_deref(),
+        cfg.ebpf_log,
+        &cfg.pin_dir,
+        &cfg.proc_sys,
+        metrics.clone(),
+    ))
+}
+
+/// Publish ourselves: what peers need to reach our pods.
+async fn announce(nodes: &Api<Node>, node_name: &str, mac: Mac, underlay: &Underlay) {
+    let patch = serde_json::json!({ "metadata": { "annotations": {
+        ANNOTATION_VTEP_MAC: mac.to_string(),
+        ANNOTATION_HOST_IP: underlay.ip.to_string(),
+    }}});
+    let (pp, merge) = (PatchParams::default(), Patch::Merge(&patch));
+    retry("publishing VTEP annotations on own Node", || {
+        nodes.patch(node_name, &pp, &merge)
+    })
+    .await;
+}
+
+/// The VTEP MAC: reused from the last run (data dir), else from an existing
+/// device, else new. Stable across restarts and re-creation, so peers never
+/// keep a stale MAC.
+fn vtep_mac(data_dir: &Path, existing: Option<&[u8]>) -> Result<Mac> {
+    let file = data_dir.join("vtep-mac");
+    if let Ok(s) = std::fs::read_to_string(&file)
+        && let Ok(m) = s.trim().parse::<Mac>()
+    {
+        return Ok(m);
+    }
+    let mac = match existing.and_then(|e| Mac::try_from(e).ok()) {
+        Some(m) if m.is_unicast() => m,
+        _ => {
+            let mut m: [u8; 6] = rand::random();
+            m[0] = (m[0] & 0xfe) | 0x02; // unicast, locally administered
+            Mac(m)
+        }
+    };
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("creating {}", data_dir.display()))?;
+    write_atomic(&file, format!("{mac}\n").as_bytes())?;
+    Ok(mac)
+}
+
+/// The plugin makes each pod's host veth drop packets whose source is not
+/// the pod's (strict reverse-path filtering), but the kernel applies the
+/// larger of `all` and the device's value: with `all` at 2 (loose) a pod
+/// can send from another pod's address on this node. That is the host's
+/// policy to change, not the agent's; say so where an operator looks.
+fn warn_loose_rp_filter(proc_sys: &Path) {
+    let p = proc_sys.join("net/ipv4/conf/all/rp_filter");
+    if std::fs::read_to_string(&p).is_ok_and(|v| v.trim() == "2") {
+        tracing::warn!(
+            "net.ipv4.conf.all.rp_filter is 2 (loose): pods can send from other pods' addresses on this node; set it to 0 or 1 so the plugin's per-veth strict filter applies"
+        );
+    }
+}
+
+fn set_sysctl(proc_sys: &Path, key: &str, value: &str) -> Result<()> {
+    let p = proc_sys.join(key.replace('.', "/"));
+    std::fs::write(&p, value).with_context(|| format!("writing {value} to {}", p.display()))
+}
+
+/// Retries an API call until it succeeds, with capped exponential backoff:
+/// an API server that is briefly away at start must not crash-loop every
+/// node's agent.
+async fn retry<T, E, F>(what: &str, mut f: impl FnMut() -> F) -> T
+where
+    E: std::fmt::Display,
+    F: std::future::Future<Output = std::result::Result<T, E>>,
+{
+    let mut delay = Duration::from_millis(200);
+    loop {
+        // A request that gets no answer (a half-dead pooled connection) must
+        // not stall start-up: give up on it and retry on a fresh one.
+        match tokio::time::timeout(Duration::from_secs(5), f()).await {
+            Ok(Ok(v)) => return v,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, retry_in = ?delay, "{what} failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(10));
+            }
+            Err(_) => {
+                tracing::warn!(retry_in = ?delay, "{what}: no answer within 5 s; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(10));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mtu_override_must_fit_the_underlay() {
+        let u = Underlay {
+            name: "eth0".into(),
+            index: 2,
+            ip: std::net::Ipv4Addr::new(192, 168, 1, 2),
+            mtu: 1500,
+            subnets: vec![],
+        };
+        assert_eq!(overlay_mtu(None, &u).ok(), Some(1450));
+        assert_eq!(overlay_mtu(Some(1400), &u).ok(), Some(1400));
+        assert_eq!(overlay_mtu(Some(1450), &u).ok(), Some(1450));
+        let e = overlay_mtu(Some(1451), &u).map_err(|e| e.to_string());
+        let e = e.expect_err("1451 over a 1500 underlay");
+        assert!(
+            e.contains("`mtu`") && e.contains("eth0") && e.contains("1450"),
+            "{e}"
+        );
+    }
+}
