@@ -1,125 +1,111 @@
-//! `cargo xtask lab`: the local multi-node cluster (see tests/lab/src/lib.rs).
+//! `cargo xtask lab` and `cargo xtask soak`: the local multi-node cluster,
+//! its benchmark and its soak (see tests/lab/src/lib.rs).
 //!
-//! xtask builds the release binaries and hands over to `mycni-lab`, which
-//! does the work so the lab tests drive exactly the same code.
+//! xtask builds what they run and hands its arguments, as they are, to the
+//! internal `mycni-lab` binary, which declares every flag (and whose help
+//! `cargo xtask lab --help` shows): the lab tests drive the same code, and a
+//! flag or a default lives in one place.
 
-use anyhow::Result;
-use clap::{Args, Subcommand};
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
 
 use crate::util::{Cmd, workspace_root};
 use crate::{HOST_TOOLCHAIN, setup};
 
-#[derive(Args, Clone)]
-pub struct LabArgs {
-    #[command(subcommand)]
-    cmd: Option<LabCmd>,
-    /// Number of nodes.
-    #[arg(long, default_value_t = 3, global = true)]
-    nodes: usize,
-    /// Pods per node.
-    #[arg(long, default_value_t = 2, global = true)]
-    pods: usize,
-    /// The agents' datapath: `ebpf` (the tc fast path) or `kernel`. `up`
-    /// fails when an agent runs another one (e.g. built without the eBPF
-    /// object), naming the reason it gives.
-    #[arg(long, default_value = "ebpf", value_parser = ["ebpf", "kernel"], global = true)]
-    datapath: String,
-    /// With `--datapath ebpf`: encapsulate in tc (datapath v2), or hand
-    /// remote traffic to vxlan.1 (`false`).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, global = true)]
-    tc_encap: bool,
-    /// Route peers on the underlay's own subnet (every node of the lab)
-    /// without VXLAN: the agents' `--direct-routing`.
-    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, global = true)]
-    direct_routing: bool,
+/// mycni-lab's commands, as far as xtask needs to know them: what to build
+/// first.
+const LAB_COMMANDS: [&str; 7] = ["up", "test", "status", "down", "bench", "soak", "help"];
+
+/// What a `cargo xtask lab` command line needs built before it runs.
+#[derive(Debug, PartialEq, Eq)]
+enum Build {
+    /// The eBPF object (which the agent embeds), then every release binary
+    /// a lab runs: anything that brings up a lab.
+    Everything,
+    /// Only `mycni-lab`, and only when it is missing: help.
+    LabIfMissing,
+    /// Nothing: the command works on a lab brought up earlier, with the
+    /// binaries it was brought up with.
+    Nothing,
 }
 
-#[derive(Subcommand, Clone)]
-pub enum LabCmd {
-    /// Build everything (the eBPF object first, which the agent embeds),
-    /// start N node netns on an underlay bridge, each with the real agent
-    /// against the API fixture, and P pods per node.
-    Up,
-    /// Print the connectivity matrix (ping, TCP, a bulk echo) of a running
-    /// lab, then per node its datapath and the fast share of pod traffic.
-    Test,
-    /// Show nodes, pods, agent readiness and metrics endpoints.
-    Status,
-    /// Remove every namespace, process and file the lab created.
-    Down,
-    /// Datapath benchmarks side by side in one run: a direct veth, the
-    /// underlay and overlay node to node (the floors), the kernel path, the
-    /// eBPF fast path via vxlan.1 and with tc encap (node1 pod -> node2
-    /// pod), with and without a kube-proxy-sized iptables ruleset; prints a
-    /// table with medians, min-max, ratios against the targets and the fast
-    /// share from the counters, and writes it to target/lab-bench.md. Brings
-    /// up its own 2-node x 1-pod lab (mycnib-*, /run/mycni-bench-lab) and
-    /// tears it down; --nodes/--pods/--datapath/--tc-encap/--direct-routing do not apply.
-    Bench(BenchArgs),
-}
-
-#[derive(Args, Clone)]
-pub struct BenchArgs {
-    /// Interleaved runs of every variant (the table shows medians and
-    /// min-max). The default bench takes about a quarter of an hour.
-    #[arg(long, default_value_t = 5)]
-    runs: usize,
-    /// Seconds per measure (latency, stream, small packets).
-    #[arg(long, default_value_t = 4)]
-    seconds: u64,
-    /// Services (2 endpoints each) in the kube-proxy ruleset.
-    #[arg(long, default_value_t = 2000)]
-    services: usize,
-    /// Non-matching filter FORWARD rules in the synthetic ruleset.
-    #[arg(long, default_value_t = 2000)]
-    synthetic_rules: usize,
-    /// CPU both sockperf ends are pinned to, or `none`.
-    #[arg(long, default_value = "1")]
-    pin_cpu: String,
-}
-
-pub fn run(args: LabArgs) -> Result<()> {
-    let root = workspace_root();
-    if let Some(LabCmd::Bench(b)) = &args.cmd {
-        return bench(b);
+/// The first of `args` that names a mycni-lab command; none means the
+/// default, up then test. Flag values never collide with a command's name
+/// (numbers, `ebpf`/`kernel`, `true`/`false`, paths).
+fn build_for(args: &[String]) -> Build {
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        return Build::LabIfMissing;
     }
-    let cmds: Vec<&str> = match args.cmd {
-        // The README's main job: a lab that is up and proven reachable.
-        None => vec!["up", "test"],
-        Some(LabCmd::Up) => vec!["up"],
-        Some(LabCmd::Test) => vec!["test"],
-        Some(LabCmd::Status) => vec!["status"],
-        Some(LabCmd::Down) => vec!["down"],
-        Some(LabCmd::Bench(_)) => vec![],
-    };
-    if cmds.contains(&"up") {
-        setup::run()?;
-        // The agent embeds the object at build time: without it every node
-        // would come up on the kernel path.
-        crate::build_ebpf(true)?;
-        build_release()?;
+    match args
+        .iter()
+        .find(|a| LAB_COMMANDS.contains(&a.as_str()))
+        .map(String::as_str)
+    {
+        None | Some("up" | "bench" | "soak") => Build::Everything,
+        Some("help") => Build::LabIfMissing,
+        Some(_) => Build::Nothing,
     }
-    let lab = root.join("target/release/mycni-lab");
-    for c in cmds {
-        let mut cmd = Cmd::new(&lab.to_string_lossy())
-            .args([
-                "--nodes",
-                &args.nodes.to_string(),
-                "--pods",
-                &args.pods.to_string(),
-            ])
-            .arg(c);
-        if c == "up" {
-            cmd = cmd
-                .args(["--datapath", &args.datapath])
-                .args(["--tc-encap", &args.tc_encap.to_string()]);
-            if args.direct_routing {
-                cmd = cmd.args(["--agent-arg=--direct-routing", "--agent-arg=true"]);
-            }
+}
+
+fn lab_binary() -> PathBuf {
+    workspace_root().join("target/release/mycni-lab")
+}
+
+/// `cargo xtask lab [ARGS]`: builds what the command needs, then runs
+/// `mycni-lab ARGS`.
+pub fn run(args: &[String]) -> Result<()> {
+    prepare(build_for(args))?;
+    lab_command(args).run_interruptible()
+}
+
+/// `cargo xtask soak [ARGS]`: `mycni-lab soak ARGS`, after building.
+pub fn soak(args: &[String]) -> Result<()> {
+    let mut full = vec!["soak".to_string()];
+    full.extend(args.iter().cloned());
+    run(&full)
+}
+
+fn prepare(build: Build) -> Result<()> {
+    let lab = lab_binary();
+    match build {
+        Build::Everything => {
+            setup::run()?;
+            // The agent embeds the object at build time: without it every
+            // node would come up on the kernel path, and the bench and the
+            // soak measure the fast path.
+            crate::build_ebpf(true)?;
+            build_release()
         }
-        cmd.run_interruptible()?;
+        Build::LabIfMissing if !lab.exists() => {
+            setup::run()?;
+            Cmd::new("cargo")
+                .args(["build", "--release", "--locked", "--package", "mycni-lab"])
+                .args(["--bin", "mycni-lab"])
+                .toolchain(HOST_TOOLCHAIN)
+                .cwd(&workspace_root())
+                .run()
+        }
+        Build::LabIfMissing | Build::Nothing => {
+            if !lab.exists() {
+                bail!(
+                    "{} is missing: `cargo xtask lab` builds it (and brings a lab up)",
+                    lab.display()
+                );
+            }
+            Ok(())
+        }
     }
-    Ok(())
+}
+
+/// `mycni-lab ARGS`, with the reports' default places in target/ (the
+/// binary's `--out` flags read them from the environment).
+fn lab_command(args: &[String]) -> Cmd {
+    let root = workspace_root();
+    Cmd::new(&lab_binary().to_string_lossy())
+        .args(args)
+        .env("MYCNI_LAB_BENCH_OUT", root.join("target/lab-bench.md"))
+        .env("MYCNI_LAB_SOAK_OUT", root.join("target/soak.md"))
 }
 
 pub fn build_release() -> Result<()> {
@@ -133,34 +119,30 @@ pub fn build_release() -> Result<()> {
         .run()
 }
 
-/// The bench measures the fast path, so the agent must embed a current eBPF
-/// object: build it first (a no-op when nothing changed), then the binaries.
-fn bench(b: &BenchArgs) -> Result<()> {
-    let root = workspace_root();
-    setup::run()?;
-    crate::build_ebpf(true)?;
-    build_release()?;
-    Cmd::new(&root.join("target/release/mycni-lab").to_string_lossy())
-        .arg("bench")
-        .args(["--runs", &b.runs.to_string()])
-        .args(["--seconds", &b.seconds.to_string()])
-        .args(["--services", &b.services.to_string()])
-        .args(["--synthetic-rules", &b.synthetic_rules.to_string()])
-        .args(["--pin-cpu", &b.pin_cpu])
-        .arg("--out")
-        .arg(root.join("target/lab-bench.md"))
-        .run_interruptible()
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// `cargo xtask soak`: the long reliability cases, on labs of their own.
-pub fn soak() -> Result<()> {
-    let root = workspace_root();
-    setup::run()?;
-    crate::build_ebpf(true)?;
-    build_release()?;
-    Cmd::new(&root.join("target/release/mycni-lab").to_string_lossy())
-        .arg("soak")
-        .arg("--out")
-        .arg(root.join("target/soak.md"))
-        .run_interruptible()
+    fn build(line: &str) -> Build {
+        let args: Vec<String> = line.split_whitespace().map(String::from).collect();
+        build_for(&args)
+    }
+
+    #[test]
+    fn what_a_command_line_builds() {
+        assert_eq!(build(""), Build::Everything);
+        assert_eq!(build("--datapath kernel"), Build::Everything);
+        assert_eq!(
+            build("--nodes 2 up --direct-routing true"),
+            Build::Everything
+        );
+        assert_eq!(build("bench --runs 1 --seconds 1"), Build::Everything);
+        assert_eq!(build("soak"), Build::Everything);
+        assert_eq!(build("down"), Build::Nothing);
+        assert_eq!(build("--nodes 4 status"), Build::Nothing);
+        assert_eq!(build("test"), Build::Nothing);
+        assert_eq!(build("--help"), Build::LabIfMissing);
+        assert_eq!(build("bench -h"), Build::LabIfMissing);
+        assert_eq!(build("help bench"), Build::LabIfMissing);
+    }
 }

@@ -25,7 +25,12 @@ pub const EBPF_TOOLCHAIN: &str = "nightly-2026-07-01";
 pub const EBPF_TARGET: &str = "bpfel-unknown-none";
 
 #[derive(Parser)]
-#[command(name = "cargo xtask", about = "mycni developer tasks", version)]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    about = "mycni developer tasks",
+    version
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Command,
@@ -71,38 +76,35 @@ enum Command {
         /// One target (cni_config, prev_result, cni_args, peer_node); all when absent.
         target: Option<String>,
     },
-    /// Benchmarks that print figures side by side with the reference.
-    #[command(subcommand)]
-    Bench(BenchCmd),
-    /// The local multi-node lab: node network namespaces running the real
-    /// agent and plugin against a Kubernetes API fixture. Without a
-    /// subcommand: up, then the connectivity test.
-    Lab(lab::LabArgs),
-    /// The long reliability cases (~5 min): 1,000 pod ADD/DEL cycles with
-    /// SIGKILLed plugins, agent SIGKILLs, the agent away, a 60 s API outage,
-    /// kernel state removed, a host IP moved, an upgrade with a changed map
-    /// layout, a node re-added with a new podCIDR; long-lived TCP and UDP
-    /// flows across nodes throughout. Prints a table (also target/soak.md)
-    /// and fails on any leak or broken flow.
-    Soak,
-}
-
-#[derive(Subcommand)]
-enum BenchCmd {
-    /// CNI ADD/DEL latency: mycni (built-in IPAM, host-local delegation)
-    /// interleaved with the reference ptp + host-local; medians and ratios.
-    Plugin {
-        /// Measured runs per variant.
-        #[arg(long, default_value_t = 200)]
-        runs: usize,
+    /// Benchmarks that print figures side by side with the reference:
+    /// `bench plugin`, `bench agent`, `bench datapath` (= `lab bench`).
+    /// Builds what the benchmark runs, then hands every argument to the
+    /// bench binary: `cargo xtask bench --help` lists them.
+    #[command(disable_help_flag = true)]
+    Bench {
+        /// `plugin|agent|datapath [FLAGS]`, see `cargo xtask bench --help`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
-    /// Node agent convergence with N peer Nodes in a 1-node lab: list
-    /// complete -> routes, neighbours and FDB programmed, per-event latency,
-    /// peak RSS, against `ip -batch` programming the same entries.
-    Agent {
-        /// Peer Nodes to create.
-        #[arg(long, default_value_t = 5000)]
-        nodes: usize,
+    /// The local multi-node lab (node network namespaces running the real
+    /// agent and plugin against a Kubernetes API fixture), its datapath
+    /// benchmark (`lab bench`) and soak. Without a command: up, then the
+    /// connectivity test. Builds what the command runs, then hands every
+    /// argument to the lab binary: `cargo xtask lab --help` lists them.
+    #[command(disable_help_flag = true)]
+    Lab {
+        /// `[FLAGS] [up|test|status|down|bench|soak] [FLAGS]`, see `cargo xtask lab --help`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// The long reliability cases (~5 min): `cargo xtask lab soak`, see
+    /// `cargo xtask soak --help`. Prints a table (also target/soak.md) and
+    /// fails on any leak or broken flow.
+    #[command(disable_help_flag = true)]
+    Soak {
+        /// Arguments for the soak, see `cargo xtask soak --help`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
 }
 
@@ -117,10 +119,9 @@ fn main() -> ExitCode {
             asan,
             target,
         } => setup::run().and_then(|()| fuzz::run(seconds, target.as_deref(), asan)),
-        Command::Bench(BenchCmd::Plugin { runs }) => bench_plugin(runs),
-        Command::Bench(BenchCmd::Agent { nodes }) => bench_agent(nodes),
-        Command::Lab(cmd) => lab::run(cmd),
-        Command::Soak => lab::soak(),
+        Command::Bench { args } => bench(&args),
+        Command::Lab { args } => lab::run(&args),
+        Command::Soak { args } => lab::soak(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -247,55 +248,39 @@ fn test(extra: &[String]) -> Result<()> {
     fuzz::run(fuzz::TEST_SECONDS, None, false)
 }
 
-fn bench_plugin(runs: usize) -> Result<()> {
+/// `cargo xtask bench ARGS`: builds what the named benchmark runs (all of
+/// the lab's binaries and the eBPF object for `datapath`, which is `lab
+/// bench`), then runs `mycni-bench ARGS`, which owns the flags.
+fn bench(args: &[String]) -> Result<()> {
     let root = workspace_root();
+    let which = args
+        .iter()
+        .find(|a| !a.starts_with('-'))
+        .map(String::as_str);
+    if which == Some("datapath") {
+        let mut lab_args = vec!["bench".to_string()];
+        lab_args.extend(args.iter().filter(|a| *a != "datapath").cloned());
+        return lab::run(&lab_args);
+    }
     setup::run()?;
-    Cmd::new("cargo")
-        .args([
-            "build",
-            "--release",
-            "--locked",
-            "--package",
-            "mycni-plugin",
-        ])
-        .args([
-            "--package",
-            "mycni-lab",
-            "--bin",
-            "mycni",
-            "--bin",
-            "mycni-bench",
-        ])
-        .toolchain(HOST_TOOLCHAIN)
-        .cwd(&root)
-        .run()?;
-    Cmd::new(&root.join("target/release/mycni-bench").to_string_lossy())
-        .arg("plugin")
-        .arg(root.join("target/release/mycni"))
-        .arg(runs.to_string())
-        .run()
-}
-
-fn bench_agent(nodes: usize) -> Result<()> {
-    let root = workspace_root();
-    setup::run()?;
-    Cmd::new("cargo")
-        .args(["build", "--release", "--locked"])
-        .args([
+    let what: &[&str] = match which {
+        Some("plugin") => &["--package", "mycni-plugin", "--bins"],
+        Some("agent") => &[
             "--package",
             "mycni-agent",
             "--package",
-            "mycni-lab",
-            "--package",
             "mycni-apiserver",
             "--bins",
-        ])
+        ],
+        _ => &["--bin", "mycni-bench"],
+    };
+    Cmd::new("cargo")
+        .args(["build", "--release", "--locked", "--package", "mycni-lab"])
+        .args(what)
         .toolchain(HOST_TOOLCHAIN)
         .cwd(&root)
         .run()?;
     Cmd::new(&root.join("target/release/mycni-bench").to_string_lossy())
-        .arg("agent")
-        .arg(root.join("target/release"))
-        .arg(nodes.to_string())
-        .run()
+        .args(args)
+        .run_interruptible()
 }

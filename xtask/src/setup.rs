@@ -47,6 +47,10 @@ const PACKAGES: &[(&str, &str)] = &[
         "protobuf-compiler",
         "k8s-cri's build script compiles the CRI proto",
     ),
+    (
+        "prometheus",
+        "promtool: checks the agent's /metrics and the alerting rules in deploy/monitoring",
+    ),
 ];
 
 const CARGO_BIN_LINKER: &str = "bpf-linker";

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result, ensure};
+use mycni_common::net::Cidr;
 use mycni_e2e::cri::ContainerdHarness;
 
 /// The CNI network containerd will use.
@@ -22,9 +23,8 @@ struct CniSetup {
     conf_dir: PathBuf,
     /// The `name` in the conflist; libcni's cache files carry it.
     network: &'static str,
-    /// Pod addresses must fall in `subnet/prefix_len`.
-    subnet: Ipv4Addr,
-    prefix_len: u32,
+    /// Pod addresses must fall in it.
+    subnet: Cidr<Ipv4Addr>,
     /// host-local's `dataDir`, if the network uses host-local: the pod's
     /// lease file there must come and go with the pod.
     host_local_data_dir: Option<PathBuf>,
@@ -48,8 +48,7 @@ fn mycni_plugins(dir: &Path) -> Result<CniSetup> {
         bin_dir,
         conf_dir,
         network: "mycni0",
-        subnet: Ipv4Addr::new(10, 250, 0, 0),
-        prefix_len: 24,
+        subnet: Cidr::parse_network("10.250.0.0/24")?,
         host_local_data_dir: Some(ipam_data_dir.clone()),
     };
     // containerd 1.6's libcni speaks up to 1.0.0; the plugin answers in it.
@@ -62,7 +61,7 @@ fn mycni_plugins(dir: &Path) -> Result<CniSetup> {
             "logFile": dir.join("mycni.log"),
             "ipam": {
                 "type": "mycni-ipam",
-                "subnet": format!("{}/{}", setup.subnet, setup.prefix_len),
+                "subnet": setup.subnet.to_string(),
                 // Leases must not go to the host's /var/lib/cni/networks.
                 "dataDir": ipam_data_dir,
             },
@@ -73,11 +72,6 @@ fn mycni_plugins(dir: &Path) -> Result<CniSetup> {
         serde_json::to_vec_pretty(&conflist)?,
     )?;
     Ok(setup)
-}
-
-fn in_subnet(ip: Ipv4Addr, subnet: Ipv4Addr, prefix_len: u32) -> bool {
-    let mask = u32::MAX.checked_shl(32 - prefix_len).unwrap_or(0);
-    u32::from(ip) & mask == u32::from(subnet) & mask
 }
 
 /// Files under `dir` (recursively) whose name contains `needle`.
@@ -114,12 +108,7 @@ fn pod_network_through_containerd_cri() -> Result<()> {
         .ip
         .parse()
         .with_context(|| format!("pod IP {:?}", status.ip))?;
-    ensure!(
-        in_subnet(ip, cni.subnet, cni.prefix_len),
-        "pod IP {ip} not in {}/{}",
-        cni.subnet,
-        cni.prefix_len
-    );
+    ensure!(cni.subnet.contains(ip), "pod IP {ip} not in {}", cni.subnet);
 
     // The sandbox netns, seen the way the plugin left it.
     let addrs = h.pod_netns_exec(&id, "ip", &["-4", "-o", "addr", "show", "dev", "eth0"])?;

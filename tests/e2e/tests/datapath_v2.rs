@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
+use mycni_common::net::Mac;
 use mycni_lab::{ECHO_PORT, Lab, Pod};
 use mycni_testkit::in_netns;
 
@@ -258,11 +259,11 @@ fn vtep_mac(l: &Lab, i: usize) -> Result<[u8; 6]> {
         "cat",
         &["/sys/class/net/vxlan.1/address"],
     )?;
-    let mut m = [0u8; 6];
-    for (k, p) in out.trim().split(':').enumerate().take(6) {
-        m[k] = u8::from_str_radix(p, 16)?;
-    }
-    Ok(m)
+    let mac: Mac = out
+        .trim()
+        .parse()
+        .with_context(|| format!("bad MAC {:?} on vxlan.1", out.trim()))?;
+    Ok(mac.octets())
 }
 
 #[test]

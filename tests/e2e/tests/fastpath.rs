@@ -236,24 +236,34 @@ fn fast_path_forwards_established_flows_and_leaves_control_and_nat_to_the_kernel
         assert_eq!(invalid_drops(l, i)?, 0, "INVALID drops on node {i}");
     }
 
-    // The operator's view of the same state.
+    // The operator's view of the same state: told where the pins are, and
+    // not told (found from the programs attached in node 1's namespace;
+    // the lab's three agents pin under three directories of one bpffs).
     let bpffs = l.spec.bpffs().join("node1");
-    let inspect = ns_sh(
+    let agent = l.spec.bins.agent.to_string_lossy().into_owned();
+    let pinned = ns_sh(
         &l.spec.node_name(1),
-        &l.spec.bins.agent.to_string_lossy(),
+        &agent,
         &["inspect", "--bpffs", &bpffs.to_string_lossy()],
     )?;
-    eprintln!("mycni-agent inspect on node 1:\n{inspect}");
-    for want in [
-        a.ip.to_string(),
-        a2.ip.to_string(),
-        "10.244.2.0/24".to_string(),
-        "mycni_from_vxlan".to_string(),
-        "mycni_from_underlay".to_string(),
-        "fast_encap".to_string(),
-        "kernel_nat".to_string(),
-    ] {
-        assert!(inspect.contains(&want), "inspect lacks {want}:\n{inspect}");
+    let attached = ns_sh(&l.spec.node_name(1), &agent, &["inspect"])?;
+    eprintln!("mycni-agent inspect on node 1:\n{attached}");
+    assert!(
+        attached.contains("fast path attached to vxlan.1"),
+        "{attached}"
+    );
+    for inspect in [&pinned, &attached] {
+        for want in [
+            a.ip.to_string(),
+            a2.ip.to_string(),
+            "10.244.2.0/24".to_string(),
+            "mycni_from_vxlan".to_string(),
+            "mycni_from_underlay".to_string(),
+            "fast_encap".to_string(),
+            "kernel_nat".to_string(),
+        ] {
+            assert!(inspect.contains(&want), "inspect lacks {want}:\n{inspect}");
+        }
     }
 
     // The kernel path alone gives the same matrix.

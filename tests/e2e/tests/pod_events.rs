@@ -11,6 +11,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+use mycni_common::net::Cidr;
 use mycni_lab::Lab;
 use mycni_testkit::NetNs;
 use serde_json::Value;
@@ -22,8 +23,8 @@ const LIMIT: Duration = Duration::from_millis(100);
 fn ip_of(result: &Value) -> Result<Ipv4Addr> {
     result["ips"][0]["address"]
         .as_str()
-        .and_then(|a| a.split('/').next())
-        .and_then(|a| a.parse().ok())
+        .and_then(|a| a.parse::<Cidr<Ipv4Addr>>().ok())
+        .map(Cidr::addr)
         .with_context(|| format!("no IP in ADD result {result}"))
 }
 

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use mycni_apiserver::node;
+use mycni_common::net::Mac;
 use mycni_lab::{Lab, Pod, node_ip};
 use mycni_testkit::{in_netns, sh};
 
@@ -117,14 +118,8 @@ fn vtep_mac(l: &Lab, i: usize) -> Result<[u8; 6]> {
         .nth(1)
         .and_then(|r| r.split(' ').next())
         .context("no MAC on vxlan.1")?;
-    let mut mac = [0u8; 6];
-    let bytes: Vec<u8> = text
-        .split(':')
-        .map(|b| u8::from_str_radix(b, 16))
-        .collect::<Result<_, _>>()?;
-    ensure!(bytes.len() == 6, "bad MAC {text}");
-    mac.copy_from_slice(&bytes);
-    Ok(mac)
+    let mac: Mac = text.parse().with_context(|| format!("bad MAC {text}"))?;
+    Ok(mac.octets())
 }
 
 /// The host IPs node 1 accepts VXLAN from, as nft lists them.

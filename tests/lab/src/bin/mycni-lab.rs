@@ -1,62 +1,101 @@
 //! `mycni-lab`: the local multi-node lab (run through `cargo xtask lab`),
 //! plus the small tools its pods and nodes run.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use mycni_lab::{self as lab, Bins, Lab, Spec, labbench, soak};
 
+/// `cargo xtask lab` and `cargo xtask soak` hand their arguments to this
+/// binary as they are: the flags below are the only declaration of them, and
+/// this help is what `cargo xtask lab --help` shows.
 #[derive(Parser)]
 #[command(
     name = "mycni-lab",
-    about = "mycni's local multi-node lab in network namespaces"
+    bin_name = "cargo xtask lab",
+    about = "The local multi-node lab: node network namespaces running the real agent and \
+             plugin against a Kubernetes API fixture. Without a command: up, then test.",
+    after_help = "`cargo xtask lab` and `cargo xtask soak` build what these commands run \
+                  (the eBPF object, which the agent embeds, then the release binaries) \
+                  before handing over to this binary; `test`, `status` and `down` use \
+                  the binaries already built."
 )]
 struct Cli {
     /// Directory with mycni, mycni-agent, mycni-apiserver (default: this binary's).
     #[arg(long, global = true)]
     bin_dir: Option<PathBuf>,
-    /// Lab state directory (default /run/mycni-lab; `bench` uses its own
-    /// lab, always in /run/mycni-bench-lab).
+    /// Lab state directory (default /run/mycni-lab; `bench` and `soak` use
+    /// labs of their own).
     #[arg(long, global = true)]
     root: Option<PathBuf>,
+    /// Number of nodes.
     #[arg(long, global = true, default_value_t = 3)]
     nodes: usize,
+    /// Pods per node.
     #[arg(long, global = true, default_value_t = 2)]
     pods: usize,
+    #[command(flatten)]
+    up: UpArgs,
     #[command(subcommand)]
-    cmd: Cmd,
+    cmd: Option<Cmd>,
+}
+
+/// How `up` (and the default up-then-test) starts the agents; `bench` and
+/// `soak` choose their own.
+#[derive(Args)]
+struct UpArgs {
+    /// The agents' datapath: `ebpf` (the tc fast path) or `kernel`. `up`
+    /// fails (and removes the lab) when an agent runs another one, e.g.
+    /// built without the eBPF object, naming the reason it gives.
+    #[arg(long, global = true, default_value = "ebpf", value_parser = ["ebpf", "kernel"])]
+    datapath: String,
+    /// With `--datapath ebpf`: encapsulate in tc (datapath v2), or hand
+    /// remote traffic to vxlan.1 (`false`).
+    #[arg(long, global = true, default_value_t = true, action = clap::ArgAction::Set)]
+    tc_encap: bool,
+    /// Route peers on the underlay's own subnet (every node of the lab)
+    /// without VXLAN: the agents' `--direct-routing`.
+    #[arg(long, global = true, default_value_t = false, action = clap::ArgAction::Set)]
+    direct_routing: bool,
+    /// Extra agent arguments, e.g. `--agent-arg=--resync --agent-arg=1s`.
+    #[arg(long, global = true, allow_hyphen_values = true)]
+    agent_arg: Vec<String>,
+    /// Run a real Prometheus in the underlay namespace scraping every
+    /// agent, with deploy/monitoring's alerting rules; `up` fails unless it
+    /// reports every agent target up.
+    #[arg(long, global = true, default_value_t = true, action = clap::ArgAction::Set)]
+    prometheus: bool,
 }
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Brings the lab up; fails (and removes it) unless every agent runs
-    /// the datapath asked for.
-    Up {
-        /// The agents' datapath: `ebpf` (the tc fast path) or `kernel`.
-        #[arg(long, default_value = "ebpf", value_parser = ["ebpf", "kernel"])]
-        datapath: String,
-        /// With `--datapath ebpf`: encapsulate in tc (datapath v2), or hand
-        /// remote traffic to vxlan.1 (`false`).
-        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-        tc_encap: bool,
-        /// Extra agent arguments, e.g. `--resync 1s`.
-        #[arg(long, allow_hyphen_values = true)]
-        agent_arg: Vec<String>,
-    },
+    /// Start N node netns on an underlay bridge, each with the real agent
+    /// against the API fixture, and P pods per node; fails (and removes the
+    /// lab) unless every agent runs the datapath asked for.
+    Up,
+    /// Print the connectivity matrix (ping, TCP, a bulk echo) of a running
+    /// lab, then per node its datapath and the fast share of pod traffic.
     Test,
+    /// Show nodes, pods, agent readiness and metrics endpoints.
     Status,
+    /// Remove every namespace, process and file the lab created.
     Down,
-    /// Datapath benchmarks side by side: direct veth, underlay and overlay
-    /// node to node, kernel path, fast path via vxlan.1 and with tc encap,
-    /// with and without a kube-proxy-sized ruleset, in a 2-node x 1-pod lab
-    /// of its own (mycnib-*), torn down at the end.
+    /// Datapath benchmarks side by side in one run (about 20 min): a direct
+    /// veth, the underlay and overlay node to node (the floors), the kernel
+    /// path, the eBPF fast path via vxlan.1 and with tc encap, and the kernel
+    /// and fast paths with direct routing (node1 pod -> node2 pod), with and
+    /// without a kube-proxy-sized iptables ruleset; prints a table with
+    /// medians, min-max, ratios against the targets and the fast share from
+    /// the counters. Brings up its own 2-node x 1-pod lab (mycnib-*,
+    /// /run/mycni-bench-lab) and tears it down; --nodes, --pods, --datapath,
+    /// --tc-encap, --direct-routing and --agent-arg do not apply.
     Bench {
         /// Interleaved runs of every variant (the table shows medians and
         /// min-max).
         #[arg(long, default_value_t = labbench::DEFAULT_RUNS)]
         runs: usize,
-        /// Seconds per measure.
+        /// Seconds per measure (latency, stream, small packets).
         #[arg(long, default_value_t = labbench::DEFAULT_SECONDS)]
         seconds: u64,
         /// Services (2 endpoints each) in the kube-proxy ruleset.
@@ -65,27 +104,31 @@ enum Cmd {
         /// Non-matching filter FORWARD rules in the synthetic ruleset.
         #[arg(long, default_value_t = 2000)]
         synthetic_rules: usize,
-        /// CPU both sockperf ends run on, or `none`. On a VM a cross-CPU
-        /// wakeup can cost more than the whole datapath.
+        /// CPU both ends of every measure (sockperf, iperf3) run on, or
+        /// `none`. On a VM a cross-CPU wakeup can cost more than the whole
+        /// datapath, and a placement left to the scheduler differs by run.
         #[arg(long, default_value = "1")]
         pin_cpu: String,
-        /// Also write the markdown report here.
-        #[arg(long)]
+        /// Also write the markdown report here (`cargo xtask` sets
+        /// target/lab-bench.md).
+        #[arg(long, env = "MYCNI_LAB_BENCH_OUT")]
         out: Option<PathBuf>,
     },
-    /// The long reliability cases (issue 6) on labs of their own
-    /// (mycnis-*, /run/mycni-soak-lab): pod churn with SIGKILLed plugins,
-    /// agent and kernel faults under long-lived flows, an upgrade with a
-    /// changed map layout. Prints the table; fails on any leak or failure.
+    /// The long reliability cases (~5 min, `cargo xtask soak`) on labs of
+    /// their own (mycnis-*, /run/mycni-soak-lab): 1,000 pod ADD/DEL cycles
+    /// with SIGKILLed plugins, agent SIGKILLs, the agent away, a 60 s API
+    /// outage, kernel state removed, a host IP moved, an upgrade with a
+    /// changed map layout, a node re-added with a new podCIDR; long-lived TCP
+    /// and UDP flows across nodes throughout. Prints the table; fails on any
+    /// leak or broken flow.
     Soak {
-        /// Also write the markdown table here.
-        #[arg(long)]
+        /// Also write the markdown table here (`cargo xtask` sets
+        /// target/soak.md).
+        #[arg(long, env = "MYCNI_LAB_SOAK_OUT")]
         out: Option<PathBuf>,
     },
     #[command(hide = true)]
-    EchoServer {
-        port: u16,
-    },
+    EchoServer { port: u16 },
     #[command(hide = true)]
     TcpProbe {
         addr: String,
@@ -94,10 +137,7 @@ enum Cmd {
         bulk: usize,
     },
     #[command(hide = true)]
-    HttpGet {
-        addr: String,
-        path: String,
-    },
+    HttpGet { addr: String, path: String },
 }
 
 fn bins(cli: &Cli) -> Result<Bins> {
@@ -175,78 +215,114 @@ fn spec(cli: &Cli, agent_args: Vec<String>) -> Result<Spec> {
     })
 }
 
+/// `up`: the lab, with every agent on the datapath and routing asked for.
+fn up(cli: &Cli) -> Result<()> {
+    let u = &cli.up;
+    // Ctrl-C while the lab comes up stops it at the next step and removes
+    // what was made (Lab::up tears down on any error).
+    lab::catch_interrupts();
+    let mut args = vec![
+        "--datapath".to_string(),
+        u.datapath.clone(),
+        "--tc-encap".to_string(),
+        u.tc_encap.to_string(),
+    ];
+    if u.direct_routing {
+        args.extend(["--direct-routing".to_string(), "true".to_string()]);
+    }
+    args.extend(u.agent_arg.iter().cloned());
+    let mut lab = Lab::up(spec(cli, args)?)?;
+    // An agent that cannot run the fast path falls back to the kernel path
+    // and still comes up; a lab must not pass that off as the datapath it
+    // was asked for, nor overlay routes as direct routing.
+    let checked = lab.check_datapath(&u.datapath).and_then(|()| {
+        if u.direct_routing {
+            lab.check_routing(true)
+        } else {
+            Ok(())
+        }
+    });
+    let checked = checked.and_then(|()| {
+        if u.prometheus {
+            lab.start_prometheus(
+                &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/monitoring"),
+            )
+        } else {
+            Ok(())
+        }
+    });
+    if let Err(e) = checked {
+        lab.down();
+        return Err(e.context("lab up failed; the lab was removed"));
+    }
+    println!("lab up: {} nodes x {} pods", cli.nodes, cli.pods);
+    print!("{}", lab.status()?);
+    if u.prometheus {
+        println!(
+            "prometheus: {} scrapes all {} agents (every target up); from the host: ip netns exec {} curl -s '{}/api/v1/query?query=mycni_ready'",
+            lab.prometheus_url(),
+            cli.nodes,
+            lab.spec.underlay_ns(),
+            lab.prometheus_url()
+        );
+    }
+    Ok(())
+}
+
+/// `test`: the connectivity matrix of a running lab and its datapath report.
+fn test(cli: &Cli) -> Result<()> {
+    let lab = Lab::attach(spec(cli, vec![])?);
+    let t0 = std::time::Instant::now();
+    let run = lab.matrix_counted()?;
+    let took = t0.elapsed();
+    println!(
+        "connectivity (ping / TCP round trip / {} KB echo over that connection), rows = source, columns = destination pod:",
+        lab::MATRIX_BULK_BYTES / 1024
+    );
+    print!("{}", run.table);
+    let pods: Vec<String> = lab
+        .pods()?
+        .iter()
+        .map(|p| format!("{} {}", lab::pod_label(p), p.ip))
+        .collect();
+    println!("pods: {}", pods.join(", "));
+    println!("matrix took {:.1} s", took.as_secs_f64());
+    print!("{}", lab.datapath_report(&run));
+    let failed = run.failed;
+    if failed > 0 {
+        bail!("{failed} source/destination pairs unreachable");
+    }
+    println!("all pairs reachable");
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match &cli.cmd {
-        Cmd::Up {
-            datapath,
-            tc_encap,
-            agent_arg,
-        } => {
-            // Ctrl-C while the lab comes up stops it at the next step and
-            // removes what was made (Lab::up tears down on any error).
-            lab::catch_interrupts();
-            let mut args = vec![
-                "--datapath".to_string(),
-                datapath.clone(),
-                "--tc-encap".to_string(),
-                tc_encap.to_string(),
-            ];
-            args.extend(agent_arg.iter().cloned());
-            let mut lab = Lab::up(spec(&cli, args)?)?;
-            // An agent that cannot run the fast path falls back to the
-            // kernel path and still comes up; a lab must not pass that off
-            // as the datapath it was asked for.
-            if let Err(e) = lab.check_datapath(datapath) {
-                lab.down();
-                return Err(e.context("lab up failed; the lab was removed"));
-            }
-            println!("lab up: {} nodes x {} pods", cli.nodes, cli.pods);
-            print!("{}", lab.status()?);
-            Ok(())
+        // The README's main job: a lab that is up and proven reachable.
+        None => {
+            up(&cli)?;
+            test(&cli)
         }
-        Cmd::Test => {
-            let lab = Lab::attach(spec(&cli, vec![])?);
-            let t0 = std::time::Instant::now();
-            let run = lab.matrix_counted()?;
-            let took = t0.elapsed();
-            println!(
-                "connectivity (ping / TCP round trip / {} KB echo over that connection), rows = source, columns = destination pod:",
-                lab::MATRIX_BULK_BYTES / 1024
-            );
-            print!("{}", run.table);
-            let pods: Vec<String> = lab
-                .pods()?
-                .iter()
-                .map(|p| format!("{} {}", lab::pod_label(p), p.ip))
-                .collect();
-            println!("pods: {}", pods.join(", "));
-            println!("matrix took {:.1} s", took.as_secs_f64());
-            print!("{}", lab.datapath_report(&run));
-            let failed = run.failed;
-            if failed > 0 {
-                bail!("{failed} source/destination pairs unreachable");
-            }
-            println!("all pairs reachable");
-            Ok(())
-        }
-        Cmd::Status => {
+        Some(Cmd::Up) => up(&cli),
+        Some(Cmd::Test) => test(&cli),
+        Some(Cmd::Status) => {
             print!("{}", Lab::attach(spec(&cli, vec![])?).status()?);
             Ok(())
         }
-        Cmd::Down => {
+        Some(Cmd::Down) => {
             Lab::attach(spec(&cli, vec![])?).down();
             println!("lab down");
             Ok(())
         }
-        Cmd::Bench {
+        Some(Cmd::Bench {
             runs,
             seconds,
             services,
             synthetic_rules,
             pin_cpu,
             out,
-        } => {
+        }) => {
             if cli.root.is_some() {
                 bail!("bench uses its own lab in {}", labbench::ROOT);
             }
@@ -264,7 +340,7 @@ fn main() -> Result<()> {
             };
             labbench::run(bins(&cli)?, &opts)
         }
-        Cmd::Soak { out } => {
+        Some(Cmd::Soak { out }) => {
             if cli.root.is_some() {
                 bail!("soak uses its own labs in {SOAK_ROOT}");
             }
@@ -289,8 +365,8 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
-        Cmd::EchoServer { port } => lab::echo_server(*port),
-        Cmd::TcpProbe { addr, bulk } => match lab::tcp_probe(addr, *bulk) {
+        Some(Cmd::EchoServer { port }) => lab::echo_server(*port),
+        Some(Cmd::TcpProbe { addr, bulk }) => match lab::tcp_probe(addr, *bulk) {
             Ok(()) => Ok(()),
             Err(lab::ProbeError::RoundTrip(e)) => Err(e),
             Err(lab::ProbeError::Bulk(e)) => {
@@ -300,7 +376,7 @@ fn main() -> Result<()> {
                 std::process::exit(lab::PROBE_BULK_FAILED);
             }
         },
-        Cmd::HttpGet { addr, path } => {
+        Some(Cmd::HttpGet { addr, path }) => {
             println!("{}", lab::http_get(addr, path)?);
             Ok(())
         }

@@ -1,0 +1,319 @@
+//! The node: a namespace with conntrack on, a bpffs, the loaded programs.
+
+use mycni_common::net::Mac;
+
+use super::*;
+
+pub(crate) struct Node {
+    // Dropped in this order: the namespace, then the bpffs mount.
+    pub(crate) ns: NetNs,
+    pub(crate) bpffs: BpfFs,
+}
+
+impl Node {
+    pub(crate) fn new(tag: &str) -> Result<Self> {
+        let node = Self {
+            ns: NetNs::new(tag)?,
+            bpffs: BpfFs::new()?,
+        };
+        for ip in [POD_A, POD_B, POD_R] {
+            node.ns
+                .exec("ip", &["addr", "add", &format!("{ip}/32"), "dev", "lo"])?;
+        }
+        // Any rule matching on ct state makes conntrack track this namespace.
+        node.ns.exec(
+            "nft",
+            &["add table ip mycni_t; \
+               add chain ip mycni_t out { type filter hook output priority 0; }; \
+               add rule ip mycni_t out ct state established accept"],
+        )?;
+        Ok(node)
+    }
+
+    /// Adds the underlay: `ul0` (UL_HOST/24, one end of a veth pair whose
+    /// other end `ul0p` only listens) with the peer's MAC as a permanent
+    /// neighbour, and a `vxlan.1` over it set up as the agent does, with the
+    /// peer's FDB entry, so the device's own frames can be compared with
+    /// the program's.
+    pub(crate) fn with_underlay(self) -> Result<Self> {
+        let vtep = Mac(VTEP_MAC).to_string();
+        let peer_vtep = Mac(PEER_VTEP_MAC).to_string();
+        let peer_mac = Mac(UL_PEER_MAC).to_string();
+        for args in [
+            "link add ul0 type veth peer name ul0p",
+            &format!("addr add {UL_HOST}/24 dev ul0"),
+            "link set ul0 up",
+            "link set ul0p up",
+            &format!("neigh replace {UL_PEER} lladdr {peer_mac} dev ul0 nud permanent"),
+            &format!(
+                "link add vxlan.1 address {vtep} type vxlan id 1 dev ul0 local {UL_HOST} \
+                 dstport {VXLAN_PORT} nolearning noudpcsum"
+            ),
+            "link set vxlan.1 up",
+        ] {
+            let args: Vec<&str> = args.split_whitespace().collect();
+            self.ns.exec("ip", &args)?;
+        }
+        // bpf_fib_lookup answers only for interfaces that forward (the
+        // agent turns forwarding on for every node).
+        self.ns.exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
+        self.ns.exec(
+            "bridge",
+            &[
+                "fdb",
+                "add",
+                &peer_vtep,
+                "dev",
+                "vxlan.1",
+                "dst",
+                &UL_PEER.to_string(),
+                "self",
+                "permanent",
+            ],
+        )?;
+        Ok(self)
+    }
+
+    /// Also DNATs the Service IPs, like kube-proxy, to pods R and B.
+    pub(crate) fn with_services(self) -> Result<Self> {
+        self.ns
+            .exec("ip", &["route", "add", "10.96.0.0/16", "dev", "lo"])?;
+        self.ns.exec(
+            "nft",
+            &[&format!(
+                "add table ip mycni_nat; \
+                 add chain ip mycni_nat out {{ type nat hook output priority -100; }}; \
+                 add rule ip mycni_nat out ip daddr {SVC_TO_R} tcp dport 80 dnat to {POD_R}:{SERVER_PORT}; \
+                 add rule ip mycni_nat out ip daddr {SVC_TO_B} tcp dport 80 dnat to {POD_B}:{SERVER_PORT}"
+            )],
+        )?;
+        Ok(self)
+    }
+
+    /// Runs `f` on a thread inside the namespace, with the programs loaded
+    /// and the remote and local maps filled (the config is left to `f`).
+    pub(crate) fn run<T: Send>(&self, f: impl FnOnce(&Dp) -> Result<T> + Send) -> Result<T> {
+        let object = embedded_object().context(
+            "agent built without eBPF object: run `cargo xtask build-ebpf --release` first",
+        )?;
+        let pin = self.bpffs.path();
+        self.ns.run_in(|| {
+            let dp = Datapath::load(object, pin)?;
+            sync_remote(pin, &remote_map())?;
+            sync_local(pin, &local_map())?;
+            let peer = PeerNode {
+                vtep_mac: PEER_VTEP_MAC,
+                _pad: [0; 2],
+            };
+            sync_peers(pin, &BTreeMap::from([(UL_PEER, peer)]))?;
+            f(&Dp {
+                dp,
+                pin,
+                iif: std::cell::Cell::new(None),
+            })
+        })?
+    }
+}
+
+/// The loaded programs; lives on the thread inside the namespace.
+pub(crate) struct Dp<'a> {
+    pub(crate) dp: Datapath,
+    pub(crate) pin: &'a FsPath,
+    /// Overrides the arrival interface [`ingress_of`] would pick.
+    pub(crate) iif: std::cell::Cell<Option<u32>>,
+}
+
+impl Dp<'_> {
+    pub(crate) fn configure(&self, cfg: &DpConfig) -> Result<()> {
+        Ok(write_config(self.pin, cfg)?)
+    }
+
+    pub(crate) fn counters(&self) -> Result<Vec<(DpPath, PathCounter)>> {
+        Ok(read_counters(self.pin)?)
+    }
+
+    /// Runs `prog` once on `pkt` and returns the path it was counted under,
+    /// checking it was counted exactly once, with the packet's length, and
+    /// that the program stayed within what it may do to a packet.
+    pub(crate) fn run(&self, prog: Prog, pkt: &[u8]) -> Result<(DpPath, Outcome)> {
+        self.try_run(prog, pkt)?
+            .with_context(|| format!("BPF_PROG_TEST_RUN refused {}", hex(pkt)))
+    }
+
+    /// [`Self::run`], or `None` when `BPF_PROG_TEST_RUN` refused to build an
+    /// skb from the frame (see [`test_run_accepts`]) and so ran nothing.
+    pub(crate) fn try_run(&self, prog: Prog, pkt: &[u8]) -> Result<Option<(DpPath, Outcome)>> {
+        let before = self.counters()?;
+        let iif = self.iif.get().unwrap_or_else(|| ingress_of(prog, pkt));
+        let out = match run_skb_from(self.dp.program_fd(prog)?, pkt, iif) {
+            Ok(out) => out,
+            Err(_) if !test_run_accepts(pkt) => {
+                ensure!(self.counters()? == before, "a refused run was counted");
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        let after = self.counters()?;
+        let moved: Vec<(DpPath, u64, u64)> = before
+            .iter()
+            .zip(&after)
+            .filter(|((_, b), (_, a))| a != b)
+            .map(|((p, b), (_, a))| (*p, a.packets - b.packets, a.bytes - b.bytes))
+            .collect();
+        let [(path, packets, bytes)] = moved[..] else {
+            bail!(
+                "{}: expected exactly one counter to move, got {moved:?}\n  in: {}",
+                prog.name(),
+                hex(pkt)
+            );
+        };
+        ensure!(
+            (packets, bytes) == (1, pkt.len() as u64),
+            "{}: {} moved by {packets} packets / {bytes} bytes, expected 1 / {}",
+            prog.name(),
+            path.name(),
+            pkt.len()
+        );
+        match out.retval {
+            TCX_NEXT => ensure!(
+                !path.is_fast() && out.data == pkt,
+                "{}: TCX_NEXT under {} changed the packet\n  in:  {}\n  out: {}",
+                prog.name(),
+                path.name(),
+                hex(pkt),
+                hex(&out.data)
+            ),
+            TC_ACT_REDIRECT => {
+                ensure!(path.is_fast(), "redirect counted under {}", path.name());
+                // Wrapping and unwrapping are checked field by field by
+                // their own tests.
+                if !matches!(path, DpPath::FastEncap | DpPath::FastTcDecap) {
+                    ensure_only_forwarding_rewrite(pkt, &out.data)?;
+                }
+            }
+            other => bail!("{}: unexpected verdict {other}", prog.name()),
+        }
+        Ok(Some((path, out)))
+    }
+
+    /// [`Self::kernel`] for a frame that arrives on host veth `iif`.
+    pub(crate) fn kernel_on(
+        &self,
+        what: &str,
+        prog: Prog,
+        pkt: &[u8],
+        iif: u32,
+        want: DpPath,
+    ) -> Result<()> {
+        self.iif.set(Some(iif));
+        let r = self.kernel(what, prog, pkt, want);
+        self.iif.set(None);
+        r
+    }
+
+    /// A packet the program must leave to the kernel, untouched, under `want`
+    /// (or that this kernel refuses to test-run at all; see [`test_run_accepts`]).
+    pub(crate) fn kernel(&self, what: &str, prog: Prog, pkt: &[u8], want: DpPath) -> Result<()> {
+        let run = self.try_run(prog, pkt).with_context(|| what.to_string())?;
+        let Some((path, out)) = run else {
+            eprintln!(
+                "--  {:<16} {what:<48} refused by BPF_PROG_TEST_RUN",
+                prog.name()
+            );
+            return Ok(());
+        };
+        ensure!(
+            path == want && out.retval == TCX_NEXT,
+            "{what}: {} counted under {} with verdict {}, expected {} with {TCX_NEXT}\n  in: {}",
+            prog.name(),
+            path.name(),
+            out.retval,
+            want.name(),
+            hex(pkt)
+        );
+        eprintln!("ok  {:<16} {what:<48} -> {}", prog.name(), path.name());
+        Ok(())
+    }
+
+    /// A packet the program must forward under `want`, as a router would:
+    /// new MACs, TTL one less, a valid checksum, nothing else changed.
+    pub(crate) fn fast(
+        &self,
+        what: &str,
+        prog: Prog,
+        pkt: &[u8],
+        want: DpPath,
+        macs: ([u8; 6], [u8; 6]),
+    ) -> Result<()> {
+        let (path, out) = self.run(prog, pkt).with_context(|| what.to_string())?;
+        ensure!(
+            path == want && out.retval == TC_ACT_REDIRECT,
+            "{what}: {} counted under {} with verdict {}, expected {} with {TC_ACT_REDIRECT}\n  in: {}",
+            prog.name(),
+            path.name(),
+            out.retval,
+            want.name(),
+            hex(pkt)
+        );
+        let expected = routed(pkt, macs);
+        ensure!(
+            ip_csum_ok(&out.data),
+            "{what}: invalid IP checksum in {}",
+            hex(&out.data)
+        );
+        ensure!(
+            out.data == expected,
+            "{what}: rewritten packet differs\n  want: {}\n  got:  {}",
+            hex(&expected),
+            hex(&out.data)
+        );
+        eprintln!("ok  {:<16} {what:<48} -> {}", prog.name(), path.name());
+        Ok(())
+    }
+}
+
+/// `frame` as a router forwards it: new MACs (dst, src), TTL one less, the
+/// IP checksum fixed.
+pub(crate) fn routed(frame: &[u8], macs: ([u8; 6], [u8; 6])) -> Vec<u8> {
+    let mut f = frame.to_vec();
+    f[..6].copy_from_slice(&macs.0);
+    f[6..12].copy_from_slice(&macs.1);
+    f[TTL] -= 1;
+    set_ip_csum(&mut f);
+    f
+}
+
+/// Whether `BPF_PROG_TEST_RUN` builds an skb from `frame`. Linux 6.18 wants
+/// an Ethernet header, and behind an IPv4 (IPv6) ethertype a
+/// whole fixed IPv4 (IPv6) header; it refuses the rest with `EINVAL` before
+/// running anything, so a frame cut inside the IPv4 header cannot be tried
+/// on it. Frames this says yes to must run; the others may (older and newer
+/// kernels differ), and then the usual checks apply.
+pub(crate) fn test_run_accepts(frame: &[u8]) -> bool {
+    let l3 = match frame.get(12..14) {
+        Some([0x08, 0x00]) => 20,
+        Some([0x86, 0xdd]) => 40,
+        _ => 0,
+    };
+    frame.len() >= 14 + l3
+}
+
+/// What a redirected packet may differ in: the MACs, the TTL (one less) and
+/// the IP checksum, which stays exactly as valid or invalid as it was.
+pub(crate) fn ensure_only_forwarding_rewrite(pkt: &[u8], out: &[u8]) -> Result<()> {
+    ensure!(out.len() == pkt.len(), "redirect changed the length");
+    for (i, (a, b)) in pkt.iter().zip(out).enumerate() {
+        ensure!(
+            a == b || i < 12 || i == TTL || i == CSUM || i == CSUM + 1,
+            "redirect changed byte {i}\n  in:  {}\n  out: {}",
+            hex(pkt),
+            hex(out)
+        );
+    }
+    ensure!(out[TTL] == pkt[TTL].wrapping_sub(1), "TTL not decremented");
+    ensure!(
+        ip_csum_ok(out) == ip_csum_ok(pkt),
+        "checksum validity changed"
+    );
+    Ok(())
+}

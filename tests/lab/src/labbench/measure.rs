@@ -1,0 +1,340 @@
+//! One measurement of one path: sockperf's TCP ping-pong, an iperf3 TCP
+//! stream and 64-byte UDP, in the path's namespaces.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use mycni_testkit::sh;
+use serde_json::Value;
+
+use super::{IPERF_PORT, Options, SOCKPERF_PORT, UDP_LEN, UDP_OMIT};
+use crate::check_interrupted;
+
+/// A process started in a namespace; killed and reaped on drop.
+pub(super) struct Proc {
+    pub(super) child: Child,
+    pub(super) what: String,
+    pub(super) log: PathBuf,
+}
+
+impl Proc {
+    pub(super) fn spawn(ns: &str, argv: &[String], log: &Path) -> Result<Proc> {
+        let out =
+            std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        let err = out.try_clone()?;
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns])
+            .args(argv)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .with_context(|| format!("starting {} in {ns}", argv.join(" ")))?;
+        Ok(Proc {
+            child,
+            what: format!("{} (in {ns})", argv.join(" ")),
+            log: log.to_path_buf(),
+        })
+    }
+
+    pub(super) fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits for the process to exit; kills it after `timeout` or on an
+    /// interrupt. Returns its output; a non-zero exit is an error.
+    pub(super) fn finish(mut self, timeout: Duration) -> Result<String> {
+        let start = Instant::now();
+        loop {
+            // First: Ctrl-C reaches the measuring tools too, and their
+            // failure would hide why they failed.
+            check_interrupted()?;
+            if let Some(status) = self.child.try_wait()? {
+                let out = self.output();
+                if !status.success() {
+                    bail!("`{}` failed ({status}): {}", self.what, tail(&out, 15));
+                }
+                return Ok(out);
+            }
+            if start.elapsed() > timeout {
+                bail!(
+                    "`{}` still running after {timeout:?}: {}",
+                    self.what,
+                    tail(&self.output(), 15)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub(super) fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if self.running() {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+pub(super) fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Starts a server and waits until it listens on TCP `port`.
+pub(super) fn server(ns: &str, argv: &[String], port: u16, log: &Path) -> Result<Proc> {
+    let mut p = Proc::spawn(ns, argv, log)?;
+    let start = Instant::now();
+    let filter = format!("sport = :{port}");
+    loop {
+        let listening = sh("ip", &["netns", "exec", ns, "ss", "-Hltn", &filter])
+            .map(|o| !o.trim().is_empty())
+            .unwrap_or(false);
+        if listening {
+            return Ok(p);
+        }
+        check_interrupted()?;
+        if !p.running() {
+            bail!("`{}` exited: {}", p.what, tail(&p.output(), 15));
+        }
+        if start.elapsed() > Duration::from_secs(10) {
+            bail!("`{}` does not listen on {port}", p.what);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub(super) fn argv(prefix: &[String], rest: &[&str]) -> Vec<String> {
+    prefix
+        .iter()
+        .cloned()
+        .chain(rest.iter().map(|s| s.to_string()))
+        .collect()
+}
+
+// -------------------------------------------------------------- measurement
+
+/// One run's figures for one variant.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Sample {
+    /// One-way latency (sockperf's RTT/2), microseconds.
+    pub(super) p50_us: f64,
+    pub(super) p99_us: f64,
+    pub(super) stream_gbps: f64,
+    /// UDP 64-byte datagrams per second the receiver got, thousands.
+    pub(super) udp_kpps: f64,
+    pub(super) udp_loss_pct: f64,
+}
+
+/// Client namespace -> server namespace and address.
+pub(super) struct Pair {
+    pub(super) client: String,
+    pub(super) server: String,
+    pub(super) ip: Ipv4Addr,
+}
+
+pub(super) fn sockperf_percentile(out: &str, p: &str) -> Result<f64> {
+    let key = format!("percentile {p} =");
+    out.lines()
+        .find_map(|l| l.split_once(&key).map(|(_, v)| v.trim().parse::<f64>()))
+        .with_context(|| format!("no `{key}` in sockperf output: {}", tail(out, 20)))?
+        .context("sockperf percentile")
+}
+
+pub(super) fn iperf_json(out: &str) -> Result<Value> {
+    let v: Value = serde_json::from_str(out)
+        .with_context(|| format!("iperf3 -J output is not JSON: {}", tail(out, 10)))?;
+    if let Some(e) = v.get("error").and_then(Value::as_str) {
+        bail!("iperf3: {e}");
+    }
+    Ok(v)
+}
+
+/// `taskset -c CPU`, or nothing.
+fn pin_prefix(o: &Options) -> Vec<String> {
+    match o.pin_cpu {
+        Some(c) => vec!["taskset".into(), "-c".into(), c.to_string()],
+        None => vec![],
+    }
+}
+
+/// One measure of `pair`: latency, stream, small packets, each for
+/// `o.seconds`.
+///
+/// Both ends of every tool run on the one CPU `o.pin_cpu` when it is set.
+/// Left to the scheduler on a 2-CPU machine, the two ends of a flow share a
+/// CPU in some runs and not in others: the 5-run bench before this pinning
+/// had the underlay's UDP rate at 85 or 115 kpps by run, nothing between.
+/// Split on two CPUs on purpose, a TCP stream paid a cross-CPU wakeup per
+/// batch and fell to half here; on one CPU the UDP rate's spread over five
+/// runs went from 50-84 to 50-60 kpps (same machine, same load). On one
+/// CPU all of a flow's work (both ends, and the softirq that carries the
+/// packet between them) queues on that CPU, which is the per-packet cost a
+/// datapath changes.
+pub(super) fn measure(pair: &Pair, o: &Options, logs: &Path) -> Result<Sample> {
+    let pin = pin_prefix(o);
+    let mut s = Sample::default();
+    (s.p50_us, s.p99_us) = latency(pair, o.seconds, &pin, logs)?;
+    s.stream_gbps = stream(pair, o.seconds, &pin, logs)?;
+    (s.udp_kpps, s.udp_loss_pct) = small_packets(pair, o.seconds, &pin, logs)?;
+    Ok(s)
+}
+
+/// A second of ping-pong and of stream on `pair`, figures discarded.
+pub(super) fn warm_up(pair: &Pair, o: &Options, logs: &Path) -> Result<()> {
+    let pin = pin_prefix(o);
+    latency(pair, 1, &pin, logs)?;
+    stream(pair, 1, &pin, logs)?;
+    Ok(())
+}
+
+/// How long a tool may run past its `seconds` before it counts as hung.
+fn limit(seconds: u64) -> Duration {
+    Duration::from_secs(seconds + UDP_OMIT + 20)
+}
+
+/// TCP ping-pong with 64-byte messages: one-way p50 and p99, microseconds.
+fn latency(pair: &Pair, seconds: u64, pin: &[String], logs: &Path) -> Result<(f64, f64)> {
+    check_interrupted()?;
+    let ip = pair.ip.to_string();
+    let secs = seconds.to_string();
+    let sp = SOCKPERF_PORT.to_string();
+    let srv = server(
+        &pair.server,
+        &argv(pin, &["sockperf", "sr", "--tcp", "-i", &ip, "-p", &sp]),
+        SOCKPERF_PORT,
+        &logs.join("sockperf-server.log"),
+    )?;
+    let out = Proc::spawn(
+        &pair.client,
+        &argv(
+            pin,
+            &[
+                "sockperf",
+                "ping-pong",
+                "--tcp",
+                "-i",
+                &ip,
+                "-p",
+                &sp,
+                "-t",
+                &secs,
+                "-m",
+                "64",
+            ],
+        ),
+        &logs.join("sockperf-client.log"),
+    )?
+    .finish(limit(seconds))?;
+    drop(srv);
+    Ok((
+        sockperf_percentile(&out, "50.000")?,
+        sockperf_percentile(&out, "99.000")?,
+    ))
+}
+
+/// An iperf3 server for one test on `pair`, then its client with `extra`
+/// arguments; the client's JSON report.
+fn iperf(
+    pair: &Pair,
+    seconds: u64,
+    pin: &[String],
+    extra: &[&str],
+    logs: &Path,
+    name: &str,
+) -> Result<Value> {
+    check_interrupted()?;
+    let ip = pair.ip.to_string();
+    let secs = seconds.to_string();
+    let port = IPERF_PORT.to_string();
+    let srv = server(
+        &pair.server,
+        &argv(pin, &["iperf3", "-s", "-1", "-p", &port]),
+        IPERF_PORT,
+        &logs.join(format!("iperf-{name}-server.log")),
+    )?;
+    let mut a = vec![
+        "iperf3",
+        "-c",
+        &ip,
+        "-p",
+        &port,
+        "-t",
+        &secs,
+        "-J",
+        "--connect-timeout",
+        "3000",
+    ];
+    a.extend_from_slice(extra);
+    let out = Proc::spawn(
+        &pair.client,
+        &argv(pin, &a),
+        &logs.join(format!("iperf-{name}-client.log")),
+    )?
+    .finish(limit(seconds))?;
+    srv.finish(Duration::from_secs(5))?;
+    iperf_json(&out)
+}
+
+/// One TCP flow: the receiver's rate, Gbit/s.
+fn stream(pair: &Pair, seconds: u64, pin: &[String], logs: &Path) -> Result<f64> {
+    let v = iperf(pair, seconds, pin, &[], logs, "tcp")?;
+    Ok(v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .context("iperf3 TCP: no end.sum_received.bits_per_second")?
+        / 1e9)
+}
+
+/// Small packets: UDP, 64-byte payload, unlimited send rate; what the
+/// receiver got (sum_received counts received bytes), thousands of
+/// datagrams per second, and the loss in percent.
+fn small_packets(pair: &Pair, seconds: u64, pin: &[String], logs: &Path) -> Result<(f64, f64)> {
+    let len = UDP_LEN.to_string();
+    let omit = UDP_OMIT.to_string();
+    let v = iperf(
+        pair,
+        seconds,
+        pin,
+        &["-u", "-l", &len, "-b", "0", "-O", &omit],
+        logs,
+        "udp",
+    )?;
+    let rx = &v["end"]["sum_received"];
+    let bytes = rx["bytes"]
+        .as_f64()
+        .context("iperf3 UDP: no end.sum_received.bytes")?;
+    let secs = rx["seconds"]
+        .as_f64()
+        .filter(|s| *s > 0.0)
+        .context("iperf3 UDP: no end.sum_received.seconds")?;
+    // From bytes, not iperf3's lost_packets: with --omit, iperf3 also
+    // counts the omitted seconds' datagrams as lost.
+    let sent = v["end"]["sum_sent"]["bytes"].as_f64().unwrap_or(0.0);
+    let loss = if sent > 0.0 {
+        (100.0 * (1.0 - bytes / sent)).max(0.0)
+    } else {
+        0.0
+    };
+    Ok((bytes / UDP_LEN as f64 / secs / 1e3, loss))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sockperf_percentiles_parse() {
+        let out = "sockperf: ---> percentile 99.000 =  413.916\nsockperf: ---> percentile 50.000 =   52.928\n";
+        assert_eq!(sockperf_percentile(out, "50.000").expect("p50"), 52.928);
+        assert_eq!(sockperf_percentile(out, "99.000").expect("p99"), 413.916);
+        assert!(sockperf_percentile(out, "90.000").is_err());
+    }
+}

@@ -1,0 +1,243 @@
+//! Pods: the plugin run as the runtime runs it, and what runs in a pod
+//! (the echo server, the probes the matrix sends it).
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+use mycni_testkit::sh;
+
+use crate::daemon::{ns_exec, spawn_daemon};
+use crate::{ECHO_PORT, Lab, Pod};
+
+impl Lab {
+    /// The runtime's part: plugin ADD with the network from the agent's conflist.
+    pub(crate) fn add_pod(&self, i: usize, j: usize) -> Result<Pod> {
+        let s = &self.spec;
+        let ns = s.pod_ns(i, j);
+        sh("ip", &["netns", "add", &ns])?;
+        ns_exec(&ns, "ip", &["link", "set", "lo", "up"])?;
+        let result = self.cni(
+            i,
+            "ADD",
+            &format!("lab-{i}-{j}"),
+            &format!("/run/netns/{ns}"),
+            &format!("pod{j}"),
+        )?;
+        let ip: Ipv4Addr = result["ips"][0]["address"]
+            .as_str()
+            .and_then(|a| a.split('/').next())
+            .and_then(|a| a.parse().ok())
+            .with_context(|| format!("no IP in ADD result {result}"))?;
+        let pod_dir = s.node_dir(i).join(format!("pod{j}"));
+        std::fs::create_dir_all(&pod_dir)?;
+        spawn_daemon(
+            &ns,
+            &s.bins.lab,
+            &["echo-server".into(), ECHO_PORT.to_string()],
+            &pod_dir.join("echo.log"),
+            &pod_dir.join("echo.pid"),
+        )?;
+        Ok(Pod {
+            node: i,
+            index: j,
+            ns,
+            ip,
+        })
+    }
+
+    /// The config the runtime passes the plugin on node `i`: the conflist's
+    /// single plugin config, with the list's `cniVersion` and `name`.
+    pub fn plugin_conf(&self, i: usize) -> Result<Value> {
+        let conflist: Value = serde_json::from_slice(&std::fs::read(
+            self.spec.node_dir(i).join("net.d/00-mycni.conflist"),
+        )?)?;
+        let mut conf = conflist["plugins"][0].clone();
+        conf["cniVersion"] = conflist["cniVersion"].clone();
+        conf["name"] = conflist["name"].clone();
+        Ok(conf)
+    }
+
+    /// The plugin on node `i` as the runtime starts it for pod `pod`
+    /// (interface `eth0`), stdin, stdout and stderr piped: the caller
+    /// writes the config to stdin, and may kill the child.
+    pub fn cni_command(
+        &self,
+        i: usize,
+        command: &str,
+        cid: &str,
+        netns: &str,
+        pod: &str,
+    ) -> Result<Command> {
+        let s = &self.spec;
+        let bin_dir = s.bins.plugin.parent().context("plugin path")?;
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &s.node_name(i)])
+            .arg(&s.bins.plugin)
+            .env("CNI_COMMAND", command)
+            .env("CNI_CONTAINERID", cid)
+            .env("CNI_NETNS", netns)
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_PATH", bin_dir)
+            .env(
+                "CNI_ARGS",
+                format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=lab;K8S_POD_NAME={pod}"),
+            )
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        Ok(cmd)
+    }
+
+    /// Runs the plugin on node `i` as the runtime would, with the conflist's
+    /// single plugin config.
+    pub fn cni(&self, i: usize, command: &str, cid: &str, netns: &str, pod: &str) -> Result<Value> {
+        let conf = self.plugin_conf(i)?;
+        let mut child = self.cni_command(i, command, cid, netns, pod)?.spawn()?;
+        if let Some(mut w) = child.stdin.take() {
+            w.write_all(conf.to_string().as_bytes())?;
+        }
+        let out = child.wait_with_output()?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            bail!("plugin {command} on node {i} failed: {stdout}");
+        }
+        Ok(if stdout.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&stdout)?
+        })
+    }
+
+    pub fn pods(&self) -> Result<Vec<Pod>> {
+        let v: Vec<Value> =
+            serde_json::from_slice(&std::fs::read(self.spec.pods_file()).context("no lab is up")?)?;
+        v.iter()
+            .map(|p| {
+                Ok(Pod {
+                    node: p["node"].as_u64().context("node")? as usize,
+                    index: p["index"].as_u64().context("index")? as usize,
+                    ns: p["ns"].as_str().context("ns")?.to_string(),
+                    ip: p["ip"].as_str().context("ip")?.parse()?,
+                })
+            })
+            .collect()
+    }
+}
+
+/// `mycni-lab echo-server PORT`: echoes every connection, forever.
+pub fn echo_server(port: u16) -> Result<()> {
+    let l = std::net::TcpListener::bind(("0.0.0.0", port))?;
+    for conn in l.incoming() {
+        let Ok(mut c) = conn else { continue };
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 65536];
+            while let Ok(n) = c.read(&mut buf) {
+                if n == 0 || c.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    Ok(())
+}
+
+/// `mycni-lab tcp-probe`'s exit status when the round trip worked but the
+/// bulk echo after it did not (an MTU or encapsulation problem, typically).
+pub const PROBE_BULK_FAILED: i32 = 3;
+
+/// Why a `tcp-probe` failed.
+#[derive(Debug)]
+pub enum ProbeError {
+    /// No connection, or no round trip through it.
+    RoundTrip(anyhow::Error),
+    /// The round trip worked, the bulk echo after it did not.
+    Bulk(anyhow::Error),
+}
+
+/// `mycni-lab tcp-probe IP:PORT [--bulk N]`: one round trip through the
+/// echo server, then, with `bulk` > 0, `bulk` bytes echoed over the same
+/// (by then established) connection.
+pub fn tcp_probe(addr: &str, bulk: usize) -> std::result::Result<(), ProbeError> {
+    let round_trip = || -> Result<TcpStream> {
+        let addr: SocketAddr = addr.parse()?;
+        let mut c = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+        c.set_read_timeout(Some(Duration::from_secs(2)))?;
+        c.write_all(b"mycni\n")?;
+        let mut buf = [0u8; 6];
+        c.read_exact(&mut buf)?;
+        if &buf != b"mycni\n" {
+            bail!("echo mismatch");
+        }
+        Ok(c)
+    };
+    let c = round_trip().map_err(ProbeError::RoundTrip)?;
+    if bulk > 0 {
+        echo_bulk(c, bulk).map_err(ProbeError::Bulk)?;
+    }
+    Ok(())
+}
+
+/// Byte `i` of a bulk echo: a pattern that is not periodic in any power of
+/// two, so a reordered or repeated segment shows as a mismatch.
+fn bulk_byte(i: usize) -> u8 {
+    (i % 251) as u8
+}
+
+/// Sends `n` bytes and reads them back at the same time: written first and
+/// read after, the echo server's writes would stall once every buffer on
+/// the way is full, and both ends would wait on each other.
+fn echo_bulk(mut c: TcpStream, n: usize) -> Result<()> {
+    let mut w = c.try_clone()?;
+    let writer = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut sent = 0;
+        while sent < n {
+            let k = (n - sent).min(buf.len());
+            for (j, b) in buf[..k].iter_mut().enumerate() {
+                *b = bulk_byte(sent + j);
+            }
+            w.write_all(&buf[..k])?;
+            sent += k;
+        }
+        Ok(())
+    });
+    let mut got = 0;
+    let mut buf = vec![0u8; 64 * 1024];
+    while got < n {
+        let k = c
+            .read(&mut buf)
+            .with_context(|| format!("bulk echo: read after {got} of {n} bytes"))?;
+        if k == 0 {
+            bail!("bulk echo: connection closed after {got} of {n} bytes");
+        }
+        if let Some(j) = (0..k).find(|j| buf[*j] != bulk_byte(got + j)) {
+            bail!("bulk echo: byte {} differs", got + j);
+        }
+        got += k;
+    }
+    writer
+        .join()
+        .map_err(|_| anyhow::anyhow!("bulk echo: writer thread panicked"))?
+        .context("bulk echo: write")?;
+    Ok(())
+}
+
+/// `mycni-lab http-get HOST:PORT PATH`: prints status line and body.
+pub fn http_get(addr: &str, path: &str) -> Result<String> {
+    let addr: SocketAddr = addr.parse()?;
+    let mut c = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    c.set_read_timeout(Some(Duration::from_secs(2)))?;
+    c.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )?;
+    let mut s = String::new();
+    c.read_to_string(&mut s)?;
+    let status = s.lines().next().unwrap_or_default().to_string();
+    let body = s.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
+    Ok(format!("{status} {body}"))
+}

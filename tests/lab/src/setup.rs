@@ -1,0 +1,389 @@
+//! Bringing a lab up and down: the underlay, the API fixture, the nodes and
+//! their agents.
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+use mycni_apiserver::{ApiServer, node};
+use mycni_testkit::{in_netns, sh};
+
+use crate::daemon::{ns_exec, spawn_daemon, stop_pidfile};
+use crate::{API_ADDR, API_PORT, Lab, METRICS_PORT, Spec, check_interrupted, node_ip, wait_for};
+
+impl Lab {
+    /// Builds the whole lab. On failure, whatever was made is torn down.
+    pub fn up(spec: Spec) -> Result<Lab> {
+        if spec.root.join("state").exists() {
+            bail!(
+                "a lab is already up at {} (run `cargo xtask lab down`)",
+                spec.root.display()
+            );
+        }
+        std::fs::create_dir_all(&spec.root)?;
+        std::fs::write(spec.root.join("state"), "up\n")?;
+        let mut lab = Lab { spec, api: None };
+        if let Err(e) = lab.build() {
+            let logs = lab.agent_log_tails();
+            lab.down();
+            return Err(e.context(logs));
+        }
+        Ok(lab)
+    }
+
+    /// Attaches to a lab already up (for `lab test/status/down`).
+    pub fn attach(spec: Spec) -> Lab {
+        Lab { spec, api: None }
+    }
+
+    fn build(&mut self) -> Result<()> {
+        let bpffs = self.spec.bpffs();
+        std::fs::create_dir_all(&bpffs)?;
+        sh("mount", &["-t", "bpf", "bpf", &bpffs.to_string_lossy()])?;
+        let u = self.spec.underlay_ns();
+        sh("ip", &["netns", "add", &u])?;
+        ns_exec(&u, "ip", &["link", "set", "lo", "up"])?;
+        // A fixed address: a bridge without one takes its lowest port's MAC,
+        // which changes as nodes are added, and a node that resolved the old
+        // one loses the API server until its neighbour entry expires.
+        ns_exec(
+            &u,
+            "ip",
+            &[
+                "link",
+                "add",
+                "br0",
+                "address",
+                "02:00:c0:a8:4d:01",
+                "type",
+                "bridge",
+            ],
+        )?;
+        ns_exec(
+            &u,
+            "ip",
+            &["addr", "add", &format!("{API_ADDR}/24"), "dev", "br0"],
+        )?;
+        ns_exec(&u, "ip", &["link", "set", "br0", "up"])?;
+        if self.spec.in_process_api {
+            let api = in_netns(&u, || {
+                ApiServer::start(SocketAddr::from((API_ADDR, API_PORT)))
+            })??;
+            for i in 1..=self.spec.nodes {
+                api.create_node(node(
+                    &self.spec.node_name(i),
+                    Some(&format!("10.244.{i}.0/24")),
+                ))?;
+            }
+            api.write_kubeconfig(&self.spec.kubeconfig())?;
+            self.api = Some(api);
+        } else {
+            self.spawn_api()?;
+        }
+        let s = &self.spec;
+        for i in 1..=s.nodes {
+            check_interrupted()?;
+            self.add_node(i)?;
+        }
+        for i in 1..=s.nodes {
+            let conflist = s.node_dir(i).join("net.d/00-mycni.conflist");
+            wait_for(
+                &format!("{} to write its conflist", s.node_name(i)),
+                Duration::from_secs(30),
+                || conflist.exists(),
+            )?;
+        }
+        // Up means converged: every node routes to every other node's pods
+        // before any pod exists, so the first packet of a test never races
+        // an agent that has not seen a late peer yet.
+        for i in 1..=s.nodes {
+            let ns = s.node_name(i);
+            wait_for(
+                &format!("{ns} to program its {} peers", s.nodes - 1),
+                Duration::from_secs(30),
+                || {
+                    sh("ip", &["-n", &ns, "route", "show", "proto", "110"])
+                        .map(|r| r.lines().count() == s.nodes - 1)
+                        .unwrap_or(false)
+                },
+            )?;
+        }
+        let mut pods = Vec::new();
+        for i in 1..=s.nodes {
+            for j in 1..=s.pods {
+                check_interrupted()?;
+                pods.push(self.add_pod(i, j)?);
+            }
+        }
+        // With the fast path on, up also means every pod's veth is attached
+        // (the agent picks new pods up on its next full pass).
+        for i in 1..=s.nodes {
+            let want = format!("mycni_datapath_entries{{map=\"local\"}} {}", s.pods);
+            wait_for(
+                &format!("{} to attach its pods", s.node_name(i)),
+                Duration::from_secs(30),
+                || {
+                    self.metrics(i)
+                        .map(|m| {
+                            m.lines().any(|l| l == "mycni_datapath_ebpf 0")
+                                || m.lines().any(|l| l == want)
+                        })
+                        .unwrap_or(false)
+                },
+            )?;
+        }
+        let listing: Vec<Value> = pods
+            .iter()
+            .map(|p| json!({"node": p.node, "index": p.index, "ns": p.ns, "ip": p.ip.to_string()}))
+            .collect();
+        std::fs::write(s.pods_file(), serde_json::to_vec_pretty(&listing)?)?;
+        Ok(())
+    }
+
+    fn spawn_api(&self) -> Result<()> {
+        let s = &self.spec;
+        let u = s.underlay_ns();
+        let mut api_args = vec![
+            "--listen".to_string(),
+            format!("{API_ADDR}:{API_PORT}"),
+            "--kubeconfig".to_string(),
+            s.kubeconfig().to_string_lossy().into_owned(),
+        ];
+        for i in 1..=s.nodes {
+            api_args.push("--node".into());
+            api_args.push(format!("{}=10.244.{i}.0/24", s.node_name(i)));
+        }
+        spawn_daemon(
+            &u,
+            &s.bins.apiserver,
+            &api_args,
+            &s.root.join("apiserver.log"),
+            &s.root.join("apiserver.pid"),
+        )?;
+        wait_for(
+            "the API fixture's kubeconfig",
+            Duration::from_secs(10),
+            || s.kubeconfig().exists(),
+        )
+    }
+
+    /// Fault injection on the in-process fixture; the listener is reopened
+    /// inside the underlay namespace, where the agents can reach it.
+    pub fn set_api_reachable(&self, up: bool) -> Result<()> {
+        let api = self
+            .api
+            .as_ref()
+            .context("the lab's API fixture is not in-process")?;
+        in_netns(&self.spec.underlay_ns(), || api.set_reachable(up))
+    }
+
+    fn add_node(&self, i: usize) -> Result<()> {
+        let s = &self.spec;
+        let ns = s.node_name(i);
+        let dir = s.node_dir(i);
+        for sub in ["net.d", "run", "data", "ipam"] {
+            std::fs::create_dir_all(dir.join(sub))?;
+        }
+        sh("ip", &["netns", "add", &ns])?;
+        let port = format!("n{i}");
+        ns_exec(&ns, "ip", &["link", "set", "lo", "up"])?;
+        sh(
+            "ip",
+            &[
+                "-n",
+                &ns,
+                "link",
+                "add",
+                "eth0",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &port,
+                "netns",
+                &s.underlay_ns(),
+            ],
+        )?;
+        ns_exec(
+            &s.underlay_ns(),
+            "ip",
+            &["link", "set", &port, "master", "br0", "up"],
+        )?;
+        ns_exec(
+            &ns,
+            "ip",
+            &["addr", "add", &format!("{}/24", node_ip(i)), "dev", "eth0"],
+        )?;
+        ns_exec(&ns, "ip", &["link", "set", "eth0", "up"])?;
+        ns_exec(
+            &ns,
+            "ip",
+            &["route", "add", "default", "via", &API_ADDR.to_string()],
+        )?;
+        self.start_agent(i)
+    }
+
+    pub fn start_agent(&self, i: usize) -> Result<()> {
+        let s = &self.spec;
+        let dir = s.node_dir(i);
+        let p = |sub: &str| dir.join(sub).to_string_lossy().into_owned();
+        let mut args: Vec<String> = vec![
+            "run".into(),
+            "--node-name".into(),
+            s.node_name(i),
+            "--kubeconfig".into(),
+            s.kubeconfig().to_string_lossy().into_owned(),
+            "--cni-conf-dir".into(),
+            p("net.d"),
+            "--state-dir".into(),
+            p("run"),
+            "--data-dir".into(),
+            p("data"),
+            "--ipam-data-dir".into(),
+            p("ipam"),
+            "--plugin-log-file".into(),
+            p("plugin.log"),
+            "--proc-sys".into(),
+            "/proc/sys".into(),
+            "--metrics-addr".into(),
+            format!("{}:{METRICS_PORT}", node_ip(i)),
+            "--bpffs".into(),
+            s.bpffs()
+                .join(format!("node{i}"))
+                .to_string_lossy()
+                .into_owned(),
+        ];
+        args.extend(s.agent_args.iter().cloned());
+        spawn_daemon(
+            &s.node_name(i),
+            &s.bins.agent,
+            &args,
+            &dir.join("agent.log"),
+            &dir.join("agent.pid"),
+        )?;
+        Ok(())
+    }
+
+    /// SIGTERM, wait, SIGKILL: the agent's datapath must stay in place.
+    pub fn stop_agent(&self, i: usize) {
+        stop_pidfile(&self.spec.node_dir(i).join("agent.pid"));
+    }
+
+    /// SIGKILL, no warning: what an OOM kill or a node hiccup does.
+    pub fn kill_agent(&self, i: usize) {
+        let pidfile = self.spec.node_dir(i).join("agent.pid");
+        let Some(pid) = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+        else {
+            return;
+        };
+        // SAFETY: kill(2) and waitpid(2) on a pid this lab started; waitpid
+        // reaps it when it is our child (ECHILD otherwise, harmless).
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+        let _ = std::fs::remove_file(pidfile);
+    }
+
+    pub fn restart_agent(&self, i: usize) -> Result<()> {
+        self.stop_agent(i);
+        self.start_agent(i)?;
+        let ready = self.spec.node_dir(i).join("run/ready");
+        wait_for(
+            "the restarted agent to be ready",
+            Duration::from_secs(30),
+            || ready.exists(),
+        )
+        .map_err(|e| e.context(self.agent_log_tails()))
+    }
+
+    /// Agent readiness and metrics address per node.
+    pub fn status(&self) -> Result<String> {
+        let s = &self.spec;
+        let mut out = format!(
+            "API fixture: http://{API_ADDR}:{API_PORT} (kubeconfig {})\n",
+            s.kubeconfig().display()
+        );
+        for i in 1..=s.nodes {
+            let url = format!("{}:{METRICS_PORT}", node_ip(i));
+            let ready = ns_exec(
+                &s.underlay_ns(),
+                &s.bins.lab.to_string_lossy(),
+                &["http-get", &url, "/readyz"],
+            )
+            .unwrap_or_else(|e| format!("unreachable: {e}"));
+            // The agent's own detail names its encapsulation mode even when
+            // direct routing leaves nothing to encapsulate: the lab's
+            // summary, from the routes, says what its traffic takes.
+            let datapath = self
+                .describe_datapath(i)
+                .unwrap_or_else(|e| format!("unknown ({e:#})"));
+            out.push_str(&format!(
+                "{}  underlay {}  metrics http://{url}/metrics  {}\n    datapath: {datapath}\n",
+                s.node_name(i),
+                node_ip(i),
+                ready.trim()
+            ));
+        }
+        for p in self.pods().unwrap_or_default() {
+            out.push_str(&format!(
+                "  pod {} on {}: {}\n",
+                p.ns,
+                s.node_name(p.node),
+                p.ip
+            ));
+        }
+        Ok(out)
+    }
+
+    fn agent_log_tails(&self) -> String {
+        let mut out = String::from("agent logs:\n");
+        for i in 1..=self.spec.nodes {
+            if let Ok(log) = std::fs::read_to_string(self.spec.node_dir(i).join("agent.log")) {
+                // An agent that exits prints its error first and a
+                // backtrace after it, which would fill the tail.
+                let error = log.lines().find(|l| l.starts_with("Error: "));
+                let tail: Vec<&str> = log
+                    .lines()
+                    .take_while(|l| Some(*l) != error && *l != "Stack backtrace:")
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .take(8)
+                    .collect();
+                out.push_str(&format!(
+                    "--- node{i}\n{}\n{}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+                    error.map(|e| format!("{e}\n")).unwrap_or_default()
+                ));
+            }
+        }
+        out
+    }
+
+    /// Removes every namespace, process and file of the lab; never fails.
+    pub fn down(&mut self) {
+        let s = &self.spec;
+        for i in 1..=s.nodes {
+            for j in 1..=s.pods {
+                stop_pidfile(&s.node_dir(i).join(format!("pod{j}/echo.pid")));
+                let _ = sh("ip", &["netns", "del", &s.pod_ns(i, j)]);
+            }
+            stop_pidfile(&s.node_dir(i).join("agent.pid"));
+            let _ = sh("ip", &["netns", "del", &s.node_name(i)]);
+        }
+        self.stop_prometheus();
+        // Dropping the in-process fixture stops it before its netns goes.
+        self.api = None;
+        stop_pidfile(&s.root.join("apiserver.pid"));
+        let _ = sh("ip", &["netns", "del", &s.underlay_ns()]);
+        // Pins go with the mount; programs and maps with their last user.
+        let _ = Command::new("umount").arg(s.bpffs()).output();
+        let _ = std::fs::remove_dir_all(&s.root);
+    }
+}
