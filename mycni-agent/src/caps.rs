@@ -60,7 +60,7 @@ pub fn check(effective: u64, required: &[Cap]) -> Result<(), String> {
         .map(|c| format!("{} ({})", c.name, c.why))
         .collect();
     Err(format!(
-        "missing capabilit{} {}; add {} to the agent container's securityContext.capabilities.add (see deploy/daemonset.yaml){}",
+        "missing capabilit{} {}; add {} to the agent container's securityContext.capabilities.add (see deploy/base/daemonset.yaml){}",
         if missing.len() == 1 { "y" } else { "ies" },
         list.join(", "),
         missing

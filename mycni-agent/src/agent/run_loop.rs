@@ -375,7 +375,8 @@ fn set_ready(metrics: &Metrics, fast: &FastPath) {
     ));
 }
 
-/// Publishes the moved host IP; true once the API took it. Bounded: the
+/// Publishes the moved host IP (through `nodes/status`, as `announce`
+/// does); true once the API took it. Bounded: the
 /// pooled API connection may still be bound to the address that just
 /// vanished and would hang until TCP gives up.
 async fn republish_host_ip(nodes: &Api<Node>, node_name: &str, host_ip: Ipv4Addr) -> bool {
@@ -384,7 +385,8 @@ async fn republish_host_ip(nodes: &Api<Node>, node_name: &str, host_ip: Ipv4Addr
     }}});
     let pp = PatchParams::default();
     let merge = Patch::Merge(&patch);
-    match tokio::time::timeout(Duration::from_secs(2), nodes.patch(node_name, &pp, &merge)).await {
+    let patch = nodes.patch_status(node_name, &pp, &merge);
+    match tokio::time::timeout(Duration::from_secs(2), patch).await {
         Ok(Ok(_)) => {
             tracing::info!(host_ip = %host_ip, "republished the host IP");
             true

@@ -180,7 +180,11 @@ fn load_programs(cfg: &Config, metrics: &Arc<Metrics>) -> Result<FastPath> {
     ))
 }
 
-/// Publish ourselves: what peers need to reach our pods.
+/// Publish ourselves: what peers need to reach our pods. Through
+/// `nodes/status`, the one write the agent's role grants on Nodes: the node
+/// status strategy keeps metadata changes and resets spec ones, so the
+/// annotations land and the role gives no hold on the Node's spec (flannel
+/// writes its annotations the same way).
 async fn announce(nodes: &Api<Node>, node_name: &str, mac: Mac, underlay: &Underlay) {
     let patch = serde_json::json!({ "metadata": { "annotations": {
         ANNOTATION_VTEP_MAC: mac.to_string(),
@@ -188,7 +192,7 @@ async fn announce(nodes: &Api<Node>, node_name: &str, mac: Mac, underlay: &Under
     }}});
     let (pp, merge) = (PatchParams::default(), Patch::Merge(&patch));
     retry("publishing VTEP annotations on own Node", || {
-        nodes.patch(node_name, &pp, &merge)
+        nodes.patch_status(node_name, &pp, &merge)
     })
     .await;
 }

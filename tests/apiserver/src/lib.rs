@@ -67,6 +67,9 @@ pub(crate) struct Shared {
     bookmark_interval: Duration,
     /// Print every connection and request to stderr (`MYCNI_APISERVER_LOG=1`).
     log: bool,
+    /// Refuse every write to `nodes` itself (403), as mycni-agent's
+    /// ClusterRole does: only `nodes/status` may be patched.
+    node_writes_forbidden: std::sync::atomic::AtomicBool,
 }
 
 /// Sends nothing; dropping it tells `set_reachable(false)` the listener is closed.
@@ -258,6 +261,7 @@ impl ApiServer {
             connections: AtomicUsize::new(0),
             bookmark_interval: BOOKMARK_INTERVAL,
             log: std::env::var_os("MYCNI_APISERVER_LOG").is_some_and(|v| v != "0" && !v.is_empty()),
+            node_writes_forbidden: std::sync::atomic::AtomicBool::new(false),
         });
         {
             let mut net = lock(&shared.net);
@@ -372,6 +376,15 @@ impl ApiServer {
     /// the same port again. Returns once the change is in effect.
     pub fn set_reachable(&self, up: bool) {
         self.shared.set_reachable(up);
+    }
+
+    /// `true`: every create, update, patch and delete of `nodes` itself
+    /// gets 403 Forbidden, as deploy/base/rbac.yaml grants mycni-agent; the
+    /// status subresource and the fixture's own methods still write.
+    pub fn forbid_node_writes(&self, forbid: bool) {
+        self.shared
+            .node_writes_forbidden
+            .store(forbid, Ordering::SeqCst);
     }
 
     pub fn is_reachable(&self) -> bool {

@@ -91,6 +91,7 @@ const CHECKS: &[NamedCheck] = &[
     ("env", check_env),
     ("resources", check_resources),
     ("RBAC rules", check_rbac_rules),
+    ("no write on nodes", check_no_node_writes),
     ("binding", check_binding),
     ("scrape annotations", check_scrape_annotations),
 ];
@@ -441,6 +442,11 @@ fn every_container_has_requests_and_limits_sized_for_the_target() {
 #[test]
 fn cluster_role_grants_exactly_the_committed_rules() {
     check_rbac_rules(&load()).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn rbac_has_no_write_verb_on_nodes() {
+    check_no_node_writes(&load()).unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]

@@ -67,6 +67,10 @@ pub(crate) async fn handle(
     let path = parts.uri.path().to_string();
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     let m = &parts.method;
+    let forbidden = |verb: &str, name: &str| Err(ApiError::forbidden(verb, "nodes", name));
+    let writes_forbidden = shared
+        .node_writes_forbidden
+        .load(std::sync::atomic::Ordering::SeqCst);
     let result = match segs.as_slice() {
         [] if m == Method::GET => Ok(ctx.root()),
         ["version"] if m == Method::GET => Ok(ctx.discovery(version())),
@@ -92,6 +96,8 @@ pub(crate) async fn handle(
         ["api", "v1", "nodes"] => match *m {
             Method::GET if ctx.query.flag("watch") => ctx.watch(None),
             Method::GET => ctx.list(),
+            Method::POST if writes_forbidden => forbidden("create", ""),
+            Method::DELETE if writes_forbidden => forbidden("deletecollection", ""),
             Method::POST => ctx.create(),
             Method::DELETE => ctx.delete_collection(),
             _ => Err(ApiError::method_not_allowed()),
@@ -101,6 +107,9 @@ pub(crate) async fn handle(
         ["api", "v1", "nodes", name] => match *m {
             Method::GET if ctx.query.flag("watch") => ctx.watch(Some(name)),
             Method::GET => ctx.get(name),
+            Method::PUT if writes_forbidden => forbidden("update", name),
+            Method::PATCH if writes_forbidden => forbidden("patch", name),
+            Method::DELETE if writes_forbidden => forbidden("delete", name),
             Method::PUT => ctx.update(name, Target::Main),
             Method::PATCH => ctx.patch(name, Target::Main),
             Method::DELETE => ctx.delete(name),

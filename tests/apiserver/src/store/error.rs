@@ -29,6 +29,17 @@ impl ApiError {
             Some(json!({"name": name, "kind": "nodes"})),
         )
     }
+    /// RBAC's answer to a verb the caller's role does not grant.
+    pub(crate) fn forbidden(verb: &str, resource: &str, name: &str) -> Self {
+        Self::new(
+            403,
+            "Forbidden",
+            format!(
+                "{resource} \"{name}\" is forbidden: User \"system:serviceaccount:kube-system:mycni-agent\" cannot {verb} resource \"{resource}\" in API group \"\" at the cluster scope"
+            ),
+            Some(json!({"name": name, "kind": resource})),
+        )
+    }
     pub(crate) fn no_route() -> Self {
         Self::new(
             404,

@@ -113,7 +113,8 @@ pub(crate) struct Event {
 }
 
 /// Who writes: the main resource ignores status, the status subresource
-/// ignores everything else, and the fixture's own methods may change anything.
+/// ignores spec (and takes metadata and status, as the real node status
+/// strategy does), and the fixture's own methods may change anything.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Target {
     Main,

@@ -156,15 +156,18 @@ impl State {
                 };
                 value
             }
+            // The real node status strategy (nodeStatusStrategy in
+            // pkg/registry/core/node/strategy.go): PrepareForUpdate puts the
+            // old spec back and GetResetFields resets `spec` only, so status
+            // and metadata (labels, annotations) are written as sent. flannel
+            // writes its node annotations this way, with `patch` on
+            // nodes/status alone.
             Target::Status => {
-                let mut m = old.value.clone();
-                if let Value::Object(mo) = &mut m {
-                    match obj.get("status") {
-                        Some(s) => mo.insert("status".into(), s.clone()),
-                        None => mo.remove("status"),
-                    };
-                }
-                m
+                match old.value.get("spec") {
+                    Some(s) => obj.insert("spec".into(), s.clone()),
+                    None => obj.remove("spec"),
+                };
+                value
             }
             Target::Direct => value,
         };

@@ -93,7 +93,8 @@ async fn patches_merge_strategic_and_json() {
         "unpatched fields stay"
     );
 
-    // The main resource ignores status; the status subresource ignores the rest.
+    // The main resource ignores status; the status subresource ignores spec
+    // and takes metadata (tests/node_status_strategy.rs has the details).
     let ignored = api
         .patch(
             "p",
@@ -112,7 +113,11 @@ async fn patches_merge_strategic_and_json() {
         )
         .await
         .expect("merge patch of metadata on status");
-    assert!(ignored.metadata.labels.is_none());
+    assert_eq!(
+        node_field(&ignored, "/metadata/labels/a"),
+        Some(json!("b")),
+        "labels through status are kept, as by the real status strategy"
+    );
 
     // JSON patch with an escaped pointer, guarded by a test op.
     let ops = json!([

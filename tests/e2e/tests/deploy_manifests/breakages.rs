@@ -316,6 +316,23 @@ pub(crate) const BREAKAGES: &[Breakage] = &[
         let rules = d.cluster_role.rules.as_mut().expect("rules");
         rules[0].verbs.push("update".into());
     }),
+    ("role may patch nodes", check_no_node_writes, |d| {
+        let rules = d.cluster_role.rules.as_mut().expect("rules");
+        rules[0].verbs.push("patch".into());
+    }),
+    (
+        "role may do anything to anything",
+        check_no_node_writes,
+        |d| {
+            let rules = d.cluster_role.rules.as_mut().expect("rules");
+            rules.push(k8s_openapi::api::rbac::v1::PolicyRule {
+                api_groups: Some(vec!["*".into()]),
+                resources: Some(vec!["*".into()]),
+                verbs: vec!["*".into()],
+                ..Default::default()
+            });
+        },
+    ),
     ("role reads pods", check_rbac_rules, |d| {
         let rules = d.cluster_role.rules.as_mut().expect("rules");
         rules.push(k8s_openapi::api::rbac::v1::PolicyRule {

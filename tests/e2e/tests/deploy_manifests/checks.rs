@@ -574,6 +574,42 @@ pub(crate) fn check_rbac_rules(d: &Deploy) -> Check<()> {
     Ok(())
 }
 
+/// No write verb on `nodes` itself, nor a wildcard that covers it: the
+/// agent writes its annotations and condition through `nodes/status`.
+pub(crate) fn check_no_node_writes(d: &Deploy) -> Check<()> {
+    const WRITES: [&str; 6] = [
+        "create",
+        "update",
+        "patch",
+        "delete",
+        "deletecollection",
+        "*",
+    ];
+    for rule in d.cluster_role.rules.iter().flatten() {
+        let core = rule
+            .api_groups
+            .iter()
+            .flatten()
+            .any(|g| g.is_empty() || g == "*");
+        let nodes = rule
+            .resources
+            .iter()
+            .flatten()
+            .any(|r| r == "nodes" || r == "*");
+        let writes: Vec<&String> = rule
+            .verbs
+            .iter()
+            .filter(|v| WRITES.contains(&v.as_str()))
+            .collect();
+        if core && nodes && !writes.is_empty() {
+            return Err(format!(
+                "the ClusterRole may write to nodes ({writes:?}): only nodes/status may be patched"
+            ));
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn check_binding(d: &Deploy) -> Check<()> {
     let sa = &d.service_account;
     let p = pod(d)?;

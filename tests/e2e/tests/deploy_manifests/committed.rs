@@ -49,7 +49,7 @@ pub(crate) const AGENT_BIN: &str = "/usr/local/bin/mycni-agent";
 pub(crate) const PLUGIN_BIN: &str = "/usr/local/bin/mycni";
 
 /// The capabilities the agent adds after dropping ALL, and why (the long form
-/// is next to each in deploy/daemonset.yaml and in deploy/README.md). Adding
+/// is next to each in deploy/base/daemonset.yaml and in deploy/README.md). Adding
 /// one to the manifest without adding it here fails the test.
 pub(crate) const AGENT_CAPABILITIES: &[(&str, &str)] = &[
     (
@@ -69,9 +69,9 @@ pub(crate) const AGENT_CAPABILITIES: &[(&str, &str)] = &[
 ];
 
 /// The ClusterRole, exactly: (API group, resource, verbs). The reason for
-/// each verb is in deploy/rbac.yaml.
+/// each verb is in deploy/base/rbac.yaml.
 pub(crate) const RBAC_RULES: &[(&str, &str, &[&str])] = &[
-    ("", "nodes", &["get", "list", "watch", "patch"]),
+    ("", "nodes", &["get", "list", "watch"]),
     ("", "nodes/status", &["patch"]),
 ];
 
