@@ -14,17 +14,6 @@ use mycni_lab::Lab;
 mod common;
 use common::{lab, lab_with};
 
-/// The agent's command line as the lab started it on node 1.
-fn lab_agent_cmdline(node_dir: &Path) -> Result<Vec<String>> {
-    let pid = std::fs::read_to_string(node_dir.join("agent.pid"))?;
-    let raw = std::fs::read(format!("/proc/{}/cmdline", pid.trim()))?;
-    Ok(raw
-        .split(|b| *b == 0)
-        .filter(|a| !a.is_empty())
-        .map(|a| String::from_utf8_lossy(a).into_owned())
-        .collect())
-}
-
 fn own_host_ip(l: &Lab) -> Result<String> {
     let api = l.api.as_ref().context("api")?;
     let me = api.get_node(&l.spec.node_name(1)).context("own node")?;
@@ -109,7 +98,7 @@ fn agent_fails_with(l: &Lab, cmdline: &[String], extra: &[&str]) -> Result<Strin
 fn values_the_node_cannot_take_stop_the_agent_naming_the_key() -> Result<()> {
     let t = lab(1, 0)?;
     let l = &t.0;
-    let cmdline = lab_agent_cmdline(&l.spec.node_dir(1))?;
+    let cmdline = l.agent_cmdline(1).context("node 1's agent command line")?;
     l.stop_agent(1);
     let out = agent_fails_with(l, &cmdline, &["--mtu", "1451"])?;
     ensure!(

@@ -8,7 +8,7 @@
 //! `MYCNI_TEST_FAULT=freeze-loop:<file>` (the loop waits before its next
 //! pass while the file exists), set only on the agent this test starts.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -44,24 +44,12 @@ fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Resul
     bail!("{what}: not within {timeout:?}")
 }
 
-/// The command line of the agent the lab started on node 1 (`ip netns
-/// exec` execs it in place, so the pid file's process is the agent).
-fn lab_agent_cmdline(node_dir: &Path) -> Result<Vec<String>> {
-    let pid = std::fs::read_to_string(node_dir.join("agent.pid"))?;
-    let raw = std::fs::read(format!("/proc/{}/cmdline", pid.trim()))?;
-    Ok(raw
-        .split(|b| *b == 0)
-        .filter(|a| !a.is_empty())
-        .map(|a| String::from_utf8_lossy(a).into_owned())
-        .collect())
-}
-
 #[test]
 fn liveness_fails_while_the_loop_is_frozen_and_recovers() -> Result<()> {
     let t = lab(1, 0)?;
     let l = &t.0;
     let dir = l.spec.node_dir(1);
-    let cmdline = lab_agent_cmdline(&dir)?;
+    let cmdline = l.agent_cmdline(1).context("node 1's agent command line")?;
     let (bin, args) = cmdline.split_first().context("empty agent command line")?;
     ensure!(
         !args.iter().any(|a| a.starts_with("--liveness-stale-after")),

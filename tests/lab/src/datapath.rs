@@ -277,7 +277,7 @@ impl Lab {
     /// The command line of node `i`'s agent. `ip netns exec` execs the
     /// agent in place, so the pid file's process is the agent itself; this
     /// is what tells a lab attached later which flags it was started with.
-    fn agent_cmdline(&self, i: usize) -> Option<Vec<String>> {
+    pub fn agent_cmdline(&self, i: usize) -> Option<Vec<String>> {
         let pid = std::fs::read_to_string(self.spec.node_dir(i).join("agent.pid")).ok()?;
         let raw = std::fs::read(format!("/proc/{}/cmdline", pid.trim())).ok()?;
         Some(
