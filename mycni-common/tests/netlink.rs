@@ -8,7 +8,7 @@
 //! tests run in. Needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN).
 
 use std::fs::File;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use mycni_common::net::{Cidr, Mac};
 use mycni_common::netlink::{FdbEntry, Neighbour, Netlink, Route, VxlanConfig, VxlanInfo};
@@ -387,4 +387,146 @@ fn errors_say_what_failed_and_why() {
     // Not in a runtime: an error, not a panic.
     let e = Netlink::in_netns(&node).err().expect("needs a runtime");
     assert!(e.errno().is_none(), "{e}");
+}
+
+fn v6(s: &str) -> Cidr<Ipv6Addr> {
+    s.parse().expect("test CIDR")
+}
+
+fn ip6(s: &str) -> Ipv6Addr {
+    s.parse().expect("test address")
+}
+
+#[test]
+fn ipv6_addresses_routes_and_neighbours() {
+    let (node, pod) = (netns(), netns());
+    run(async || {
+        let nl = Netlink::in_netns(&node).expect("netlink");
+        let h = nl.create_veth_in("h0", "p0", &pod, 1500).await.unwrap();
+        // IPv6 routes need the device up (ENETDOWN otherwise).
+        nl.set_up(h.index).await.unwrap();
+
+        nl.add_ipv6_address_nodad(h.index, v6("fd00:9::1/128"))
+            .await
+            .unwrap();
+        let twice = nl
+            .add_ipv6_address_nodad(h.index, v6("fd00:9::1/128"))
+            .await;
+        assert!(twice.as_ref().is_err_and(|e| e.is_exists()), "{twice:?}");
+        nl.add_address(h.index, v6("fd00:9::2/64")).await.unwrap();
+        nl.add_ipv6_address_nodad(h.index, v6("fe80::1/64"))
+            .await
+            .unwrap();
+        let addrs = nl.ipv6_addresses(h.index).await.unwrap();
+        let find = |c: Cidr<Ipv6Addr>| {
+            addrs
+                .iter()
+                .find(|a| a.cidr == c)
+                .unwrap_or_else(|| panic!("{c} missing from {addrs:?}"))
+        };
+        let nodad = find(v6("fd00:9::1/128"));
+        assert!(nodad.nodad && !nodad.tentative, "{nodad:?}");
+        assert!(!find(v6("fd00:9::2/64")).nodad);
+        assert!(find(v6("fe80::1/64")).nodad);
+        // Each family lists only its own.
+        assert!(nl.ipv4_addresses(h.index).await.unwrap().is_empty());
+        let before = nl.ipv6_addresses(h.index).await.unwrap().len();
+        nl.add_address(h.index, v4("10.9.0.1/24")).await.unwrap();
+        assert_eq!(nl.ipv6_addresses(h.index).await.unwrap().len(), before);
+        assert_eq!(
+            nl.ipv4_addresses(h.index).await.unwrap(),
+            [v4("10.9.0.1/24")]
+        );
+
+        // Not via fe80::1: the kernel refuses a gateway that is a local
+        // address (the plugin's pods route via the host veth's from their
+        // own namespace).
+        let default = Route {
+            dst: v6("::/0"),
+            gateway: Some(ip6("fe80::9")),
+            oif: Some(h.index),
+            protocol: PROTO_A,
+            onlink: true,
+        };
+        let via = Route {
+            dst: v6("fd00:20::/64"),
+            gateway: Some(ip6("fd00:9::5")),
+            oif: Some(h.index),
+            protocol: PROTO_A,
+            onlink: false,
+        };
+        let direct = Route {
+            dst: v6("fd00:30::7/128"),
+            gateway: None,
+            oif: Some(h.index),
+            protocol: PROTO_B,
+            onlink: false,
+        };
+        for r in [default, via, direct] {
+            nl.add_route(r).await.unwrap();
+        }
+        let dup = nl.add_route(direct).await;
+        assert!(dup.as_ref().is_err_and(|e| e.is_exists()), "{dup:?}");
+        let mut ours = nl.ipv6_routes_by_protocol(PROTO_A).await.unwrap();
+        ours.sort_by_key(|r| r.dst.prefix());
+        assert_eq!(ours, [default, via]);
+        assert_eq!(nl.ipv6_routes_by_protocol(PROTO_B).await.unwrap(), [direct]);
+        // No IPv6 route is listed as an IPv4 one, and the other way round.
+        assert!(nl.routes_by_protocol(PROTO_B).await.unwrap().is_empty());
+        let v4_route = Route {
+            dst: v4("10.40.0.0/16"),
+            gateway: None,
+            oif: Some(h.index),
+            protocol: PROTO_B,
+            onlink: false,
+        };
+        nl.add_route(v4_route).await.unwrap();
+        assert_eq!(nl.ipv6_routes_by_protocol(PROTO_B).await.unwrap(), [direct]);
+        let all = nl.ipv6_routes().await.unwrap();
+        assert!(all.contains(&direct), "{all:?}");
+        // The kernel's own: the connected /64.
+        assert!(
+            all.iter()
+                .any(|r| r.dst == v6("fd00:9::/64") && r.oif == Some(h.index))
+        );
+
+        let moved = Route {
+            gateway: Some(ip6("fd00:9::6")),
+            ..via
+        };
+        nl.replace_route(moved).await.unwrap();
+        let ours = nl.ipv6_routes_by_protocol(PROTO_A).await.unwrap();
+        assert!(ours.contains(&moved) && !ours.contains(&via), "{ours:?}");
+        nl.delete_route(via.dst, PROTO_A).await.unwrap();
+        nl.delete_route(via.dst, PROTO_A).await.unwrap();
+        // Another protocol's route to the same place is not ours to delete.
+        nl.delete_route(direct.dst, PROTO_A).await.unwrap();
+        assert_eq!(
+            nl.ipv6_routes_by_protocol(PROTO_A).await.unwrap(),
+            [default]
+        );
+        assert_eq!(nl.ipv6_routes_by_protocol(PROTO_B).await.unwrap(), [direct]);
+        nl.delete_route(v4_route.dst, PROTO_B).await.unwrap();
+        assert_eq!(nl.ipv6_routes_by_protocol(PROTO_B).await.unwrap(), [direct]);
+
+        let gw = ip6("fe80::9");
+        let (m1, m2): (Mac, Mac) = (
+            "02:00:00:00:00:01".parse().unwrap(),
+            "02:00:00:00:00:02".parse().unwrap(),
+        );
+        assert_eq!(nl.permanent_neighbour(h.index, gw).await.unwrap(), None);
+        nl.replace_permanent_neighbour(h.index, gw, m1)
+            .await
+            .unwrap();
+        assert_eq!(nl.permanent_neighbour(h.index, gw).await.unwrap(), Some(m1));
+        nl.replace_permanent_neighbour(h.index, gw, m2)
+            .await
+            .unwrap();
+        assert_eq!(nl.permanent_neighbour(h.index, gw).await.unwrap(), Some(m2));
+        // The IPv4 list has no IPv6 neighbour.
+        assert!(nl.permanent_neighbours(h.index).await.unwrap().is_empty());
+        nl.delete_neighbour(h.index, gw).await.unwrap();
+        nl.delete_neighbour(h.index, gw).await.unwrap();
+        assert_eq!(nl.permanent_neighbour(h.index, gw).await.unwrap(), None);
+    });
 }

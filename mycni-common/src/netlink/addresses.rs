@@ -1,20 +1,47 @@
-//! IPv4 addresses of links.
+//! IPv4 and IPv6 addresses of links.
 
 use std::format;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::prelude::rust_2024::*;
 
-use netlink_packet_route::address::{AddressAttribute, AddressMessage};
+use netlink_packet_route::address::{
+    AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage,
+};
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
 use super::{Error, Netlink, Result};
-use crate::net::Cidr;
+use crate::net::{Cidr, Family};
+
+/// An IPv6 address of a link with the flags the plugin sets or checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ipv6Address {
+    pub cidr: Cidr<Ipv6Addr>,
+    /// IFA_F_NODAD: added without duplicate address detection.
+    pub nodad: bool,
+    /// IFA_F_TENTATIVE: DAD still running, so not yet usable as a source.
+    pub tentative: bool,
+}
+
+/// The full IFA_F_* word: the header holds only the low byte, the
+/// IFA_FLAGS attribute (when present) all of them.
+fn address_flags(m: &AddressMessage) -> AddressFlags {
+    m.attributes
+        .iter()
+        .find_map(|a| match a {
+            AddressAttribute::Flags(f) => Some(*f),
+            _ => None,
+        })
+        .unwrap_or_else(|| AddressFlags::from_bits_retain(u32::from(m.header.flags.bits())))
+}
 
 impl Netlink {
-    /// The IPv4 addresses of link `index`, with their prefix length.
-    pub async fn ipv4_addresses(&self, index: u32) -> Result<Vec<Cidr<Ipv4Addr>>> {
+    async fn address_messages(
+        &self,
+        index: u32,
+        family: AddressFamily,
+    ) -> Result<Vec<AddressMessage>> {
         let mut req = AddressMessage::default();
-        req.header.family = AddressFamily::Inet;
+        req.header.family = family;
         req.header.index = index;
         let msgs = self
             .dump(
@@ -22,14 +49,23 @@ impl Netlink {
                 RouteNetlinkMessage::GetAddress(req),
             )
             .await?;
+        Ok(msgs
+            .into_iter()
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewAddress(m)
+                    if m.header.index == index && m.header.family == family =>
+                {
+                    Some(m)
+                }
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// The IPv4 addresses of link `index`, with their prefix length.
+    pub async fn ipv4_addresses(&self, index: u32) -> Result<Vec<Cidr<Ipv4Addr>>> {
         let mut out = Vec::new();
-        for m in msgs {
-            let RouteNetlinkMessage::NewAddress(m) = m else {
-                continue;
-            };
-            if m.header.index != index {
-                continue;
-            }
+        for m in self.address_messages(index, AddressFamily::Inet).await? {
             for a in &m.attributes {
                 if let AddressAttribute::Address(IpAddr::V4(ip)) = a
                     && let Some(c) = Cidr::new(*ip, m.header.prefix_len)
@@ -41,14 +77,57 @@ impl Netlink {
         Ok(out)
     }
 
-    /// Adds an IPv4 address; one already there is an error that
-    /// [`Error::is_exists`].
-    pub async fn add_address(&self, index: u32, address: Cidr<Ipv4Addr>) -> Result<()> {
+    /// The IPv6 addresses of link `index` (link-local ones included),
+    /// with their prefix length and DAD flags.
+    pub async fn ipv6_addresses(&self, index: u32) -> Result<Vec<Ipv6Address>> {
+        let mut out = Vec::new();
+        for m in self.address_messages(index, AddressFamily::Inet6).await? {
+            let flags = address_flags(&m);
+            for a in &m.attributes {
+                if let AddressAttribute::Address(IpAddr::V6(ip)) = a
+                    && let Some(cidr) = Cidr::new(*ip, m.header.prefix_len)
+                {
+                    out.push(Ipv6Address {
+                        cidr,
+                        nodad: flags.contains(AddressFlags::Nodad),
+                        tentative: flags.contains(AddressFlags::Tentative),
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Adds an address of either family; one already there is an error
+    /// that [`Error::is_exists`].
+    pub async fn add_address<A: Family + Into<IpAddr>>(
+        &self,
+        index: u32,
+        address: Cidr<A>,
+    ) -> Result<()> {
         self.handle
             .address()
-            .add(index, IpAddr::V4(address.addr()), address.prefix())
+            .add(index, address.addr().into(), address.prefix())
             .execute()
             .await
             .map_err(|e| Error::rtnl(format!("adding {address} to link {index}"), e))
+    }
+
+    /// Adds an IPv6 address without duplicate address detection
+    /// (`nodad`): usable at once instead of after a second or more of
+    /// DAD, for an address only this host can hold on the link. One
+    /// already there is an error that [`Error::is_exists`].
+    pub async fn add_ipv6_address_nodad(&self, index: u32, address: Cidr<Ipv6Addr>) -> Result<()> {
+        let mut req =
+            self.handle
+                .address()
+                .add(index, IpAddr::V6(address.addr()), address.prefix());
+        let m = req.message_mut();
+        m.header.flags = AddressHeaderFlags::Nodad;
+        m.attributes
+            .push(AddressAttribute::Flags(AddressFlags::Nodad));
+        req.execute()
+            .await
+            .map_err(|e| Error::rtnl(format!("adding {address} (nodad) to link {index}"), e))
     }
 }

@@ -1,7 +1,8 @@
 //! The one netlink layer of mycni: the plugin, the agent and the tools
-//! change and read links, addresses, routes, neighbours and FDB entries
-//! through [`Netlink`], each operation named for what it does, over
-//! rtnetlink and netlink-packet-route messages.
+//! change and read links, addresses, routes, neighbours, FDB entries and
+//! nexthop objects through [`Netlink`], each operation named for what it
+//! does, over rtnetlink and netlink-packet-route messages (nexthops over
+//! messages of their own, see `nexthops.rs`).
 //!
 //! A [`Netlink`] is bound to one network namespace for its whole life: the
 //! socket for another namespace is opened on a short-lived OS thread that
@@ -24,6 +25,7 @@
 
 use std::fs::File;
 use std::prelude::rust_2024::*;
+use std::sync::OnceLock;
 
 use netlink_packet_route::RouteNetlinkMessage;
 use rtnetlink::Handle;
@@ -35,13 +37,16 @@ mod addresses;
 mod error;
 mod links;
 mod neighbours;
+mod nexthops;
 mod request;
 mod routes;
 
+pub use addresses::Ipv6Address;
 pub use error::{Cause, Error, Result};
 pub use links::{Link, VxlanConfig, VxlanInfo};
 pub use neighbours::{FdbEntry, Neighbour};
-pub use routes::Route;
+pub use nexthops::{Nexthop, NexthopEvents, NexthopMessage, RTNLGRP_NEXTHOP, nexthop_events};
+pub use routes::{NexthopRoute, Route, RouteFamily};
 
 use error::gone_is_ok;
 use request::{connect, request, socket_in};
@@ -49,6 +54,10 @@ use request::{connect, request, socket_in};
 /// A NETLINK_ROUTE connection bound to one network namespace.
 pub struct Netlink {
     handle: Handle,
+    /// The namespace, for the nexthop socket opened on first use; None if
+    /// it could not be opened (nexthop operations then fail, nothing else).
+    netns: Option<File>,
+    nexthops: OnceLock<nexthops::NexthopHandle>,
 }
 
 impl Netlink {
@@ -59,6 +68,9 @@ impl Netlink {
             .map_err(|e| Error::io("netlink socket", &e))?;
         Ok(Self {
             handle: connect(socket)?,
+            // The thread's own, not the process's: a test may have moved it.
+            netns: File::open("/proc/thread-self/ns/net").ok(),
+            nexthops: OnceLock::new(),
         })
     }
 
@@ -68,6 +80,8 @@ impl Netlink {
     pub fn in_netns(netns: &File) -> Result<Self> {
         Ok(Self {
             handle: connect(socket_in(netns)?)?,
+            netns: netns.try_clone().ok(),
+            nexthops: OnceLock::new(),
         })
     }
 

@@ -1,5 +1,5 @@
-//! Neighbour (ARP) entries and a device's own FDB entries: both are
-//! RTM_NEWNEIGH messages, in the AF_INET and AF_BRIDGE families.
+//! Neighbour (ARP and NDP) entries and a device's own FDB entries: all
+//! RTM_NEWNEIGH messages, in the AF_INET, AF_INET6 and AF_BRIDGE families.
 
 use std::format;
 use std::net::{IpAddr, Ipv4Addr};
@@ -56,6 +56,15 @@ fn neighbour_ip_mac(m: &NeighbourMessage) -> (Option<Ipv4Addr>, Option<Mac>) {
     (ip, mac)
 }
 
+/// The neighbour family of an address, and the address as a neighbour
+/// message's destination.
+fn neighbour_address(ip: IpAddr) -> (AddressFamily, NeighbourAddress) {
+    match ip {
+        IpAddr::V4(a) => (AddressFamily::Inet, NeighbourAddress::Inet(a)),
+        IpAddr::V6(a) => (AddressFamily::Inet6, NeighbourAddress::Inet6(a)),
+    }
+}
+
 fn neighbour_message(family: AddressFamily, index: u32) -> NeighbourMessage {
     let mut m = NeighbourMessage::default();
     m.header.family = family;
@@ -64,17 +73,18 @@ fn neighbour_message(family: AddressFamily, index: u32) -> NeighbourMessage {
 }
 
 impl Netlink {
-    /// Sets the permanent neighbour `ip` -> `mac` on link `index`,
-    /// replacing whatever entry `ip` had there.
+    /// Sets the permanent neighbour `ip` (IPv4 or IPv6) -> `mac` on link
+    /// `index`, replacing whatever entry `ip` had there.
     pub async fn replace_permanent_neighbour(
         &self,
         index: u32,
-        ip: Ipv4Addr,
+        ip: impl Into<IpAddr>,
         mac: Mac,
     ) -> Result<()> {
+        let ip: IpAddr = ip.into();
         self.handle
             .neighbours()
-            .add(index, IpAddr::V4(ip))
+            .add(index, ip)
             .link_layer_address(&mac.0)
             .state(NeighbourState::Permanent)
             .replace()
@@ -83,12 +93,17 @@ impl Netlink {
             .map_err(|e| Error::rtnl(format!("setting neighbour {ip} on link {index}"), e))
     }
 
-    /// The MAC of the permanent neighbour `ip` on link `index`, if there
-    /// is one (a learned entry is not).
-    pub async fn permanent_neighbour(&self, index: u32, ip: Ipv4Addr) -> Result<Option<Mac>> {
-        let mut req = neighbour_message(AddressFamily::Inet, index);
-        req.attributes
-            .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)));
+    /// The MAC of the permanent neighbour `ip` (IPv4 or IPv6) on link
+    /// `index`, if there is one (a learned entry is not).
+    pub async fn permanent_neighbour(
+        &self,
+        index: u32,
+        ip: impl Into<IpAddr>,
+    ) -> Result<Option<Mac>> {
+        let ip: IpAddr = ip.into();
+        let (family, dst) = neighbour_address(ip);
+        let mut req = neighbour_message(family, index);
+        req.attributes.push(NeighbourAttribute::Destination(dst));
         let op = format!("looking up neighbour {ip} on link {index}");
         Ok(
             match self
@@ -129,12 +144,13 @@ impl Netlink {
         Ok(out)
     }
 
-    /// Deletes the neighbour `ip` on link `index`; one already gone is
-    /// success.
-    pub async fn delete_neighbour(&self, index: u32, ip: Ipv4Addr) -> Result<()> {
-        let mut m = neighbour_message(AddressFamily::Inet, index);
-        m.attributes
-            .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)));
+    /// Deletes the neighbour `ip` (IPv4 or IPv6) on link `index`; one
+    /// already gone is success.
+    pub async fn delete_neighbour(&self, index: u32, ip: impl Into<IpAddr>) -> Result<()> {
+        let ip: IpAddr = ip.into();
+        let (family, dst) = neighbour_address(ip);
+        let mut m = neighbour_message(family, index);
+        m.attributes.push(NeighbourAttribute::Destination(dst));
         gone_is_ok(
             self.handle
                 .neighbours()
