@@ -4,7 +4,10 @@
 //! `prevResult` (`CniResult::from_json`, as CHECK and DEL do).
 #![no_main]
 
+use std::net::IpAddr;
+
 use libfuzzer_sys::fuzz_target;
+use mycni_common::net::{Cidr, Family};
 use mycni_plugin::config::{NetConf, valid_network_name};
 use mycni_plugin::error::Code;
 use mycni_plugin::ipam::{BUILTIN_TYPE, Builtin};
@@ -47,21 +50,32 @@ fuzz_target!(|data: &[u8]| {
     if let (Some(BUILTIN_TYPE), Some(ipam)) = (c.ipam_type.as_deref(), &c.ipam)
         && let Ok(b) = Builtin::from_conf(ipam)
     {
-        let r = b.range;
-        let net = u32::from(r.network);
-        let mask = if r.prefix == 0 {
-            0
-        } else {
-            u32::MAX << (32 - u32::from(r.prefix))
-        };
-        assert!(r.prefix <= 30);
-        assert_eq!(net & !mask, 0, "host bits in {}/{}", r.network, r.prefix);
-        // Never the network or broadcast address, never outside the subnet.
-        assert!(net < u32::from(r.start));
-        assert!(r.start <= r.end);
-        assert!(u32::from(r.end) < net | !mask);
-        assert!(r.size() >= 1);
-        assert!(r.contains(r.start) && r.contains(r.end));
+        // One set per family, primary first; each range within its subnet,
+        // never its network address (or IPv4's broadcast), of the set's family.
+        assert!(!b.sets.is_empty() && b.sets.len() <= 2);
+        if let [x, y] = b.sets.as_slice() {
+            assert_ne!(x.is_ipv4(), y.is_ipv4());
+        }
+        for set in &b.sets {
+            assert!(!set.ranges.is_empty());
+            for r in &set.ranges {
+                assert_eq!(r.is_ipv4(), set.is_ipv4());
+                let subnet: Cidr<IpAddr> = Cidr::new(r.network, r.prefix).expect("a CIDR");
+                assert!(subnet.is_network(), "host bits in {subnet}");
+                assert!(r.prefix <= r.network.max_prefix() - 2);
+                assert!(subnet.contains(r.start) && subnet.contains(r.end));
+                assert!(subnet.network() < r.start);
+                assert!(r.start <= r.end);
+                if r.is_ipv4() {
+                    assert!(r.end < subnet.last());
+                }
+                assert!(r.size() >= 1);
+                assert!(r.contains(r.start) && r.contains(r.end));
+            }
+            for gw in &set.gateways {
+                assert!(set.ranges.iter().any(|r| r.subnet_contains(*gw)));
+            }
+        }
     }
     if let Some(prev) = &c.prev_result
         && let Ok(r) = CniResult::from_json(prev)

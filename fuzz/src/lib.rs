@@ -8,7 +8,9 @@
 //! mycni-plugin alone. The code fuzzed is the same file the agent compiles;
 //! peers.rs says it must use std and `mycni_common` only.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
+
+use mycni_common::net::{Cidr, Family};
 
 use mycni_plugin::types::CniResult;
 use mycni_plugin::version::Version;
@@ -59,18 +61,30 @@ pub fn check_result(input: &Value, r: &CniResult) {
     if let Some(ips) = input.get("ips").and_then(Value::as_array) {
         assert_eq!(ips.len(), r.ips.len());
         for (want, got) in ips.iter().zip(&r.ips) {
-            assert_eq!(
-                want["address"].as_str(),
-                Some(got.address.to_string().as_str()),
-                "address re-formats to the input"
-            );
-            assert!(got.address.prefix() <= 32);
+            // The same address; IPv4 text has one spelling, so it is the
+            // input's, while IPv6 text may be written several ways (case,
+            // zeros) and comes out in RFC 5952's.
+            let text = want["address"].as_str().unwrap_or_default();
+            assert_eq!(text.parse::<Cidr<IpAddr>>().ok(), Some(got.address));
+            if got.address.addr().is_ipv4() {
+                assert_eq!(
+                    text,
+                    got.address.to_string(),
+                    "address re-formats to the input"
+                );
+            }
+            assert!(got.address.prefix() <= got.address.addr().max_prefix());
             match want.get("gateway").filter(|g| !g.is_null()) {
                 None => assert_eq!(got.gateway, None),
-                Some(g) => assert_eq!(
-                    g.as_str().and_then(|g| g.parse::<Ipv4Addr>().ok()),
-                    Some(got.gateway.unwrap_or_else(|| panic!("gateway {g} dropped"))),
-                ),
+                Some(g) => {
+                    let gw = got.gateway.unwrap_or_else(|| panic!("gateway {g} dropped"));
+                    assert_eq!(g.as_str().and_then(|g| g.parse::<IpAddr>().ok()), Some(gw));
+                    assert_eq!(
+                        gw.is_ipv4(),
+                        got.address.addr().is_ipv4(),
+                        "gateway of another family"
+                    );
+                }
             }
         }
     }
@@ -82,20 +96,23 @@ pub fn check_result(input: &Value, r: &CniResult) {
             }
         }
     }
-    // IPv4 routes are kept with their gateway; others are skipped.
+    // Routes of both families are kept, each with its gateway.
     if let Some(routes) = input.get("routes").and_then(Value::as_array) {
-        let v4: Vec<&Value> = routes
-            .iter()
-            .filter(|rt| {
-                rt["dst"]
+        assert_eq!(routes.len(), r.routes.len());
+        for (want, got) in routes.iter().zip(&r.routes) {
+            assert_eq!(
+                want["dst"]
                     .as_str()
-                    .and_then(mycni_plugin::types::parse_cidr)
-                    .is_some()
-            })
-            .collect();
-        assert_eq!(v4.len(), r.routes.len());
-        for (want, got) in v4.iter().zip(&r.routes) {
-            assert_eq!(want["dst"].as_str(), Some(got.dst.to_string().as_str()));
+                    .and_then(|d| d.parse::<Cidr<IpAddr>>().ok()),
+                Some(got.dst)
+            );
+            if let Some(gw) = got.gw {
+                assert_eq!(
+                    gw.is_ipv4(),
+                    got.dst.addr().is_ipv4(),
+                    "gateway of another family"
+                );
+            }
             assert_eq!(
                 want.get("gw").is_some_and(|g| !g.is_null()),
                 got.gw.is_some(),

@@ -96,9 +96,14 @@ fn the_plugin_reads_every_field_of_the_agents_conflist() {
         assert_eq!(conf.ipam_type.as_deref(), Some(ipam::BUILTIN_TYPE));
         let b = Builtin::from_conf(conf.ipam.as_ref().expect("ipam"))
             .expect("the built-in IPAM takes the agent's section");
+        let range = b
+            .sets
+            .first()
+            .and_then(|s| s.ranges.first())
+            .expect("a range");
         assert_eq!(
-            (b.range.network, b.range.prefix),
-            (Ipv4Addr::new(10, 244, 7, 0), 24)
+            (range.network, range.prefix),
+            (Ipv4Addr::new(10, 244, 7, 0).into(), 24)
         );
         assert_eq!(b.data_dir, Path::new("/var/lib/test-leases"));
     }

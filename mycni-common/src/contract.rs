@@ -67,6 +67,13 @@ impl<'a> VethAlias<'a> {
     }
 }
 
+/// What every host veth name the plugin makes starts with (then 10 hex
+/// digits of a hash of the pod). The alias is the contract's mark of a
+/// mycni veth, but nftables cannot see aliases: the agent's IPv6
+/// anti-spoofing rule matches this prefix, which covers a veth from the
+/// moment it exists.
+pub const HOST_VETH_PREFIX: &str = "mycni";
+
 /// Node annotation with the node's VTEP MAC (`vxlan.1`'s address).
 pub const ANNOTATION_VTEP_MAC: &str = "mycni.dev/vtep-mac";
 /// Node annotation with the node's underlay IP (VXLAN packets go there).
@@ -99,8 +106,14 @@ pub const PLUGIN_TYPE: &str = "mycni";
 /// `ipam.type` of the plugin's built-in IPAM.
 pub const BUILTIN_IPAM_TYPE: &str = "mycni-ipam";
 /// The CNI version the conflist is written in, and every version the plugin
-/// speaks (the conflist's `cniVersions`).
-pub const CNI_VERSION: &str = "1.1.0";
+/// speaks (the conflist's `cniVersions`). Written in 1.0.0, not 1.1.0:
+/// runtimes on libcni before 1.2 (podman 4's CNI backend, containerd 1.6
+/// and 1.7) know no `cniVersions`, run the plugin in the list's
+/// `cniVersion` and cannot read a 1.1.0 result (podman 4.3: `plugin
+/// type="mycni" failed (add): unsupported CNI result version "1.1.0"`);
+/// libcni 1.2 and later take the highest version of both fields they know,
+/// 1.1.0, so STATUS and GC stay theirs.
+pub const CNI_VERSION: &str = "1.0.0";
 pub const CNI_VERSIONS: [&str; 4] = ["0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 
 /// The conflist the agent writes and the runtime hands, one plugin at a
@@ -134,15 +147,61 @@ pub struct PluginConf {
 }
 
 /// The built-in IPAM's section: what `Builtin::from_conf` reads.
+///
+/// A single-family node has its podCIDR in `subnet`, as before dual-stack;
+/// a dual-stack node has one range set per family in `ranges`, primary
+/// family first, in host-local's form (`[[{"subnet": ...}], [{"subnet":
+/// ...}]]`), so the section also reads as a host-local one. Build it with
+/// [`IpamConf::new`], which picks the form.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IpamConf {
     /// None: the IPAM's default lease directory.
     #[serde(rename = "dataDir", default, skip_serializing_if = "Option::is_none")]
     pub data_dir: Option<PathBuf>,
-    /// The node's podCIDR.
-    pub subnet: Cidr<IpAddr>,
+    /// Dual-stack: one range set per family, primary family first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranges: Vec<Vec<IpamRange>>,
+    /// Single-family: the node's podCIDR.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subnet: Option<Cidr<IpAddr>>,
     #[serde(rename = "type")]
     pub ipam_type: String,
+}
+
+/// One range of a range set: a podCIDR, every address of it leasable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IpamRange {
+    pub subnet: Cidr<IpAddr>,
+}
+
+impl IpamConf {
+    /// The built-in IPAM's section for a node's podCIDRs (primary family
+    /// first): `subnet` for one, `ranges` for more.
+    pub fn new(data_dir: Option<PathBuf>, pod_cidrs: &[Cidr<IpAddr>]) -> Self {
+        let (subnet, ranges) = match pod_cidrs {
+            [one] => (Some(*one), Vec::new()),
+            many => (
+                None,
+                many.iter()
+                    .map(|c| std::vec![IpamRange { subnet: *c }])
+                    .collect(),
+            ),
+        };
+        IpamConf {
+            data_dir,
+            ranges,
+            subnet,
+            ipam_type: BUILTIN_IPAM_TYPE.into(),
+        }
+    }
+
+    /// The podCIDRs the section names, primary family first.
+    pub fn subnets(&self) -> Vec<Cidr<IpAddr>> {
+        self.subnet
+            .into_iter()
+            .chain(self.ranges.iter().flatten().map(|r| r.subnet))
+            .collect()
+    }
 }
 
 impl Conflist {
@@ -184,17 +243,13 @@ mod tests {
             DEFAULT_READY_FILE,
             std::format!("{DEFAULT_STATE_DIR}/{READY_FILE_NAME}")
         );
-        assert_eq!(CNI_VERSIONS.last(), Some(&CNI_VERSION));
+        assert!(CNI_VERSIONS.contains(&CNI_VERSION));
     }
 
     #[test]
     fn conflist_wire_shape() {
         let c = Conflist::new(PluginConf {
-            ipam: IpamConf {
-                data_dir: None,
-                subnet: "10.244.1.0/24".parse().unwrap(),
-                ipam_type: BUILTIN_IPAM_TYPE.into(),
-            },
+            ipam: IpamConf::new(None, &["10.244.1.0/24".parse().unwrap()]),
             log_file: None,
             mtu: 1450,
             ready_file: DEFAULT_READY_FILE.into(),
@@ -205,7 +260,7 @@ mod tests {
         assert_eq!(
             v,
             serde_json::json!({
-                "cniVersion": "1.1.0",
+                "cniVersion": "1.0.0",
                 "cniVersions": ["0.3.1", "0.4.0", "1.0.0", "1.1.0"],
                 "name": "mycni0",
                 "plugins": [{
@@ -223,5 +278,33 @@ mod tests {
             serde_json::to_string(&v).unwrap()
         );
         assert_eq!(serde_json::from_value::<Conflist>(v).unwrap(), c);
+    }
+
+    #[test]
+    fn dual_stack_ipam_is_host_locals_ranges() {
+        let v4: Cidr<IpAddr> = "10.244.1.0/24".parse().unwrap();
+        let v6: Cidr<IpAddr> = "fd00:10:244:1::/64".parse().unwrap();
+        let ipam = IpamConf::new(Some("/var/lib/x".into()), &[v6, v4]);
+        let v = serde_json::to_value(&ipam).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "dataDir": "/var/lib/x",
+                "ranges": [[{"subnet": "fd00:10:244:1::/64"}], [{"subnet": "10.244.1.0/24"}]],
+                "type": "mycni-ipam",
+            })
+        );
+        assert_eq!(
+            serde_json::to_string(&ipam).unwrap(),
+            serde_json::to_string(&v).unwrap()
+        );
+        let back: IpamConf = serde_json::from_value(v).unwrap();
+        assert_eq!(back.subnets(), [v6, v4]);
+        // The single-subnet form of conflists written before dual-stack
+        // still reads.
+        let old: IpamConf =
+            serde_json::from_str(r#"{"type":"mycni-ipam","subnet":"10.244.1.0/24"}"#).unwrap();
+        assert_eq!(old, IpamConf::new(None, &[v4]));
+        assert_eq!(old.subnets(), [v4]);
     }
 }

@@ -1,16 +1,30 @@
 //! The plugin's side of the shared netlink layer (`mycni_common::netlink`):
-//! its errors as CNI errors, the routes it installs, and the sysctls it sets.
+//! its errors as CNI errors, the routes it installs, the gateways, and the
+//! sysctls it sets (in its own namespace and in the pod's).
 
-use std::net::Ipv4Addr;
+use std::fs::File;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::os::fd::AsRawFd;
 
-use mycni_common::net::Cidr;
-pub use mycni_common::netlink::{Link, Netlink, Route};
+use mycni_common::net::{Cidr, Family};
+pub use mycni_common::netlink::{Link, Netlink, Route, RouteFamily};
 
 use crate::error::{CniError, Code, Result, kernel};
 
 pub use mycni_common::contract::RTPROT_MYCNI_PLUGIN;
 /// The pod's gateway, answered by proxy ARP / a static neighbour on the host veth.
 pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
+/// The pod's IPv6 gateway, the twin of [`GATEWAY`]: one fixed link-local
+/// address for every pod (as Calico has one), so results, routes and
+/// CHECK never depend on a host veth's random MAC. The pod reaches it
+/// through a permanent neighbour entry to the host veth's MAC; the host
+/// veth also holds it (nodad), so it answers the pod's neighbour
+/// solicitations after the entry was flushed, as proxy ARP does for IPv4.
+/// A pod's own link-local address is EUI-64 (`ff:fe` in the middle), never
+/// this one.
+pub const GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
+/// The prefix [`GATEWAY_V6`] has on the host veth: the link-local one.
+pub const GATEWAY_V6_PREFIX: u8 = 64;
 
 /// Every netlink failure is a kernel failure for the runtime; the message
 /// says which step failed on what, and the kernel's reason.
@@ -20,16 +34,17 @@ impl From<mycni_common::netlink::Error> for CniError {
     }
 }
 
-/// `ip/prefix`, for the prefixes the plugin writes (0 and 32), which are
-/// always valid for IPv4.
-pub fn cidr(ip: Ipv4Addr, prefix: u8) -> Result<Cidr<Ipv4Addr>> {
+/// `ip/prefix`, for the prefixes the plugin writes (0, the family's full
+/// length, 64 for the link-local gateway), which are always valid.
+pub fn cidr<A: Family>(ip: A, prefix: u8) -> Result<Cidr<A>> {
     Cidr::new(ip, prefix)
         .ok_or_else(|| CniError::new(Code::Kernel, format!("{ip}/{prefix} is not a CIDR")))
 }
 
 /// `dst [via gw] dev oif` with the plugin's protocol, scope link when there
-/// is no gateway, `onlink` with one (the gateway is on no subnet of the pod).
-pub fn plugin_route(dst: Cidr<Ipv4Addr>, gw: Option<Ipv4Addr>, oif: u32) -> Route {
+/// is no gateway, `onlink` with one (the gateway is on no subnet of the
+/// pod; for IPv6 the link-local route may not be there yet either).
+pub fn plugin_route<A: RouteFamily>(dst: Cidr<A>, gw: Option<A>, oif: u32) -> Route<A> {
     Route {
         dst,
         gateway: gw,
@@ -49,4 +64,40 @@ pub fn read_sysctl(path: &str) -> Result<String> {
 pub fn write_sysctl(path: &str, value: &str) -> Result<()> {
     std::fs::write(path, value)
         .map_err(|e| CniError::new(Code::Kernel, format!("writing {value} to {path}: {e}")))
+}
+
+/// `/proc/sys/net/ipv6/conf/<ifname>/<key>`.
+pub fn ipv6_conf(ifname: &str, key: &str) -> String {
+    format!("/proc/sys/net/ipv6/conf/{ifname}/{key}")
+}
+
+/// Runs `f` on a short-lived thread that entered the namespace `netns`:
+/// `/proc/sys/net` shows the namespace of the thread that reads it, and
+/// IPv6 interface settings have no netlink attribute to set them with. No
+/// other thread of the plugin ever changes namespace.
+pub fn in_netns<T: Send>(netns: &File, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+    let fd = netns.as_raw_fd();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            // SAFETY: setns(2) with a descriptor borrowed for the call; it
+            // moves only this thread, which ends with the scope.
+            if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } != 0 {
+                return Err(CniError::new(
+                    Code::Kernel,
+                    format!(
+                        "entering the container's network namespace: {}",
+                        std::io::Error::last_os_error()
+                    ),
+                ));
+            }
+            f()
+        })
+        .join()
+        .map_err(|_| {
+            CniError::new(
+                Code::Kernel,
+                "a thread in the container's network namespace panicked",
+            )
+        })?
+    })
 }

@@ -1,9 +1,15 @@
-//! ADD, DEL, CHECK, STATUS and GC.
+//! ADD, DEL, STATUS and GC; CHECK in `check`.
+
+mod check;
+
+pub use check::check;
 
 use std::collections::HashSet;
 use std::fs::File;
-use std::net::Ipv4Addr;
+use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
+use std::pin::Pin;
 
 use mycni_common::contract::VethAlias;
 use mycni_common::net::{Cidr, Mac};
@@ -12,11 +18,14 @@ use crate::config::{Env, NetConf};
 use crate::error::{CniError, Code, Result};
 use crate::ipam::Ipam;
 use crate::log;
-use crate::netlink::{GATEWAY, Link, Netlink, cidr, plugin_route, read_sysctl, write_sysctl};
+use crate::netlink::{
+    GATEWAY, GATEWAY_V6, GATEWAY_V6_PREFIX, Link, Netlink, cidr, in_netns, ipv6_conf, plugin_route,
+    read_sysctl, write_sysctl,
+};
 use crate::types::{CniResult, Interface, IpConfig, Route};
 
 /// Host veth names: this prefix plus 10 hex digits of a hash of the pod.
-pub const HOST_PREFIX: &str = "mycni";
+pub use mycni_common::contract::HOST_VETH_PREFIX as HOST_PREFIX;
 
 fn fnv1a64(data: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -81,6 +90,7 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
+const IPV6_FORWARDING: &str = "/proc/sys/net/ipv6/conf/all/forwarding";
 
 fn sysctl_path(ifname: &str, key: &str) -> String {
     // proxy_delay is a neighbour-table knob, proxy_arp an interface one.
@@ -92,10 +102,41 @@ fn sysctl_path(ifname: &str, key: &str) -> String {
     format!("/proc/sys/net/ipv4/{table}/{ifname}/{key}")
 }
 
-fn ip_from_prev(conf: &NetConf) -> Option<Ipv4Addr> {
-    let prev = CniResult::from_json(conf.prev_result.as_ref()?).ok()?;
-    prev.ips.first().map(|i| i.address.addr())
+/// The addresses prevResult lists, if it is there and reads.
+fn ips_from_prev(conf: &NetConf) -> Vec<IpAddr> {
+    conf.prev_result
+        .as_ref()
+        .and_then(|p| CniResult::from_json(p).ok())
+        .map(|r| r.ips.iter().map(|i| i.address.addr()).collect())
+        .unwrap_or_default()
 }
+
+/// The pod's address of each family, if it has one.
+#[derive(Debug, Clone, Copy, Default)]
+struct PodIps {
+    v4: Option<Ipv4Addr>,
+    v6: Option<Ipv6Addr>,
+}
+
+impl PodIps {
+    fn of(ips: &[IpAddr]) -> Self {
+        let mut out = PodIps::default();
+        for ip in ips {
+            match *ip {
+                IpAddr::V4(a) => {
+                    out.v4.get_or_insert(a);
+                }
+                IpAddr::V6(a) => {
+                    out.v6.get_or_insert(a);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// One netlink step of ADD, run together with the others.
+type Step<'a> = Pin<Box<dyn Future<Output = mycni_common::netlink::Result<()>> + 'a>>;
 
 /// Test hook: `MYCNI_TEST_FAULT=<step>` makes ADD fail right after that
 /// step, so the rollback of every step can be tested against the real
@@ -174,7 +215,7 @@ pub fn add(conf: &NetConf, env: &Env) -> Result<CniResult> {
             for step in undo.into_iter().rev() {
                 let r = match step {
                     Undo::Link(i) => host.delete_link(i).await.map_err(CniError::from),
-                    Undo::Ipam => ipam.del(conf, env, None),
+                    Undo::Ipam => ipam.del(conf, env, &[]),
                 };
                 if let Err(e) = r {
                     log::warn(&format!("rollback step failed: {e}"));
@@ -183,6 +224,52 @@ pub fn add(conf: &NetConf, env: &Env) -> Result<CniResult> {
         }
         result
     })
+}
+
+/// The host veth's settings for the families the pod has, before it is up
+/// (IPv6 DAD starts then), and forwarding on.
+fn host_sysctls(host_name: &str, pod_ips: PodIps) -> Result<()> {
+    if pod_ips.v4.is_some() {
+        // proxy_arp answers a pod that still ARPs for 169.254.1.1 (e.g.
+        // after flushing its neighbours); proxy_delay=0 makes that answer
+        // immediate instead of up to 0.8 s late.
+        write_sysctl(&sysctl_path(host_name, "proxy_arp"), "1")?;
+        write_sysctl(&sysctl_path(host_name, "proxy_delay"), "0")?;
+        // Anti-spoofing on the kernel path: strict reverse-path filtering.
+        // The only route back to an address arriving on this veth is the
+        // pod's own /32 through it, so a packet from any other source
+        // (another pod's, an outside one) is dropped and counted
+        // (TcpExtIPReversePathFilter) before routing or netfilter. The
+        // fast path declines such packets and leaves them here. The kernel
+        // applies max(all, this device): an `all` of 2 (loose) would
+        // weaken it, which the agent reports.
+        write_sysctl(&sysctl_path(host_name, "rp_filter"), "1")?;
+        // Pods reach each other and the world only through the host's
+        // forwarding; the agent turns it on too, but a runtime may run the
+        // plugin with nothing but its conflist (as the reference ptp does).
+        if read_sysctl(IP_FORWARD)? != "1" {
+            write_sysctl(IP_FORWARD, "1")?;
+        }
+    }
+    if pod_ips.v6.is_some() {
+        // A host whose `default.disable_ipv6` is 1 makes every new veth so.
+        let disable = ipv6_conf(host_name, "disable_ipv6");
+        if read_sysctl(&disable)? != "0" {
+            write_sysctl(&disable, "0")?;
+        }
+        // No DAD on the host end: its link-local address is the source of
+        // its neighbour solicitations for the pod, and a tentative one
+        // would hold them back for the first second or more.
+        write_sysctl(&ipv6_conf(host_name, "accept_dad"), "0")?;
+        write_sysctl(&ipv6_conf(host_name, "forwarding"), "1")?;
+        // As ip_forward for IPv4. A node that takes its own IPv6 default
+        // route from router advertisements keeps it only with accept_ra=2
+        // on its uplink once it forwards (the kernel's rule for routers).
+        if read_sysctl(IPV6_FORWARDING)? != "1" {
+            write_sysctl(IPV6_FORWARDING, "1")?;
+        }
+    }
+    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -196,34 +283,17 @@ async fn add_steps(
     host_name: &str,
     undo: &mut Vec<Undo>,
 ) -> Result<CniResult> {
-    let ip = ipam.add(conf, env)?;
+    let ips = ipam.add(conf, env)?;
     undo.push(Undo::Ipam);
     fault("ipam")?;
+    let pod_ips = PodIps::of(&ips.iter().map(|i| i.address.addr()).collect::<Vec<_>>());
     let alias = alias(&conf.name, &env.container_id, &env.ifname);
     let host_link = host
         .create_veth_in(host_name, &env.ifname, netns, conf.mtu)
         .await?;
     undo.push(Undo::Link(host_link.index));
     fault("veth")?;
-    // proxy_arp answers a pod that still ARPs for 169.254.1.1 (e.g. after
-    // flushing its neighbours); proxy_delay=0 makes that answer immediate
-    // instead of up to 0.8 s late.
-    write_sysctl(&sysctl_path(host_name, "proxy_arp"), "1")?;
-    write_sysctl(&sysctl_path(host_name, "proxy_delay"), "0")?;
-    // Anti-spoofing on the kernel path: strict reverse-path filtering. The
-    // only route back to an address arriving on this veth is the pod's own
-    // /32 through it, so a packet from any other source (another pod's, an
-    // outside one) is dropped and counted (TcpExtIPReversePathFilter)
-    // before routing or netfilter. The fast path declines such packets and
-    // leaves them here. The kernel applies max(all, this device): an `all`
-    // of 2 (loose) would weaken it, which the agent reports.
-    write_sysctl(&sysctl_path(host_name, "rp_filter"), "1")?;
-    // Pods reach each other and the world only through the host's
-    // forwarding; the agent turns it on too, but a runtime may run the
-    // plugin with nothing but its conflist (as the reference ptp does).
-    if read_sysctl(IP_FORWARD)? != "1" {
-        write_sysctl(IP_FORWARD, "1")?;
-    }
+    host_sysctls(host_name, pod_ips)?;
     host.set_alias_and_up(host_link.index, &alias).await?;
     fault("host")?;
 
@@ -233,8 +303,26 @@ async fn add_steps(
             format!("{} missing in the pod after creation", env.ifname),
         )
     })?;
-    pod.add_address(pod_link.index, cidr(ip.address.addr(), 32)?)
-        .await?;
+    if let Some(a) = pod_ips.v4 {
+        pod.add_address(pod_link.index, cidr(a, 32)?).await?;
+    }
+    if let Some(b) = pod_ips.v6 {
+        // Before eth0 is up, which starts DAD on its link-local address
+        // and would take router advertisements: the pod's addresses are
+        // unique by the IPAM, and its only router is the host veth.
+        let ifname = env.ifname.as_str();
+        in_netns(netns, || {
+            // A pod namespace whose `default.disable_ipv6` is 1 made eth0 so.
+            let disable = ipv6_conf(ifname, "disable_ipv6");
+            if read_sysctl(&disable)? != "0" {
+                write_sysctl(&disable, "0")?;
+            }
+            write_sysctl(&ipv6_conf(ifname, "accept_dad"), "0")?;
+            write_sysctl(&ipv6_conf(ifname, "accept_ra"), "0")
+        })?;
+        pod.add_ipv6_address_nodad(pod_link.index, cidr(b, 128)?)
+            .await?;
+    }
     pod.set_up(pod_link.index).await?;
     let host_mac = host_link.ethernet_mac().ok_or_else(|| {
         CniError::new(
@@ -242,28 +330,114 @@ async fn add_steps(
             format!("host veth {host_name} has no Ethernet address"),
         )
     })?;
-    let (gw_32, default, pod_32) = (
-        cidr(GATEWAY, 32)?,
-        cidr(Ipv4Addr::UNSPECIFIED, 0)?,
-        cidr(ip.address.addr(), 32)?,
-    );
     // Independent of each other once eth0 is up: in flight together, and
-    // with the host route on the other socket. The static neighbour saves
-    // the first packet an ARP round trip and works even where proxy ARP
+    // with the host's on the other socket. The static neighbours save the
+    // first packet a neighbour round trip and work even where proxy ARP
     // would not answer (no host route to 169.254.1.1).
-    let (neigh, gw_route, default_route, host_route) = futures::join!(
-        pod.replace_permanent_neighbour(pod_link.index, GATEWAY, host_mac),
-        pod.add_route(plugin_route(gw_32, None, pod_link.index)),
-        pod.add_route(plugin_route(default, Some(GATEWAY), pod_link.index)),
-        host.add_route(plugin_route(pod_32, None, host_link.index)),
+    let mut pod_steps: Vec<Step<'_>> = Vec::new();
+    let mut host_steps: Vec<Step<'_>> = Vec::new();
+    if let Some(a) = pod_ips.v4 {
+        let (gw_32, default, pod_32) = (
+            cidr(GATEWAY, 32)?,
+            cidr(Ipv4Addr::UNSPECIFIED, 0)?,
+            cidr(a, 32)?,
+        );
+        pod_steps.push(Box::pin(pod.replace_permanent_neighbour(
+            pod_link.index,
+            GATEWAY,
+            host_mac,
+        )));
+        pod_steps.push(Box::pin(pod.add_route(plugin_route(
+            gw_32,
+            None,
+            pod_link.index,
+        ))));
+        pod_steps.push(Box::pin(pod.add_route(plugin_route(
+            default,
+            Some(GATEWAY),
+            pod_link.index,
+        ))));
+        host_steps.push(Box::pin(host.add_route(plugin_route(
+            pod_32,
+            None,
+            host_link.index,
+        ))));
+    }
+    if let Some(b) = pod_ips.v6 {
+        let (default, pod_128, gw) = (
+            cidr(Ipv6Addr::UNSPECIFIED, 0)?,
+            cidr(b, 128)?,
+            cidr(GATEWAY_V6, GATEWAY_V6_PREFIX)?,
+        );
+        pod_steps.push(Box::pin(pod.replace_permanent_neighbour(
+            pod_link.index,
+            GATEWAY_V6,
+            host_mac,
+        )));
+        pod_steps.push(Box::pin(pod.add_route(plugin_route(
+            default,
+            Some(GATEWAY_V6),
+            pod_link.index,
+        ))));
+        host_steps.push(Box::pin(host.add_ipv6_address_nodad(host_link.index, gw)));
+        host_steps.push(Box::pin(host.add_route(plugin_route(
+            pod_128,
+            None,
+            host_link.index,
+        ))));
+    }
+    let (pod_done, host_done) = futures::join!(
+        futures::future::join_all(pod_steps),
+        futures::future::join_all(host_steps)
     );
-    neigh?;
-    gw_route?;
-    default_route?;
+    for r in pod_done {
+        r?;
+    }
     fault("pod")?;
-    host_route?;
+    for r in host_done {
+        r?;
+    }
     fault("host-route")?;
 
+    pod_result(conf, env, &ips, host_name, &host_link, &pod_link)
+}
+
+/// ADD's result: both ends of the veth, and the pod's addresses in the
+/// IPAM's order (primary family first), each with its family's gateway and
+/// default route.
+fn pod_result(
+    conf: &NetConf,
+    env: &Env,
+    ips: &[IpConfig],
+    host_name: &str,
+    host_link: &Link,
+    pod_link: &Link,
+) -> Result<CniResult> {
+    let mut result_ips = Vec::new();
+    let mut routes = Vec::new();
+    for ip in ips {
+        let (address, gw, default): (Cidr, IpAddr, Cidr) = match ip.address.addr() {
+            IpAddr::V4(a) => (
+                cidr(a, 32)?.into(),
+                GATEWAY.into(),
+                cidr(Ipv4Addr::UNSPECIFIED, 0)?.into(),
+            ),
+            IpAddr::V6(b) => (
+                cidr(b, 128)?.into(),
+                GATEWAY_V6.into(),
+                cidr(Ipv6Addr::UNSPECIFIED, 0)?.into(),
+            ),
+        };
+        result_ips.push(IpConfig {
+            address,
+            gateway: Some(gw),
+            interface: Some(1),
+        });
+        routes.push(Route {
+            dst: default,
+            gw: Some(gw),
+        });
+    }
     Ok(CniResult {
         interfaces: vec![
             Interface {
@@ -279,15 +453,8 @@ async fn add_steps(
                 sandbox: Some(env.netns.clone()),
             },
         ],
-        ips: vec![IpConfig {
-            address: pod_32,
-            gateway: Some(GATEWAY),
-            interface: Some(1),
-        }],
-        routes: vec![Route {
-            dst: default,
-            gw: Some(GATEWAY),
-        }],
+        ips: result_ips,
+        routes,
         dns: conf.dns.clone(),
     })
 }
@@ -331,7 +498,7 @@ pub fn del(conf: &NetConf, env: &Env) -> Result<()> {
         Ok(())
     }));
     match Ipam::select(conf, env) {
-        Ok(ipam) => note(ipam.del(conf, env, ip_from_prev(conf))),
+        Ok(ipam) => note(ipam.del(conf, env, &ips_from_prev(conf))),
         Err(e) => note(Err(e)),
     }
     first_err.map_or(Ok(()), Err)
@@ -351,112 +518,6 @@ async fn is_container_peer(host_link: &Link, env: &Env) -> Result<bool> {
     Ok(pod.link_by_name(&env.ifname).await?.is_some_and(|p| {
         p.peer_index == Some(host_link.index) && host_link.peer_index == Some(p.index)
     }))
-}
-
-fn check_failed(msg: String) -> CniError {
-    CniError::new(Code::CheckFailed, msg)
-}
-
-/// CHECK: the pod's network is still what ADD reported in prevResult.
-pub fn check(conf: &NetConf, env: &Env) -> Result<()> {
-    let prev = conf
-        .prev_result
-        .as_ref()
-        .ok_or_else(|| CniError::new(Code::InvalidConfig, "CHECK needs prevResult"))?;
-    let prev = CniResult::from_json(prev)?;
-    let ip = prev
-        .ips
-        .first()
-        .map(|i| i.address.addr())
-        .ok_or_else(|| CniError::new(Code::InvalidConfig, "prevResult has no IP"))?;
-    let ipam = Ipam::select(conf, env)?;
-    let netns = open_netns(&env.netns)?;
-    let host_name = host_veth_name(env);
-    runtime()?.block_on(async {
-        let host = Netlink::current()?;
-        let pod = Netlink::in_netns(&netns)?;
-        let hl: Link = host
-            .link_by_name(&host_name)
-            .await?
-            .ok_or_else(|| check_failed(format!("host veth {host_name} is missing")))?;
-        if hl.alias.as_deref() != Some(alias(&conf.name, &env.container_id, &env.ifname).as_str()) {
-            return Err(check_failed(format!(
-                "host veth {host_name} belongs to {:?}",
-                hl.alias
-            )));
-        }
-        if !hl.up {
-            return Err(check_failed(format!("host veth {host_name} is down")));
-        }
-        if hl.mtu != conf.mtu {
-            return Err(check_failed(format!(
-                "host veth MTU is {}, config says {}",
-                hl.mtu, conf.mtu
-            )));
-        }
-        for (key, want) in [("proxy_arp", "1"), ("proxy_delay", "0"), ("rp_filter", "1")] {
-            let got = read_sysctl(&sysctl_path(&host_name, key))?;
-            if got != want {
-                return Err(check_failed(format!(
-                    "{key} on {host_name} is {got}, want {want}"
-                )));
-            }
-        }
-        let host_routes = host.ipv4_routes().await?;
-        let pod_32 = cidr(ip, 32)?;
-        if !host_routes
-            .iter()
-            .any(|r| r.dst == pod_32 && r.oif == Some(hl.index))
-        {
-            return Err(check_failed(format!(
-                "host route {ip}/32 dev {host_name} is missing"
-            )));
-        }
-        let pl = pod
-            .link_by_name(&env.ifname)
-            .await?
-            .ok_or_else(|| check_failed(format!("{} is missing in the pod", env.ifname)))?;
-        if !pl.up {
-            return Err(check_failed(format!("{} is down in the pod", env.ifname)));
-        }
-        if pl.mtu != conf.mtu {
-            return Err(check_failed(format!(
-                "pod {} MTU is {}, config says {}",
-                env.ifname, pl.mtu, conf.mtu
-            )));
-        }
-        let addrs = pod.ipv4_addresses(pl.index).await?;
-        if addrs != [pod_32] {
-            let addrs: Vec<String> = addrs.iter().map(ToString::to_string).collect();
-            return Err(check_failed(format!(
-                "pod {} has addresses {addrs:?}, want [{ip}/32]",
-                env.ifname
-            )));
-        }
-        let routes = pod.ipv4_routes().await?;
-        let has = |dst: Cidr<Ipv4Addr>, gw: Option<Ipv4Addr>| {
-            routes
-                .iter()
-                .any(|r| r.dst == dst && r.gateway == gw && r.oif == Some(pl.index))
-        };
-        if !has(cidr(GATEWAY, 32)?, None) || !has(cidr(Ipv4Addr::UNSPECIFIED, 0)?, Some(GATEWAY)) {
-            return Err(check_failed(format!(
-                "pod routes via {GATEWAY} are missing: {routes:?}"
-            )));
-        }
-        match pod.permanent_neighbour(pl.index, GATEWAY).await? {
-            Some(mac) if mac.0[..] == hl.mac[..] => {}
-            other => {
-                return Err(check_failed(format!(
-                    "pod neighbour {GATEWAY} is {:?}, want permanent {}",
-                    other.map(|m| m.to_string()),
-                    mac_text(&hl.mac)
-                )));
-            }
-        }
-        Ok(())
-    })?;
-    ipam.check(conf, env, ip)
 }
 
 /// STATUS: ready once the agent has the overlay up (its ready file exists and

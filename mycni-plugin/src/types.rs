@@ -1,7 +1,7 @@
 //! CNI results: one internal shape, rendered for the requested version, and
 //! parsed back from any supported version (IPAM results, prevResult).
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr};
 
 use mycni_common::net::Cidr;
 use serde_json::{Value, json};
@@ -20,16 +20,18 @@ pub struct Interface {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IpConfig {
-    pub address: Cidr<Ipv4Addr>,
-    pub gateway: Option<Ipv4Addr>,
+    /// IPv4 or IPv6; the gateway, if any, of the same family.
+    pub address: Cidr<IpAddr>,
+    pub gateway: Option<IpAddr>,
     /// Index into `interfaces`.
     pub interface: Option<usize>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
-    pub dst: Cidr<Ipv4Addr>,
-    pub gw: Option<Ipv4Addr>,
+    /// IPv4 or IPv6; the gateway, if any, of the same family.
+    pub dst: Cidr<IpAddr>,
+    pub gw: Option<IpAddr>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -48,6 +50,16 @@ pub fn parse_cidr(s: &str) -> Option<(Ipv4Addr, u8)> {
     Some((c.addr(), c.prefix()))
 }
 
+/// Whether a 0.3.x/0.4.0 IP's `version` ("4" or "6") names the other family
+/// than its address; a missing or unknown one does not.
+fn ip_version_contradicts(ip: &Value, addr: IpAddr) -> bool {
+    match ip.get("version").and_then(Value::as_str) {
+        Some("4") => !addr.is_ipv4(),
+        Some("6") => addr.is_ipv4(),
+        _ => false,
+    }
+}
+
 /// A list field of a result: absent or null is empty (Go decodes both to a
 /// nil slice); anything else that is not an array is a broken result, not
 /// "no IPs".
@@ -59,17 +71,24 @@ fn list<'a>(obj: &'a serde_json::Map<String, Value>, field: &str) -> Result<&'a 
     }
 }
 
-/// An optional IPv4 field (`gateway`, `gw`): absent or null is None; anything
-/// else must be an IPv4 address, never silently dropped (which would turn a
-/// route via a gateway into a direct one).
-fn optional_ip(v: &Value, field: &str) -> Result<Option<Ipv4Addr>> {
+/// An optional gateway field (`gateway`, `gw`) of an address or route of
+/// `family_of`'s family: absent or null is None; anything else must be an
+/// address of that family, never silently dropped (which would turn a route
+/// via a gateway into a direct one).
+fn optional_ip(v: &Value, field: &str, family_of: IpAddr) -> Result<Option<IpAddr>> {
     match v.get(field) {
         None | Some(Value::Null) => Ok(None),
         Some(g) => g
             .as_str()
-            .and_then(|g| g.parse().ok())
+            .and_then(|g| g.parse::<IpAddr>().ok())
+            .filter(|g| g.is_ipv4() == family_of.is_ipv4())
             .map(Some)
-            .ok_or_else(|| decode(format!("result {field} {g} is not an IPv4 address"))),
+            .ok_or_else(|| {
+                decode(format!(
+                    "result {field} {g} is not an {} address like its destination's",
+                    if family_of.is_ipv4() { "IPv4" } else { "IPv6" }
+                ))
+            }),
     }
 }
 
@@ -100,7 +119,11 @@ impl CniResult {
             .map(|ip| {
                 let mut o = json!({ "address": ip.address.to_string() });
                 if version.ip_has_version_field() {
-                    o["version"] = json!("4");
+                    o["version"] = json!(if ip.address.addr().is_ipv4() {
+                        "4"
+                    } else {
+                        "6"
+                    });
                 }
                 if let Some(g) = ip.gateway {
                     o["gateway"] = json!(g.to_string());
@@ -134,9 +157,8 @@ impl CniResult {
         out
     }
 
-    /// Parses a result of any supported version. IPv6 addresses are
-    /// rejected: mycni is IPv4-only for now, and silently dropping one would
-    /// leave a pod half-configured.
+    /// Parses a result of any supported version, addresses and routes of
+    /// both families.
     pub fn from_json(v: &Value) -> Result<Self> {
         let obj = v
             .as_object()
@@ -166,13 +188,16 @@ impl CniResult {
             let addr = ip["address"]
                 .as_str()
                 .ok_or_else(|| decode(format!("result IP without address: {ip}")))?;
-            let address: Cidr<Ipv4Addr> = addr.parse().map_err(|_| {
-                CniError::new(
-                    Code::UnsupportedField,
-                    format!("result address {addr:?} is not an IPv4 CIDR (mycni is IPv4-only)"),
-                )
-            })?;
-            let gateway = optional_ip(ip, "gateway")?;
+            let address: Cidr<IpAddr> = addr
+                .parse()
+                .map_err(|_| decode(format!("result address {addr:?} is not a CIDR")))?;
+            if ip_version_contradicts(ip, address.addr()) {
+                return Err(decode(format!(
+                    "result address {addr:?} contradicts its version {}",
+                    ip["version"]
+                )));
+            }
+            let gateway = optional_ip(ip, "gateway", address.addr())?;
             out.ips.push(IpConfig {
                 address,
                 gateway,
@@ -192,16 +217,11 @@ impl CniResult {
             let dst = r["dst"]
                 .as_str()
                 .ok_or_else(|| decode(format!("result route without dst: {r}")))?;
-            let Ok(dst) = dst.parse::<Cidr<Ipv4Addr>>() else {
-                // An IPv6 route from IPAM has no IPv4 meaning yet; anything
-                // else that is not a CIDR is a broken result, as libcni
-                // decodes it.
-                if dst.parse::<Cidr<Ipv6Addr>>().is_ok() {
-                    continue;
-                }
+            // What is not a CIDR is a broken result, as libcni decodes it.
+            let Ok(dst) = dst.parse::<Cidr<IpAddr>>() else {
                 return Err(decode(format!("result route dst {dst:?} is not a CIDR")));
             };
-            let gw = optional_ip(r, "gw")?;
+            let gw = optional_ip(r, "gw", dst.addr())?;
             out.routes.push(Route { dst, gw });
         }
         out.dns = obj.get("dns").cloned().filter(|d| d.is_object());
@@ -229,15 +249,28 @@ mod tests {
                     sandbox: Some("/run/netns/x".into()),
                 },
             ],
-            ips: vec![IpConfig {
-                address: Cidr::new(Ipv4Addr::new(10, 244, 1, 5), 32).unwrap(),
-                gateway: Some(Ipv4Addr::new(169, 254, 1, 1)),
-                interface: Some(1),
-            }],
-            routes: vec![Route {
-                dst: Cidr::new(Ipv4Addr::UNSPECIFIED, 0).unwrap(),
-                gw: Some(Ipv4Addr::new(169, 254, 1, 1)),
-            }],
+            ips: vec![
+                IpConfig {
+                    address: "10.244.1.5/32".parse().unwrap(),
+                    gateway: Some("169.254.1.1".parse().unwrap()),
+                    interface: Some(1),
+                },
+                IpConfig {
+                    address: "fd00:10:244:1::5/128".parse().unwrap(),
+                    gateway: Some("fe80::1".parse().unwrap()),
+                    interface: Some(1),
+                },
+            ],
+            routes: vec![
+                Route {
+                    dst: "0.0.0.0/0".parse().unwrap(),
+                    gw: Some("169.254.1.1".parse().unwrap()),
+                },
+                Route {
+                    dst: "::/0".parse().unwrap(),
+                    gw: Some("fe80::1".parse().unwrap()),
+                },
+            ],
             dns: Some(json!({"nameservers": ["10.96.0.10"]})),
         }
     }
@@ -248,9 +281,13 @@ mod tests {
         let old = r.to_json(Version::V0_3_1);
         assert_eq!(old["cniVersion"], "0.3.1");
         assert_eq!(old["ips"][0]["version"], "4");
+        assert_eq!(old["ips"][1]["version"], "6");
+        assert_eq!(old["ips"][1]["address"], "fd00:10:244:1::5/128");
+        assert_eq!(old["routes"][1]["gw"], "fe80::1");
         assert!(old["interfaces"][1].get("mtu").is_none());
         let new = r.to_json(Version::V1_1_0);
         assert!(new["ips"][0].get("version").is_none());
+        assert!(new["ips"][1].get("version").is_none());
         assert_eq!(new["interfaces"][1]["mtu"], 1450);
         assert_eq!(new["interfaces"][1]["sandbox"], "/run/netns/x");
         assert_eq!(new["ips"][0]["interface"], 1);
@@ -273,12 +310,28 @@ mod tests {
     }
 
     #[test]
-    fn rejects_ipv6_and_garbage() {
-        let v6 = json!({"ips":[{"address":"fd00::1/64"}]});
-        assert_eq!(
-            CniResult::from_json(&v6).unwrap_err().code,
-            Code::UnsupportedField
-        );
+    fn reads_ipv6_and_rejects_garbage() {
+        let v6 = json!({"ips":[{"address":"FD00:0::1/64", "gateway": "fd00::ff"}],
+            "routes": [{"dst": "::/0", "gw": "fe80::1"}]});
+        let r = CniResult::from_json(&v6).unwrap();
+        assert_eq!(r.ips[0].address.to_string(), "fd00::1/64");
+        assert_eq!(r.ips[0].gateway, Some("fd00::ff".parse().unwrap()));
+        assert_eq!(r.routes[0].gw, Some("fe80::1".parse().unwrap()));
+        for bad in [
+            // A gateway, or a 0.3.x version, of the other family.
+            json!({"ips":[{"address":"fd00::1/64", "gateway": "10.0.0.1"}]}),
+            json!({"ips":[{"address":"10.0.0.2/24", "gateway": "fd00::1"}]}),
+            json!({"ips":[{"address":"fd00::1/64", "version": "4"}]}),
+            json!({"ips":[{"address":"10.0.0.2/24", "version": "6"}]}),
+            json!({"ips":[{"address":"fd00::1/129"}]}),
+            json!({"ips":[], "routes": [{"dst": "::/0", "gw": "169.254.1.1"}]}),
+        ] {
+            assert_eq!(
+                CniResult::from_json(&bad).map(|_| ()).map_err(|e| e.code),
+                Err(Code::Decode),
+                "{bad}"
+            );
+        }
         assert_eq!(
             CniResult::from_json(&json!(3)).unwrap_err().code,
             Code::Decode
@@ -311,13 +364,13 @@ mod tests {
                 "{bad}"
             );
         }
-        // Absent or null lists are empty, as Go decodes them; an IPv6 route
-        // is left aside until dual-stack.
+        // Absent or null lists are empty, as Go decodes them; routes of
+        // both families are kept.
         let ok = json!({"interfaces": null, "ips": null,
             "routes": [{"dst": "fd00::/8"}, {"dst": "0.0.0.0/0"}]});
         let r = CniResult::from_json(&ok).unwrap();
         assert!(r.ips.is_empty() && r.interfaces.is_empty());
-        assert_eq!(r.routes.len(), 1);
+        assert_eq!(r.routes.len(), 2);
     }
 
     /// Inputs the fuzz targets (fuzz/) found accepted or changed in silence.
@@ -356,7 +409,7 @@ mod tests {
         let r = CniResult::from_json(&ok).unwrap();
         assert_eq!(
             (r.interfaces[0].mtu, r.ips[0].gateway, r.routes.len()),
-            (None, None, 1)
+            (None, None, 2)
         );
     }
 }

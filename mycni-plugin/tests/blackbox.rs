@@ -12,6 +12,8 @@ mod check;
 mod connectivity;
 #[path = "blackbox/delegation.rs"]
 mod delegation;
+#[path = "blackbox/dual_stack.rs"]
+mod dual_stack;
 #[path = "blackbox/interrupted.rs"]
 mod interrupted;
 #[path = "blackbox/verbs.rs"]

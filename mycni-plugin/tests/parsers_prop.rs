@@ -25,6 +25,8 @@ fn arb_json() -> impl Strategy<Value = Value> {
             Just("fd00::1/64"),
             Just("10.0.0.0/33"),
             Just("169.254.1.1"),
+            Just("fe80::1"),
+            Just("::/0"),
             Just("eth0")
         ]
         .prop_map(Value::from),
@@ -48,6 +50,9 @@ fn arb_json() -> impl Strategy<Value = Value> {
                     Just("interfaces".to_string()),
                     Just("cni.dev/valid-attachments".to_string()),
                     Just("subnet".to_string()),
+                    Just("ranges".to_string()),
+                    Just("gateway".to_string()),
+                    Just("version".to_string()),
                     ".{0,8}"
                 ],
                 inner,

@@ -4,7 +4,7 @@
 use std::ffi::{CStr, CString};
 use std::fs::File;
 use std::io::{self, Read};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd};
 
 /// Room for about 400 lease names, so one `getdents64` usually lists a node's leases.
@@ -12,7 +12,7 @@ const DIRENT_BUF: usize = 16 * 1024;
 
 /// An IP's text never contains NUL, so the default (an empty name no call accepts) is
 /// unreachable.
-pub(super) fn ip_name(ip: Ipv4Addr) -> CString {
+pub(super) fn ip_name(ip: IpAddr) -> CString {
     CString::new(ip.to_string()).unwrap_or_default()
 }
 

@@ -1,7 +1,7 @@
 //! What a lease file says: host-local's `"<containerID>\r\n<ifname>"`, or its older
 //! container-ID-only form.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use super::store::StoreError;
 
@@ -11,7 +11,7 @@ use super::store::StoreError;
 /// [`LeaseStore::gc`](super::store::LeaseStore::gc).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
-    pub ip: Ipv4Addr,
+    pub ip: IpAddr,
     pub container_id: String,
     pub ifname: String,
 }
@@ -78,7 +78,7 @@ impl Owner {
         matches!(self, Owner::Known { id, ifname: Some(i) } if id == container_id && i == ifname)
     }
 
-    pub(super) fn into_lease(self, ip: Ipv4Addr) -> Lease {
+    pub(super) fn into_lease(self, ip: IpAddr) -> Lease {
         match self {
             Owner::Known { id, ifname } => Lease {
                 ip,

@@ -4,7 +4,7 @@
 use std::ffi::{CStr, CString};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
@@ -14,8 +14,9 @@ use super::dirfd::{for_each_dirent, ip_name, linkat, openat, read_into, retry_ei
 use super::lease::Owner;
 use super::store::{StoreError, create_dir, io_err};
 
-/// host-local names this file `last_reserved_ip.<range index>`; we manage a single range.
-const LAST_RESERVED_NAME: &CStr = c"last_reserved_ip.0";
+/// host-local names this file `last_reserved_ip.<range set index>`: the index of the range
+/// set in `ranges`, which is also ours (one set per family, in the config's order).
+const LAST_RESERVED_PREFIX: &str = "last_reserved_ip.";
 pub(super) const LOCK_FILE: &str = "lock";
 const LOCK_NAME: &CStr = c"lock";
 /// Prefix of our temp files. host-local writes none, so under the lock any such file is a
@@ -24,8 +25,9 @@ pub(super) const TMP_PREFIX: &str = ".tmp-";
 /// A real lease is a container ID plus an interface name (~100 bytes); anything far larger
 /// is not a lease we can trust, and capping the read bounds the work per file.
 const MAX_LEASE_CONTENT: usize = 4096;
-/// The longest hint we can parse is "255.255.255.255" plus some whitespace; a longer file is
-/// garbage and only its length matters (it must be truncated when rewritten).
+/// The longest hint we can parse is an IPv6 address (at most 45 characters) plus some
+/// whitespace; a longer file is garbage and only its length matters (it must be truncated
+/// when rewritten).
 const MAX_HINT_CONTENT: usize = 64;
 /// Lease files hold container IDs only, but host-local creates them 0600 and an operator
 /// switching back and forth should see uniform permissions.
@@ -60,19 +62,26 @@ impl Drop for TempFile<'_> {
     }
 }
 
-/// `last_reserved_ip.0` as read under the lock, kept open so that recording the next
+/// The round-robin hint file of range set `set`.
+pub(super) fn last_reserved_name(set: usize) -> CString {
+    // Digits never contain NUL.
+    CString::new(format!("{LAST_RESERVED_PREFIX}{set}")).unwrap_or_default()
+}
+
+/// `last_reserved_ip.<set>` as read under the lock, kept open so that recording the next
 /// allocation costs a `pwrite` instead of a second open.
 pub(super) struct Hint {
+    name: CString,
     file: Option<File>,
     /// Bytes in the file when read (`u64::MAX` if unknown), which tells whether writing a
     /// new value must also truncate.
     len: u64,
-    pub(super) ip: Option<Ipv4Addr>,
+    pub(super) ip: Option<IpAddr>,
 }
 
-/// One directory entry whose name is an IPv4 address.
+/// One directory entry whose name is an IP address as host-local writes it.
 pub(super) struct Entry {
-    pub(super) ip: Ipv4Addr,
+    pub(super) ip: IpAddr,
     /// Directories occupy their IP's name but are not leases we can read or remove.
     pub(super) is_dir: bool,
 }
@@ -153,7 +162,11 @@ impl Locked<'_> {
             let Ok(name) = std::str::from_utf8(name) else {
                 return;
             };
-            if let Ok(ip) = name.parse::<Ipv4Addr>() {
+            // Only the canonical text (Go's and Rust's agree: RFC 5952 for IPv6) names a
+            // lease: another spelling of the address is not a file `ip_name` reaches.
+            if let Ok(ip) = name.parse::<IpAddr>()
+                && ip.to_string() == name
+            {
                 let is_dir = match d_type {
                     libc::DT_DIR => true,
                     // Some filesystems leave the type out; rare, so the path walk is fine.
@@ -178,7 +191,7 @@ impl Locked<'_> {
 
     /// `None` when the file is gone (nothing to report); other failures become
     /// [`Owner::Garbage`] because one bad file must not block the whole store.
-    pub(super) fn read_owner(&self, ip: Ipv4Addr) -> Option<Owner> {
+    pub(super) fn read_owner(&self, ip: IpAddr) -> Option<Owner> {
         // O_NONBLOCK: a FIFO under an IP's name must not hang a call that holds the lock.
         let file = match openat(
             self.fd(),
@@ -198,8 +211,8 @@ impl Locked<'_> {
     }
 
     /// Sorted by IP so listings are stable.
-    pub(super) fn read_leases(&self) -> Result<Vec<(Ipv4Addr, Owner)>, StoreError> {
-        let mut out: Vec<(Ipv4Addr, Owner)> = self
+    pub(super) fn read_leases(&self) -> Result<Vec<(IpAddr, Owner)>, StoreError> {
+        let mut out: Vec<(IpAddr, Owner)> = self
             .scan()?
             .into_iter()
             .filter(|e| !e.is_dir)
@@ -210,7 +223,7 @@ impl Locked<'_> {
     }
 
     /// `Ok(false)` if the file was already gone, which keeps release idempotent.
-    pub(super) fn remove_lease(&self, ip: Ipv4Addr) -> Result<bool, StoreError> {
+    pub(super) fn remove_lease(&self, ip: IpAddr) -> Result<bool, StoreError> {
         match unlinkat(self.fd(), &ip_name(ip)) {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
@@ -276,7 +289,7 @@ impl Locked<'_> {
         &'a self,
         pending: &mut Option<NewLease<'a>>,
         content: &[u8],
-        ip: Ipv4Addr,
+        ip: IpAddr,
     ) -> Result<bool, StoreError> {
         let lease = match pending.take() {
             Some(lease) => lease,
@@ -299,7 +312,7 @@ impl Locked<'_> {
 
     /// `Ok(None)` if this process cannot name an anonymous file here at all (no capability
     /// for `AT_EMPTY_PATH` and no `/proc`).
-    fn link_anonymous(&self, file: &File, ip: Ipv4Addr) -> Result<Option<bool>, StoreError> {
+    fn link_anonymous(&self, file: &File, ip: IpAddr) -> Result<Option<bool>, StoreError> {
         let name = ip_name(ip);
         let denied_before = EMPTY_PATH_DENIED.load(Ordering::Relaxed);
         let mut via_proc = denied_before;
@@ -338,7 +351,7 @@ impl Locked<'_> {
         }
     }
 
-    fn link_named(&self, temp: &TempFile<'_>, ip: Ipv4Addr) -> Result<bool, StoreError> {
+    fn link_named(&self, temp: &TempFile<'_>, ip: IpAddr) -> Result<bool, StoreError> {
         match linkat(
             self.fd().as_raw_fd(),
             &temp.name,
@@ -354,17 +367,19 @@ impl Locked<'_> {
 
     /// Missing or unparsable means "start from the beginning of the range", as in
     /// host-local. Opened read-write so that [`Locked::write_hint`] can reuse it.
-    pub(super) fn read_hint(&self) -> Hint {
+    pub(super) fn read_hint(&self, set: usize) -> Hint {
+        let name = last_reserved_name(set);
         let none = Hint {
+            name: name.clone(),
             file: None,
             len: u64::MAX,
             ip: None,
         };
-        let (file, writable) = match openat(self.fd(), LAST_RESERVED_NAME, libc::O_RDWR, 0) {
+        let (file, writable) = match openat(self.fd(), &name, libc::O_RDWR, 0) {
             Ok(file) => (file, true),
             Err(e) if e.kind() == io::ErrorKind::NotFound => return none,
             // Not writable for us (say, made read-only by hand): still worth following.
-            Err(_) => match openat(self.fd(), LAST_RESERVED_NAME, libc::O_RDONLY, 0) {
+            Err(_) => match openat(self.fd(), &name, libc::O_RDONLY, 0) {
                 Ok(file) => (file, false),
                 Err(_) => return none,
             },
@@ -378,6 +393,7 @@ impl Locked<'_> {
             return Hint { file, ..none };
         }
         Hint {
+            name,
             file,
             len: len as u64,
             ip: std::str::from_utf8(&buf[..len])
@@ -391,13 +407,13 @@ impl Locked<'_> {
     /// several ms per allocation. A value torn by a kill reads back as garbage or as some
     /// other IP, both harmless for a round-robin hint, and errors are ignored: failing here
     /// would strand a lease the caller never learns about.
-    pub(super) fn write_hint(&self, hint: Hint, ip: Ipv4Addr) {
+    pub(super) fn write_hint(&self, hint: Hint, ip: IpAddr) {
         let text = ip.to_string();
         let (file, old_len) = match hint.file {
             Some(file) => (file, hint.len),
             None => match openat(
                 self.fd(),
-                LAST_RESERVED_NAME,
+                &hint.name,
                 libc::O_WRONLY | libc::O_CREAT,
                 FILE_MODE,
             ) {
@@ -678,7 +694,11 @@ mod tests {
 
     #[test]
     fn c_names_match_the_layout() {
-        assert_eq!(LAST_RESERVED_NAME.to_str().unwrap(), LAST_RESERVED_FILE);
+        assert_eq!(last_reserved_name(0).to_str().unwrap(), LAST_RESERVED_FILE);
+        assert_eq!(
+            last_reserved_name(1).to_str().unwrap(),
+            "last_reserved_ip.1"
+        );
         assert_eq!(LOCK_NAME.to_str().unwrap(), LOCK_FILE);
     }
 
@@ -731,7 +751,7 @@ mod tests {
         let r = range("10.21.0.0/24");
         let gw = ip("10.21.0.1");
 
-        let run = |release: bool| -> Vec<Ipv4Addr> {
+        let run = |release: bool| -> Vec<IpAddr> {
             let handles: Vec<_> = (0..THREADS)
                 .map(|t| {
                     let (data, barrier) = (Arc::clone(&data), Arc::clone(&barrier));

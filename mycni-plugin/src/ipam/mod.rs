@@ -4,9 +4,12 @@
 //! The built-in IPAM's leases: `store` is the API and the on-disk layout, over
 //! `lock` (one locked call: the directory fd, the `flock`, naming a new
 //! lease), `lease` (what a lease file says), `dirfd` (the `*at` syscalls) and
-//! `range` (the addresses a config allows). `delegate` runs an IPAM plugin
-//! in the highest CNI version both sides speak.
+//! `range` (the addresses a config allows); `conf` reads its config section,
+//! one range set per family (a pod gets one address of each, primary family
+//! first). `delegate` runs an IPAM plugin in the highest CNI version both
+//! sides speak.
 
+mod conf;
 mod delegate;
 mod dirfd;
 mod lease;
@@ -17,11 +20,10 @@ pub mod store;
 mod testutil;
 
 use std::collections::HashSet;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::path::PathBuf;
 
-use mycni_common::net::Cidr;
-use serde::Deserialize;
+use mycni_common::net::{Cidr, Family};
 use serde_json::Value;
 
 use crate::config::{Env, NetConf};
@@ -34,33 +36,24 @@ use store::{LeaseStore, Range};
 pub use mycni_common::contract::BUILTIN_IPAM_TYPE as BUILTIN_TYPE;
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/networks";
 
-/// The built-in IPAM's configuration. It also reads host-local's `ranges`
-/// form (first range of the first set), so a host-local config can switch
-/// type without being rewritten.
-#[derive(Debug, Deserialize)]
-struct BuiltinWire {
-    subnet: Option<String>,
-    #[serde(rename = "rangeStart")]
-    range_start: Option<String>,
-    #[serde(rename = "rangeEnd")]
-    range_end: Option<String>,
-    ranges: Option<Vec<Vec<RangeWire>>>,
-    #[serde(rename = "dataDir")]
-    data_dir: Option<String>,
+/// The ranges of one family an address is leased from, and the gateways of those ranges,
+/// which are never leased (as in host-local).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RangeSet {
+    pub ranges: Vec<Range>,
+    pub gateways: Vec<IpAddr>,
 }
 
-#[derive(Debug, Deserialize)]
-struct RangeWire {
-    subnet: String,
-    #[serde(rename = "rangeStart")]
-    range_start: Option<String>,
-    #[serde(rename = "rangeEnd")]
-    range_end: Option<String>,
+impl RangeSet {
+    pub fn is_ipv4(&self) -> bool {
+        self.ranges.first().is_some_and(Range::is_ipv4)
+    }
 }
 
 #[derive(Debug)]
 pub struct Builtin {
-    pub range: Range,
+    /// One set per family, primary family first: each pod gets one address of each.
+    pub sets: Vec<RangeSet>,
     pub data_dir: PathBuf,
 }
 
@@ -68,74 +61,66 @@ fn bad(msg: impl Into<String>) -> CniError {
     CniError::new(Code::InvalidConfig, msg)
 }
 
-fn parse_ip(field: &str, s: Option<String>) -> Result<Option<Ipv4Addr>> {
-    s.map(|s| {
-        s.parse()
-            .map_err(|_| bad(format!("ipam.{field} {s:?} is not an IPv4 address")))
-    })
-    .transpose()
+fn family(ip: IpAddr) -> &'static str {
+    if ip.is_ipv4() { "IPv4" } else { "IPv6" }
 }
 
 impl Builtin {
-    pub fn from_conf(ipam: &Value) -> Result<Self> {
-        let w: BuiltinWire = serde_json::from_value(ipam.clone())
-            .map_err(|e| bad(format!("ipam ({BUILTIN_TYPE}): {e}")))?;
-        let (subnet, start, end) = match (w.subnet, w.ranges) {
-            (Some(s), _) => (s, w.range_start, w.range_end),
-            (None, Some(sets)) => {
-                let r = sets
-                    .into_iter()
-                    .next()
-                    .and_then(|set| set.into_iter().next())
-                    .ok_or_else(|| bad("ipam.ranges is empty"))?;
-                (r.subnet, r.range_start, r.range_end)
-            }
-            (None, None) => {
-                return Err(bad(format!(
-                    "ipam ({BUILTIN_TYPE}) needs `subnet`, e.g. the node's podCIDR"
-                )));
-            }
-        };
-        if subnet.contains(':') {
-            return Err(CniError::new(
-                Code::UnsupportedField,
-                format!("ipam.subnet {subnet:?} is IPv6; mycni is IPv4-only for now"),
-            ));
-        }
-        let (network, prefix) =
-            Range::parse_cidr(&subnet).map_err(|e| bad(format!("ipam.subnet: {e}")))?;
-        let range = Range::new(
-            network,
-            prefix,
-            parse_ip("rangeStart", start)?,
-            parse_ip("rangeEnd", end)?,
-        )
-        .map_err(|e| bad(format!("ipam range: {e}")))?;
-        Ok(Self {
-            range,
-            data_dir: PathBuf::from(w.data_dir.unwrap_or_else(|| DEFAULT_DATA_DIR.to_string())),
-        })
-    }
-
     fn store(&self, network: &str) -> Result<LeaseStore> {
         LeaseStore::open(&self.data_dir, network).map_err(store_err)
     }
 
-    pub fn add(&self, network: &str, container_id: &str, ifname: &str) -> Result<Ipv4Addr> {
-        self.store(network)?
-            .allocate(&self.range, &[], container_id, ifname)
-            .map_err(store_err)
+    /// One address of each range set, in the sets' order. All or nothing: an address
+    /// leased before a later set fails is released again.
+    pub fn add(&self, network: &str, container_id: &str, ifname: &str) -> Result<Vec<Cidr>> {
+        let store = self.store(network)?;
+        let mut out: Vec<Cidr> = Vec::with_capacity(self.sets.len());
+        for (i, set) in self.sets.iter().enumerate() {
+            let got = store
+                .allocate_in(&set.ranges, &set.gateways, i, container_id, ifname)
+                .map_err(store_err)
+                .and_then(|ip| {
+                    let prefix = set
+                        .ranges
+                        .iter()
+                        .find(|r| r.contains(ip))
+                        .map_or(ip.max_prefix(), |r| r.prefix);
+                    Cidr::new(ip, prefix).ok_or_else(|| {
+                        CniError::new(Code::Ipam, format!("{ip}/{prefix} is not a CIDR"))
+                    })
+                });
+            match got {
+                Ok(c) => out.push(c),
+                Err(e) => {
+                    let leased: Vec<IpAddr> = out.iter().map(|c| c.addr()).collect();
+                    if !leased.is_empty()
+                        && let Err(r) = store.release_all(container_id, ifname, &leased)
+                    {
+                        crate::log::warn(&format!("releasing {leased:?} after a failed ADD: {r}"));
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(out)
     }
 
+    /// `hints`: the addresses prevResult lists; used only when there is one per range
+    /// set, i.e. when they can be all the container holds.
     pub fn del(
         &self,
         network: &str,
         container_id: &str,
         ifname: &str,
-        hint: Option<Ipv4Addr>,
-    ) -> Result<Vec<Ipv4Addr>> {
+        hints: &[IpAddr],
+    ) -> Result<Vec<IpAddr>> {
+        let hints = if hints.len() == self.sets.len() {
+            hints
+        } else {
+            &[]
+        };
         self.store(network)?
-            .release(container_id, ifname, hint)
+            .release_all(container_id, ifname, hints)
             .map_err(store_err)
     }
 
@@ -144,7 +129,7 @@ impl Builtin {
         network: &str,
         container_id: &str,
         ifname: &str,
-        ip: Ipv4Addr,
+        ip: IpAddr,
     ) -> Result<bool> {
         Ok(self
             .store(network)?
@@ -201,63 +186,69 @@ impl Ipam {
         )?))
     }
 
-    /// ADD: one IPv4 address for the pod.
-    pub fn add(&self, conf: &NetConf, env: &Env) -> Result<IpConfig> {
+    /// ADD: the pod's addresses, at most one per family, primary family first (the
+    /// config's first range set; a delegate answers in the order of its sets too).
+    pub fn add(&self, conf: &NetConf, env: &Env) -> Result<Vec<IpConfig>> {
         match self {
-            Ipam::Builtin(b) => {
-                let ip = b.add(&conf.name, &env.container_id, &env.ifname)?;
-                // The range's prefix was parsed as an IPv4 CIDR's.
-                let address = Cidr::new(ip, b.range.prefix).ok_or_else(|| {
-                    CniError::new(Code::Ipam, format!("{ip}/{} is not a CIDR", b.range.prefix))
-                })?;
-                Ok(IpConfig {
+            Ipam::Builtin(b) => Ok(b
+                .add(&conf.name, &env.container_id, &env.ifname)?
+                .into_iter()
+                .map(|address| IpConfig {
                     address,
                     gateway: None,
                     interface: None,
                 })
-            }
+                .collect()),
             Ipam::Delegate(d) => {
                 let out = d.exec("ADD", conf)?.unwrap_or_default();
-                let v: Value = serde_json::from_slice(&out).map_err(|e| {
-                    CniError::new(
-                        Code::Ipam,
-                        format!("IPAM plugin {} returned invalid JSON: {e}", d.name()),
-                    )
-                })?;
-                // Read in whichever version it answered in; the caller
-                // renders the pod's result in the runtime's version.
-                let r = CniResult::from_json(&v)?;
-                r.ips.into_iter().next().ok_or_else(|| {
-                    CniError::new(
-                        Code::Ipam,
-                        format!("IPAM plugin {} returned no IPv4 address", d.name()),
-                    )
-                })
+                let ips = delegated_ips(&d.name(), &out);
+                if ips.is_err() {
+                    // The delegate leased what it answered with: give it back, or it
+                    // leaks (its DEL is idempotent, whatever it holds).
+                    if let Err(e) = d.exec("DEL", conf) {
+                        crate::log::warn(&format!("releasing the delegate's lease: {e}"));
+                    }
+                }
+                ips
             }
         }
     }
 
-    /// DEL: release whatever the container holds; idempotent.
-    pub fn del(&self, conf: &NetConf, env: &Env, hint: Option<Ipv4Addr>) -> Result<()> {
+    /// DEL: release whatever the container holds; idempotent. `hints`: the addresses
+    /// prevResult lists.
+    pub fn del(&self, conf: &NetConf, env: &Env, hints: &[IpAddr]) -> Result<()> {
         match self {
             Ipam::Builtin(b) => b
-                .del(&conf.name, &env.container_id, &env.ifname, hint)
+                .del(&conf.name, &env.container_id, &env.ifname, hints)
                 .map(|_| ()),
             Ipam::Delegate(d) => d.exec("DEL", conf).map(|_| ()),
         }
     }
 
-    pub fn check(&self, conf: &NetConf, env: &Env, ip: Ipv4Addr) -> Result<()> {
+    pub fn check(&self, conf: &NetConf, env: &Env, ips: &[IpAddr]) -> Result<()> {
         match self {
             Ipam::Builtin(b) => {
-                if b.holds(&conf.name, &env.container_id, &env.ifname, ip)? {
-                    Ok(())
-                } else {
-                    Err(CniError::new(
-                        Code::CheckFailed,
-                        format!("no lease for {ip} held by this container in the built-in IPAM"),
-                    ))
+                for &ip in ips {
+                    if !b.holds(&conf.name, &env.container_id, &env.ifname, ip)? {
+                        return Err(CniError::new(
+                            Code::CheckFailed,
+                            format!(
+                                "no lease for {ip} held by this container in the built-in IPAM"
+                            ),
+                        ));
+                    }
                 }
+                if ips.len() != b.sets.len() {
+                    return Err(CniError::new(
+                        Code::CheckFailed,
+                        format!(
+                            "prevResult has {} addresses; the built-in IPAM's config gives {}",
+                            ips.len(),
+                            b.sets.len()
+                        ),
+                    ));
+                }
+                Ok(())
             }
             Ipam::Delegate(d) => d.exec("CHECK", conf).map(|_| ()),
         }
@@ -275,5 +266,158 @@ impl Ipam {
             Ipam::Builtin(b) => b.gc(&conf.name, keep).map(|_| ()),
             Ipam::Delegate(d) => d.exec("GC", conf).map(|_| ()),
         }
+    }
+}
+
+/// The addresses of a delegate's ADD result: at least one, at most one per family.
+fn delegated_ips(name: &str, out: &[u8]) -> Result<Vec<IpConfig>> {
+    let v: Value = serde_json::from_slice(out).map_err(|e| {
+        CniError::new(
+            Code::Ipam,
+            format!("IPAM plugin {name} returned invalid JSON: {e}"),
+        )
+    })?;
+    // Read in whichever version it answered in; the caller renders the pod's result in
+    // the runtime's version.
+    let ips = CniResult::from_json(&v)?.ips;
+    if ips.is_empty() {
+        return Err(CniError::new(
+            Code::Ipam,
+            format!("IPAM plugin {name} returned no address"),
+        ));
+    }
+    for (i, a) in ips.iter().enumerate() {
+        if ips[..i]
+            .iter()
+            .any(|b| b.address.addr().is_ipv4() == a.address.addr().is_ipv4())
+        {
+            return Err(CniError::new(
+                Code::Ipam,
+                format!(
+                    "IPAM plugin {name} returned two {} addresses; mycni gives a pod one \
+                     address per family (one range set per family in `ranges`)",
+                    family(a.address.addr())
+                ),
+            ));
+        }
+    }
+    Ok(ips)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn code(ipam: Value) -> Option<Code> {
+        Builtin::from_conf(&ipam).err().map(|e| e.code)
+    }
+
+    #[test]
+    fn one_range_set_per_family_primary_first() {
+        let b = Builtin::from_conf(&json!({"type": "mycni-ipam",
+            "ranges": [[{"subnet": "fd00:1::/64", "gateway": "fd00:1::1"}],
+                       [{"subnet": "10.1.0.0/24"}]]}))
+        .unwrap();
+        assert_eq!(b.sets.len(), 2);
+        assert!(!b.sets[0].is_ipv4() && b.sets[1].is_ipv4());
+        assert_eq!(b.sets[0].gateways, ["fd00:1::1".parse::<IpAddr>().unwrap()]);
+        // The single-subnet form, and it before `ranges` as in host-local.
+        let b = Builtin::from_conf(&json!({"type": "mycni-ipam", "subnet": "10.1.0.0/24",
+            "ranges": [[{"subnet": "fd00:1::/64"}]]}))
+        .unwrap();
+        assert!(b.sets[0].is_ipv4() && !b.sets[1].is_ipv4());
+        let b = Builtin::from_conf(&json!({"subnet": "fd00:1::/120"})).unwrap();
+        assert_eq!(b.sets.len(), 1);
+        assert_eq!(b.sets[0].ranges[0].size(), 255);
+        // Two ranges of one family in one set.
+        let b = Builtin::from_conf(&json!({"ranges": [[{"subnet": "10.1.0.0/24"},
+            {"subnet": "10.2.0.0/24"}]]}))
+        .unwrap();
+        assert_eq!(b.sets[0].ranges.len(), 2);
+    }
+
+    #[test]
+    fn bad_range_sets_have_spec_codes() {
+        for (ipam, want) in [
+            // Mixed families in one set, and in one range.
+            (
+                json!({"ranges": [[{"subnet": "10.1.0.0/24"}, {"subnet": "fd00::/64"}]]}),
+                Code::InvalidConfig,
+            ),
+            (
+                json!({"ranges": [[{"subnet": "fd00::/64", "rangeStart": "10.0.0.1"}]]}),
+                Code::InvalidConfig,
+            ),
+            // A gateway outside its subnet, or of the other family.
+            (
+                json!({"ranges": [[{"subnet": "fd00:1::/64", "gateway": "fd00:2::1"}]]}),
+                Code::InvalidConfig,
+            ),
+            (
+                json!({"ranges": [[{"subnet": "fd00:1::/64", "gateway": "10.0.0.1"}]]}),
+                Code::InvalidConfig,
+            ),
+            (json!({"subnet": "fd00::1/128"}), Code::InvalidConfig),
+            (json!({"subnet": "fd00::/127"}), Code::InvalidConfig),
+            (json!({"subnet": "fd00::1/64"}), Code::InvalidConfig),
+            (json!({"ranges": []}), Code::InvalidConfig),
+            (json!({"ranges": [[]]}), Code::InvalidConfig),
+            (
+                json!({"ranges": [[{"subnet": "10.1.0.0/16"}, {"subnet": "10.1.2.0/24"}]]}),
+                Code::InvalidConfig,
+            ),
+            (
+                json!({"ranges": [[{"subnet": "10.1.0.0/24"}], [{"subnet": "10.2.0.0/24"}]]}),
+                Code::UnsupportedField,
+            ),
+        ] {
+            assert_eq!(code(ipam.clone()), Some(want), "{ipam}");
+        }
+    }
+
+    /// The contract's dual-stack section (what the agent will write) reads
+    /// as one range set per family, primary first; the single-subnet one
+    /// as before.
+    #[test]
+    fn the_contracts_ipam_sections_read() {
+        use mycni_common::contract::IpamConf;
+        let v6: Cidr = "fd00:10:244:7::/64".parse().unwrap();
+        let v4: Cidr = "10.244.7.0/24".parse().unwrap();
+        for (cidrs, first_v4) in [
+            (vec![v6, v4], false),
+            (vec![v4, v6], true),
+            (vec![v6], false),
+        ] {
+            let section = IpamConf::new(Some("/var/lib/x".into()), &cidrs);
+            let b = Builtin::from_conf(&serde_json::to_value(&section).unwrap()).unwrap();
+            assert_eq!(b.sets.len(), cidrs.len());
+            assert_eq!(b.sets[0].is_ipv4(), first_v4);
+            for (set, c) in b.sets.iter().zip(&cidrs) {
+                assert_eq!(
+                    (set.ranges[0].network, set.ranges[0].prefix),
+                    (c.addr(), c.prefix())
+                );
+            }
+            assert_eq!(b.data_dir, PathBuf::from("/var/lib/x"));
+        }
+    }
+
+    #[test]
+    fn delegated_results_give_one_address_per_family() {
+        let two =
+            br#"{"cniVersion":"1.0.0","ips":[{"address":"fd00::5/64"},{"address":"10.1.0.5/24"}]}"#;
+        let ips = delegated_ips("host-local", two).unwrap();
+        assert_eq!(ips[0].address.to_string(), "fd00::5/64");
+        let same = br#"{"cniVersion":"1.0.0","ips":[{"address":"10.2.0.5/24"},{"address":"10.1.0.5/24"}]}"#;
+        assert_eq!(
+            delegated_ips("host-local", same).unwrap_err().code,
+            Code::Ipam
+        );
+        let none = br#"{"cniVersion":"1.0.0","ips":[]}"#;
+        assert_eq!(
+            delegated_ips("host-local", none).unwrap_err().code,
+            Code::Ipam
+        );
     }
 }

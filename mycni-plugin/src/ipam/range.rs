@@ -1,86 +1,125 @@
 //! The addresses the built-in IPAM leases from, as the network config gives them.
+//!
+//! One type for both families: an address is an `IpAddr` and the arithmetic is done on
+//! its bits as a `u128` (`mycni_common::net::Family`), so a /64 of IPv6 and a /24 of IPv4
+//! take the same paths through the store.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
-use mycni_common::net::{Cidr, CidrError};
+use mycni_common::net::{Cidr, CidrError, Family};
 
 /// Why a configured range cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RangeError {
-    #[error("invalid CIDR {input:?}: {reason} (expected an IPv4 subnet like \"10.244.1.0/24\")")]
+    #[error(
+        "invalid CIDR {input:?}: {reason} (expected a subnet like \"10.244.1.0/24\" or \
+         \"fd00:10:244:1::/64\")"
+    )]
     BadCidr { input: String, reason: String },
     #[error(
-        "prefix length /{prefix} is too long: an IPv4 range needs /30 or shorter to have a \
-         usable address besides the network and broadcast addresses"
+        "prefix length /{prefix} is too long: an IPv4 range needs /30 or shorter and an IPv6 \
+         range /126 or shorter to have a usable address besides the network address (and \
+         IPv4's broadcast)"
     )]
     PrefixTooLong { prefix: u8 },
     #[error("{network}/{prefix} has host bits set; the subnet is {expected}/{prefix}")]
     HostBitsSet {
-        network: Ipv4Addr,
+        network: IpAddr,
         prefix: u8,
-        expected: Ipv4Addr,
+        expected: IpAddr,
     },
     #[error(
         "range {which} {ip} is outside the usable addresses of {network}/{prefix} \
-         ({first}-{last}; the network and broadcast addresses cannot be leased)"
+         ({first}-{last}; the network address, and IPv4's broadcast, cannot be leased)"
     )]
     OutsideSubnet {
         which: &'static str,
-        ip: Ipv4Addr,
-        network: Ipv4Addr,
+        ip: IpAddr,
+        network: IpAddr,
         prefix: u8,
-        first: Ipv4Addr,
-        last: Ipv4Addr,
+        first: IpAddr,
+        last: IpAddr,
+    },
+    #[error("range {which} {ip} is not of the family of the subnet {network}/{prefix}")]
+    MixedFamilies {
+        which: &'static str,
+        ip: IpAddr,
+        network: IpAddr,
+        prefix: u8,
     },
     #[error("range start {start} is after range end {end}")]
-    StartAfterEnd { start: Ipv4Addr, end: Ipv4Addr },
+    StartAfterEnd { start: IpAddr, end: IpAddr },
 }
 
 /// The addresses leases are taken from: a subnet plus the `start..=end` slice of it that
 /// this node may hand out (defaulting to every usable address of the subnet).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Range {
-    pub network: Ipv4Addr,
+    pub network: IpAddr,
     pub prefix: u8,
-    pub start: Ipv4Addr,
-    pub end: Ipv4Addr,
+    pub start: IpAddr,
+    pub end: IpAddr,
 }
 
-/// Netmask for `prefix`, saturating so that a hand-built `Range` with a bogus prefix cannot
-/// make the shift overflow.
-pub(super) fn netmask(prefix: u8) -> u32 {
-    match prefix {
-        0 => 0,
-        p if p >= 32 => u32::MAX,
-        p => u32::MAX << (32 - u32::from(p)),
-    }
+/// Netmask for `prefix` in the family of `of`, saturating so that a hand-built `Range`
+/// with a bogus prefix cannot make the shift overflow.
+pub(super) fn netmask(of: IpAddr, prefix: u8) -> u128 {
+    let width = u32::from(of.max_prefix());
+    let full = u128::MAX >> (128 - width);
+    let host = full.checked_shr(u32::from(prefix)).unwrap_or(0);
+    full & !host
+}
+
+/// Every bit of `of`'s family set: the host part of a /0.
+pub(super) fn all_ones(of: IpAddr) -> u128 {
+    u128::MAX >> (128 - u32::from(of.max_prefix()))
+}
+
+/// The longest prefix a range may have: two usable addresses besides the network
+/// address and, for IPv4, the broadcast (host-local's rule too).
+fn max_range_prefix(of: IpAddr) -> u8 {
+    of.max_prefix() - 2
 }
 
 impl Range {
     /// Validated here rather than at allocation time so that a bad network config fails the
     /// first ADD with a message about the config instead of an odd lease.
     pub fn new(
-        network: Ipv4Addr,
+        network: IpAddr,
         prefix: u8,
-        start: Option<Ipv4Addr>,
-        end: Option<Ipv4Addr>,
+        start: Option<IpAddr>,
+        end: Option<IpAddr>,
     ) -> Result<Range, RangeError> {
-        if prefix > 30 {
+        for (which, ip) in [("start", start), ("end", end)] {
+            if let Some(ip) = ip
+                && !ip.same_family(network)
+            {
+                return Err(RangeError::MixedFamilies {
+                    which,
+                    ip,
+                    network,
+                    prefix,
+                });
+            }
+        }
+        if prefix > max_range_prefix(network) {
             return Err(RangeError::PrefixTooLong { prefix });
         }
-        let mask = netmask(prefix);
-        let net = u32::from(network);
+        let mask = netmask(network, prefix);
+        let net = network.bits();
         if net & !mask != 0 {
             return Err(RangeError::HostBitsSet {
                 network,
                 prefix,
-                expected: Ipv4Addr::from(net & mask),
+                expected: network.with_bits(net & mask),
             });
         }
-        // prefix <= 30 makes both of these in-subnet and first <= last.
-        let first = Ipv4Addr::from(net + 1);
-        let last = Ipv4Addr::from((net | !mask) - 1);
-        let check = |which: &'static str, ip: Ipv4Addr| {
+        // The prefix bound makes both of these in-subnet and first <= last. IPv6 has no
+        // broadcast: its last address is leasable (as host-local leases it).
+        let first = network.with_bits(net + 1);
+        let top = net | (all_ones(network) & !mask);
+        let last = network.with_bits(if network.is_ipv4() { top - 1 } else { top });
+        let check = |which: &'static str, ip: IpAddr| {
             if ip < first || ip > last {
                 Err(RangeError::OutsideSubnet {
                     which,
@@ -111,10 +150,10 @@ impl Range {
     /// Host bits are accepted here and rejected by [`Range::new`], which can name the fix.
     /// The syntax is `mycni_common::net`'s (no "+24", no "024"), surrounding
     /// whitespace aside, which hand-written configs have.
-    pub fn parse_cidr(s: &str) -> Result<(Ipv4Addr, u8), RangeError> {
-        let c: Cidr<Ipv4Addr> = s.trim().parse().map_err(|e| {
+    pub fn parse_cidr(s: &str) -> Result<(IpAddr, u8), RangeError> {
+        let c: Cidr<IpAddr> = s.trim().parse().map_err(|e| {
             let reason = match e {
-                CidrError::BadAddress => "not an IPv4 address".to_owned(),
+                CidrError::BadAddress => "not an IP address".to_owned(),
                 e => e.to_string(),
             };
             RangeError::BadCidr {
@@ -126,20 +165,38 @@ impl Range {
     }
 
     /// Only `start..=end` is ours to lease; the rest of the subnet may belong to the
-    /// gateway or to other allocators.
-    pub fn contains(&self, ip: Ipv4Addr) -> bool {
-        self.start <= ip && ip <= self.end
+    /// gateway or to other allocators. Never across families.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        ip.same_family(self.start) && self.start <= ip && ip <= self.end
     }
 
-    /// 0 for a hand-built range with `start > end`, which therefore leases nothing.
-    pub fn size(&self) -> u32 {
-        let (start, end) = (u32::from(self.start), u32::from(self.end));
-        if start > end {
-            0
-        } else {
-            // Saturates only for a hand-built 0.0.0.0-255.255.255.255, which `new` rejects.
-            (end - start).saturating_add(1)
+    /// Whether `ip` is in the subnet at all (a gateway must be).
+    pub fn subnet_contains(&self, ip: IpAddr) -> bool {
+        Cidr::new(self.network, self.prefix).is_some_and(|c| c.contains(ip))
+    }
+
+    pub fn is_ipv4(&self) -> bool {
+        self.network.is_ipv4()
+    }
+
+    /// 0 for a hand-built range with `start > end` or of mixed families, which therefore
+    /// leases nothing.
+    pub fn size(&self) -> u128 {
+        if !self.start.same_family(self.end) || self.start > self.end {
+            return 0;
         }
+        // Saturates only for a hand-built range of all of IPv6, which `new` rejects.
+        (self.end.bits() - self.start.bits()).saturating_add(1)
+    }
+
+    /// The `n`th address of `start..=end` (`n < size()`).
+    pub(super) fn nth(&self, n: u128) -> IpAddr {
+        self.start.with_bits(self.start.bits().wrapping_add(n))
+    }
+
+    /// How far `ip` is from `start` (`ip` in the range).
+    pub(super) fn offset(&self, ip: IpAddr) -> u128 {
+        ip.bits().wrapping_sub(self.start.bits())
     }
 }
 
@@ -178,7 +235,7 @@ mod tests {
             (ip("192.168.0.5"), ip("192.168.0.6"), 2)
         );
         let r = range("0.0.0.0/0");
-        assert_eq!(r.size(), u32::MAX - 1);
+        assert_eq!(r.size(), u128::from(u32::MAX) - 1);
     }
 
     #[test]
@@ -247,7 +304,8 @@ mod tests {
             "10.0.0.0/00",
             "10.0.0.0/24/1",
             "10.0.0/24",
-            "::1/64",
+            "fd00::/129",
+            "fd00::1:/64",
             "",
         ] {
             match Range::parse_cidr(bad) {
@@ -257,5 +315,51 @@ mod tests {
                 other => panic!("{bad:?} parsed as {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn ipv6_ranges() {
+        let r = range("fd00:10:244:1::/64");
+        assert_eq!(r.start, ip("fd00:10:244:1::1"));
+        // No broadcast in IPv6: the last address is leasable, as in host-local.
+        assert_eq!(r.end, ip("fd00:10:244:1:ffff:ffff:ffff:ffff"));
+        assert_eq!(r.size(), u128::from(u64::MAX));
+        assert!(r.contains(ip("fd00:10:244:1::2")));
+        assert!(!r.contains(ip("fd00:10:244:1::")));
+        assert!(!r.contains(ip("10.244.1.1")));
+        assert!(r.subnet_contains(ip("fd00:10:244:1::")));
+        assert!(!r.subnet_contains(ip("fd00:10:244:2::1")));
+        assert_eq!(r.nth(4), ip("fd00:10:244:1::5"));
+        assert_eq!(r.offset(ip("fd00:10:244:1::5")), 4);
+        let r = range("fd00::/126");
+        assert_eq!(
+            (r.start, r.end, r.size()),
+            (ip("fd00::1"), ip("fd00::3"), 3)
+        );
+
+        let net = ip("fd00::");
+        for p in [127, 128] {
+            assert_eq!(
+                Range::new(net, p, None, None),
+                Err(RangeError::PrefixTooLong { prefix: p })
+            );
+        }
+        assert!(matches!(
+            Range::new(ip("fd00::1"), 64, None, None),
+            Err(RangeError::HostBitsSet { .. })
+        ));
+        assert!(matches!(
+            Range::new(net, 64, Some(ip("10.0.0.1")), None),
+            Err(RangeError::MixedFamilies { which: "start", .. })
+        ));
+        assert!(matches!(
+            Range::new(ip("10.0.0.0"), 24, None, Some(ip("fd00::5"))),
+            Err(RangeError::MixedFamilies { which: "end", .. })
+        ));
+        assert!(matches!(
+            Range::new(net, 120, Some(ip("fd00::1:1")), None),
+            Err(RangeError::OutsideSubnet { which: "start", .. })
+        ));
+        assert_eq!(Range::parse_cidr("fd00::/64"), Ok((net, 64)));
     }
 }

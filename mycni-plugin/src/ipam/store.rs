@@ -8,9 +8,15 @@
 //!
 //! ```text
 //! <data_dir>/<network>/lock                 flock(LOCK_EX) around every read-modify-write
-//! <data_dir>/<network>/last_reserved_ip.0   last allocated IP, where round-robin resumes
+//! <data_dir>/<network>/last_reserved_ip.0   last IP allocated from range set 0, where
+//! <data_dir>/<network>/last_reserved_ip.1   round-robin resumes (one file per set)
 //! <data_dir>/<network>/10.244.1.5           "<containerID>\r\n<ifname>"
+//! <data_dir>/<network>/fd00:10:244:1::5     the same, for an IPv6 address (RFC 5952 text,
+//!                                           as Go's net.IP.String writes it)
 //! ```
+//!
+//! A dual-stack network has one range set per family, so each pod holds one lease file per
+//! family, and DEL releases every file naming it.
 //!
 //! Lease files come into existence complete, so a killed plugin never leaves a half-written
 //! lease: the content is written to an anonymous `O_TMPFILE` inode that `linkat(2)` then
@@ -27,13 +33,14 @@
 use std::collections::HashSet;
 use std::fs;
 use std::io;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use super::lease::{Owner, validate_owner};
 use super::lock::Locked;
-use super::range::netmask;
+use super::range::{all_ones, netmask};
+use mycni_common::net::Family;
 
 pub use super::lease::Lease;
 // Where these lived before the split; `ipam::store::Range` still names them.
@@ -103,6 +110,13 @@ pub(super) fn create_dir(dir: &Path) -> Result<(), StoreError> {
     }
 }
 
+/// `(a + b) mod m` for `a, b < m` (`b <= m` for `b` = 1 with `m` = 1), without the
+/// overflow of `a + b` near `u128::MAX` (an IPv6 /0 range).
+fn add_mod(a: u128, b: u128, m: u128) -> u128 {
+    let room = m - a;
+    if b >= room { b - room } else { a + b }
+}
+
 /// Leases of one network, kept in `<data_dir>/<network>/` in host-local's format.
 #[derive(Debug)]
 pub struct LeaseStore {
@@ -143,24 +157,49 @@ impl LeaseStore {
     }
 
     /// Idempotent so that a runtime retrying ADD for the same container and interface gets
-    /// the IP it was already given instead of leaking a second one.
+    /// the IP it was already given instead of leaking a second one. One range, of range
+    /// set 0: see [`LeaseStore::allocate_in`].
     pub fn allocate(
         &self,
         range: &Range,
-        reserved: &[Ipv4Addr],
+        reserved: &[IpAddr],
         container_id: &str,
         ifname: &str,
-    ) -> Result<Ipv4Addr, StoreError> {
+    ) -> Result<IpAddr, StoreError> {
+        self.allocate_in(
+            std::slice::from_ref(range),
+            reserved,
+            0,
+            container_id,
+            ifname,
+        )
+    }
+
+    /// One address from range set number `set` (its `ranges`, of one family, tried in
+    /// order), never one of `reserved`. Idempotent like [`LeaseStore::allocate`]: the
+    /// container's lease in any of the set's ranges is handed back. The set's number names
+    /// its round-robin hint file, as in host-local, so the families of a dual-stack network
+    /// each resume where they left off.
+    pub fn allocate_in(
+        &self,
+        ranges: &[Range],
+        reserved: &[IpAddr],
+        set: usize,
+        container_id: &str,
+        ifname: &str,
+    ) -> Result<IpAddr, StoreError> {
         validate_owner(container_id, ifname)?;
         let locked = self.lock()?;
         let entries = locked.scan()?;
+        let in_set = |ip: IpAddr| ranges.iter().any(|r| r.contains(ip));
 
-        let mut taken: HashSet<u32> = HashSet::with_capacity(entries.len() + reserved.len() + 2);
+        let mut taken: HashSet<IpAddr> =
+            HashSet::with_capacity(entries.len() + reserved.len() + 2 * ranges.len());
         for entry in &entries {
-            if !range.contains(entry.ip) {
+            if !in_set(entry.ip) {
                 continue;
             }
-            taken.insert(u32::from(entry.ip));
+            taken.insert(entry.ip);
             if !entry.is_dir
                 && locked
                     .read_owner(entry.ip)
@@ -169,41 +208,68 @@ impl LeaseStore {
                 return Ok(entry.ip);
             }
         }
-        taken.extend(reserved.iter().map(|&ip| u32::from(ip)));
-        // `Range`'s fields are public, so a hand-built range could include these.
-        let mask = netmask(range.prefix);
-        let net = u32::from(range.network) & mask;
-        taken.extend([net, net | !mask]);
+        taken.extend(reserved);
+        // `Range`'s fields are public, so a hand-built range could include these. IPv6
+        // has no broadcast, but its network address is the subnet-router anycast one.
+        for r in ranges {
+            let mask = netmask(r.network, r.prefix);
+            let net = r.network.bits() & mask;
+            taken.insert(r.network.with_bits(net));
+            if r.is_ipv4() {
+                taken.insert(r.network.with_bits(net | (all_ones(r.network) & !mask)));
+            }
+        }
 
         let exhausted = || StoreError::Exhausted {
             network: self.network.clone(),
-            range: format!("{}-{}", range.start, range.end),
+            range: ranges
+                .iter()
+                .map(|r| format!("{}-{}", r.start, r.end))
+                .collect::<Vec<_>>()
+                .join(", "),
         };
-        let (start, end) = (u32::from(range.start), u32::from(range.end));
-        if start > end {
+        // The set's addresses as one sequence, range after range.
+        let total = ranges.iter().fold(0u128, |n, r| n.saturating_add(r.size()));
+        if total == 0 {
             return Err(exhausted());
         }
-        let size = u64::from(end - start) + 1;
-        // Round-robin like host-local: resume after the last allocation so a just-released
-        // IP is not handed to the next pod while stale state (conntrack, ARP caches, peers'
-        // routes) may still point at the old one.
-        let hint = locked.read_hint();
-        let first = match hint.ip {
-            Some(last) if range.contains(last) => (u64::from(u32::from(last) - start) + 1) % size,
-            _ => 0,
+        let at = |mut pos: u128| {
+            for r in ranges {
+                if pos < r.size() {
+                    return Some(r.nth(pos));
+                }
+                pos -= r.size();
+            }
+            None
         };
+        // Round-robin like host-local: resume after the last allocation so a just-released
+        // IP is not handed to the next pod while stale state (conntrack, neighbour caches,
+        // peers' routes) may still point at the old one.
+        let hint = locked.read_hint(set);
+        let mut first = 0;
+        if let Some(last) = hint.ip {
+            let mut before = 0u128;
+            for r in ranges {
+                if r.contains(last) {
+                    first = add_mod(add_mod(before, r.offset(last), total), 1, total);
+                    break;
+                }
+                before = before.saturating_add(r.size());
+            }
+        }
 
         let content = format!("{container_id}\r\n{ifname}");
         let mut pending = None;
         // Every skipped candidate is a distinct member of `taken` or a name that link(2)
         // found occupied, so this stops after at most |taken| + |entries| + 1 steps even in
-        // a huge range.
-        for step in 0..size {
-            let candidate = start + ((first + step) % size) as u32;
-            if taken.contains(&candidate) {
+        // a huge range (an IPv6 /64).
+        for step in 0..total {
+            let Some(ip) = at(add_mod(first, step, total)) else {
+                break;
+            };
+            if taken.contains(&ip) {
                 continue;
             }
-            let ip = Ipv4Addr::from(candidate);
             if locked.link_lease(&mut pending, content.as_bytes(), ip)? {
                 drop(pending);
                 locked.write_hint(hint, ip);
@@ -214,34 +280,54 @@ impl LeaseStore {
     }
 
     /// Idempotent (a missing lease is success) because CNI DEL may be repeated and may
-    /// follow a failed ADD that never leased anything.
+    /// follow a failed ADD that never leased anything. `hint`: see
+    /// [`LeaseStore::release_all`].
     pub fn release(
         &self,
         container_id: &str,
         ifname: &str,
-        hint: Option<Ipv4Addr>,
-    ) -> Result<Vec<Ipv4Addr>, StoreError> {
+        hint: Option<IpAddr>,
+    ) -> Result<Vec<IpAddr>, StoreError> {
+        self.release_all(container_id, ifname, hint.as_slice())
+    }
+
+    /// Releases every lease of the container's interface. `hints` are the addresses it is
+    /// believed to hold (prevResult's, one per family): when every one of them is its, and
+    /// it holds as many leases as the caller expects (the caller passes no hints
+    /// otherwise), they are all there is and no lease file needs reading.
+    pub fn release_all(
+        &self,
+        container_id: &str,
+        ifname: &str,
+        hints: &[IpAddr],
+    ) -> Result<Vec<IpAddr>, StoreError> {
         validate_owner(container_id, ifname)?;
         let locked = self.lock()?;
-        // The hint spares reading every lease file on the common path; it is only trusted
-        // if the file still names this owner, since prevResult may be stale.
-        if let Some(ip) = hint
-            && locked
+        // The hints spare reading every lease file on the common path; they are only
+        // trusted if each file still names this owner, since prevResult may be stale.
+        let mut released = Vec::new();
+        let mut all_hinted = !hints.is_empty();
+        for &ip in hints {
+            if locked
                 .read_owner(ip)
                 .is_some_and(|o| o.held_by(container_id, ifname))
-            && locked.remove_lease(ip)?
-        {
-            return Ok(vec![ip]);
-        }
-        let mut released = Vec::new();
-        for entry in locked.scan()? {
-            if !entry.is_dir
-                && locked
-                    .read_owner(entry.ip)
-                    .is_some_and(|o| o.held_by(container_id, ifname))
-                && locked.remove_lease(entry.ip)?
+                && locked.remove_lease(ip)?
             {
-                released.push(entry.ip);
+                released.push(ip);
+            } else {
+                all_hinted = false;
+            }
+        }
+        if !all_hinted {
+            for entry in locked.scan()? {
+                if !entry.is_dir
+                    && locked
+                        .read_owner(entry.ip)
+                        .is_some_and(|o| o.held_by(container_id, ifname))
+                    && locked.remove_lease(entry.ip)?
+                {
+                    released.push(entry.ip);
+                }
             }
         }
         released.sort_unstable();
@@ -773,6 +859,95 @@ mod tests {
         assert_eq!(store.gc(&HashSet::new()).unwrap().len(), 2);
         assert!(lease_files(&store).is_empty());
         assert!(store.dir().join(LAST_RESERVED_FILE).exists());
+    }
+
+    // ---- IPv6 and range sets ----
+
+    #[test]
+    fn ipv6_leases_use_host_locals_names_and_one_hint_per_set() {
+        let (_tmp, store) = store();
+        let v4 = range("10.30.0.0/24");
+        let v6 = range("fd00:30::/64");
+        let a4 = store.allocate_in(&[v4], &[], 0, "a", "eth0").unwrap();
+        let a6 = store.allocate_in(&[v6], &[], 1, "a", "eth0").unwrap();
+        assert_eq!((a4, a6), (ip("10.30.0.1"), ip("fd00:30::1")));
+        // Idempotent per family.
+        assert_eq!(store.allocate_in(&[v6], &[], 1, "a", "eth0").unwrap(), a6);
+        let b6 = store
+            .allocate_in(&[v6], &[ip("fd00:30::2")], 1, "b", "eth0")
+            .unwrap();
+        assert_eq!(b6, ip("fd00:30::3"));
+        assert_eq!(
+            names(&store),
+            [
+                "10.30.0.1",
+                "fd00:30::1",
+                "fd00:30::3",
+                LAST_RESERVED_FILE,
+                "last_reserved_ip.1",
+                LOCK_FILE
+            ]
+        );
+        assert_eq!(read(&store, "fd00:30::1"), "a\r\neth0");
+        assert_eq!(read(&store, "last_reserved_ip.1"), "fd00:30::3");
+        assert_eq!(read(&store, LAST_RESERVED_FILE), "10.30.0.1");
+        // A DEL with both addresses as hints releases both; one without finds both too.
+        assert_eq!(store.release_all("a", "eth0", &[a4, a6]).unwrap(), [a4, a6]);
+        let c4 = store.allocate_in(&[v4], &[], 0, "c", "eth0").unwrap();
+        let c6 = store.allocate_in(&[v6], &[], 1, "c", "eth0").unwrap();
+        assert_eq!(store.release_all("c", "eth0", &[]).unwrap(), [c4, c6]);
+        assert_eq!(lease_files(&store), [b6]);
+    }
+
+    #[test]
+    fn host_local_ipv6_lease_is_found_and_other_spellings_are_not_leases() {
+        let (_tmp, store) = store();
+        write(&store, "fd00:31::5", b"abc\r\neth0");
+        // Not how host-local (Go's net.IP.String) names fd00:31::6.
+        write(&store, "fd00:31:0::6", b"xyz\r\neth0");
+        assert_eq!(
+            store.leases().unwrap(),
+            [Lease {
+                ip: ip("fd00:31::5"),
+                container_id: "abc".into(),
+                ifname: "eth0".into()
+            }]
+        );
+        let r = range("fd00:31::/120");
+        assert_eq!(
+            store.allocate(&r, &[], "abc", "eth0").unwrap(),
+            ip("fd00:31::5")
+        );
+        assert_eq!(
+            store.release("abc", "eth0", None).unwrap(),
+            [ip("fd00:31::5")]
+        );
+    }
+
+    #[test]
+    fn a_set_of_ranges_is_one_round_robin_sequence() {
+        let (_tmp, store) = store();
+        let r1 = Range::new(ip("10.32.0.0"), 24, None, Some(ip("10.32.0.2"))).unwrap();
+        let r2 = Range::new(ip("10.33.0.0"), 24, None, Some(ip("10.33.0.1"))).unwrap();
+        let set = [r1, r2];
+        let got: Vec<_> = (0..3)
+            .map(|i| {
+                store
+                    .allocate_in(&set, &[], 0, &format!("c{i}"), "eth0")
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(got, [ip("10.32.0.1"), ip("10.32.0.2"), ip("10.33.0.1")]);
+        assert!(matches!(
+            store.allocate_in(&set, &[], 0, "c9", "eth0"),
+            Err(StoreError::Exhausted { range, .. }) if range == "10.32.0.1-10.32.0.2, 10.33.0.1-10.33.0.1"
+        ));
+        // Round-robin wraps to the first range.
+        store.release("c0", "eth0", None).unwrap();
+        assert_eq!(
+            store.allocate_in(&set, &[], 0, "c9", "eth0").unwrap(),
+            ip("10.32.0.1")
+        );
     }
 
     // ---- crash safety ----

@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 use std::fs;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use tempfile::TempDir;
 
@@ -10,10 +10,10 @@ use super::lock::TMP_PREFIX;
 use super::range::Range;
 use super::store::LeaseStore;
 
-pub(super) const NONE: [Ipv4Addr; 0] = [];
+pub(super) const NONE: [IpAddr; 0] = [];
 pub(super) const LAST_RESERVED_FILE: &str = "last_reserved_ip.0";
 
-pub(super) fn ip(s: &str) -> Ipv4Addr {
+pub(super) fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
@@ -29,8 +29,8 @@ pub(super) fn store() -> (TempDir, LeaseStore) {
 }
 
 /// Names in the store directory that parse as IPs, sorted.
-pub(super) fn lease_files(store: &LeaseStore) -> Vec<Ipv4Addr> {
-    let mut v: Vec<Ipv4Addr> = fs::read_dir(store.dir())
+pub(super) fn lease_files(store: &LeaseStore) -> Vec<IpAddr> {
+    let mut v: Vec<IpAddr> = fs::read_dir(store.dir())
         .unwrap()
         .filter_map(|e| e.unwrap().file_name().to_str()?.parse().ok())
         .collect();

@@ -70,11 +70,11 @@ fn bad_inputs_get_spec_codes_and_change_nothing() -> Result<()> {
             7,
         ),
         (
-            "IPv6 subnet",
-            with(&|v| v["ipam"]["subnet"] = json!("fd00::/64")),
+            "IPv6 /128 subnet",
+            with(&|v| v["ipam"]["subnet"] = json!("fd00::1/128")),
             c.clone(),
             vec![],
-            2,
+            7,
         ),
         (
             "bad mtu",

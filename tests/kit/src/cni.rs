@@ -150,7 +150,7 @@ impl Node {
     }
 
     /// Everything on the node a test compares before and after: links,
-    /// routes, and lease files.
+    /// routes of both families, and lease files (IPv4 and IPv6).
     pub fn snapshot(&self) -> Result<String> {
         let links = self.ns.exec("ip", &["-o", "link", "show"])?;
         let links: Vec<&str> = links
@@ -159,21 +159,22 @@ impl Node {
             .map(str::trim)
             .collect();
         let routes = self.ns.exec("ip", &["route", "show"])?;
+        let routes6 = self.ns.exec("ip", &["-6", "route", "show"])?;
         let mut leases: Vec<String> = match std::fs::read_dir(self.lease_dir().join("mycni0")) {
             Ok(rd) => rd
                 .filter_map(|e| e.ok())
                 .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.parse::<std::net::Ipv4Addr>().is_ok())
+                .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
                 .collect(),
             Err(_) => Vec::new(),
         };
         leases.sort();
         Ok(format!(
-            "links={links:?}\nroutes={routes}\nleases={leases:?}"
+            "links={links:?}\nroutes={routes}\nroutes6={routes6}\nleases={leases:?}"
         ))
     }
 
-    /// Number of leases the built-in IPAM holds.
+    /// Number of leases (of both families) the built-in IPAM holds.
     pub fn lease_count(&self) -> usize {
         std::fs::read_dir(self.lease_dir().join("mycni0"))
             .map(|rd| {
@@ -181,7 +182,7 @@ impl Node {
                     .filter(|e| {
                         e.file_name()
                             .to_string_lossy()
-                            .parse::<std::net::Ipv4Addr>()
+                            .parse::<std::net::IpAddr>()
                             .is_ok()
                     })
                     .count()
