@@ -1,16 +1,29 @@
-//! The agent's kernel adapter: the VXLAN device, and the routes, neighbours
-//! and FDB entries it owns on it. Thin on purpose; what to change is decided
-//! by `reconcile`.
+//! The agent's kernel adapter: the VXLAN device, and the routes, nexthops,
+//! neighbours and FDB entries it owns on it. Thin on purpose; what to
+//! change is decided by `reconcile`.
+//!
+//! A peer route goes through a nexthop object of its own (`ip nexthop`:
+//! `via <podCIDR.0> dev vxlan.1 onlink`, or `via <host IP> dev <underlay>`
+//! under direct routing) where the kernel has them: the kernel inserts
+//! such routes several times faster than `via … onlink` ones, whose
+//! insertion slows with every route on the device, and a changed gateway
+//! is one nexthop replaced. A kernel without nexthop objects (before 5.3)
+//! gets `via … onlink` routes, as before; which one is decided once, at
+//! the first dump, and logged. Either way the overlay state is podCIDR ->
+//! gateway: the nexthops are this adapter's business, their IDs kept in
+//! `reconcile::NexthopIds`.
 
-use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use futures::{StreamExt, stream};
-use mycni_common::netlink::{self, Link, Netlink, Route, VxlanConfig};
+use mycni_common::netlink::{self, Link, Netlink, Nexthop, NexthopRoute, Route, VxlanConfig};
 use thiserror::Error;
 
 use crate::peers::{Cidr, Mac};
-use crate::reconcile::{self, Action, OverlayState};
+use crate::reconcile::{self, Action, Hop, NexthopIds, NexthopPlan, OverlayState};
 
 /// The agent's routes carry its own protocol so a restarted agent finds its
 /// stale routes and nobody else's; the plugin's pod routes and host veths
@@ -180,8 +193,26 @@ pub fn longest_match(routes: &[netlink::Route], to: Ipv4Addr) -> Option<&netlink
         .max_by_key(|r| r.dst.prefix())
 }
 
+/// How peer routes hold their gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerRoutes {
+    /// Through a nexthop object per peer (`dst nhid N`).
+    Nexthops,
+    /// Each route its own (`dst via gw dev vxlan.1 onlink`): the kernel
+    /// has no nexthop objects.
+    Onlink,
+}
+
 pub struct Kernel {
     nl: Netlink,
+    /// Decided at the first dump or apply, for the agent's life.
+    peer_routes: OnceLock<PeerRoutes>,
+    /// The peer routes' nexthop IDs: rebuilt from the kernel at every
+    /// dump, kept up to date by `apply` between dumps.
+    nexthop_ids: Mutex<NexthopIds>,
+    /// Whether `nexthop_ids` has been read from the kernel yet: until
+    /// then it knows no other program's IDs, and must not hand any out.
+    nexthop_ids_read: AtomicBool,
 }
 
 impl Kernel {
@@ -189,7 +220,46 @@ impl Kernel {
     pub fn new() -> Result<Self, KernelError> {
         Ok(Self {
             nl: Netlink::current()?,
+            peer_routes: OnceLock::new(),
+            nexthop_ids: Mutex::new(NexthopIds::default()),
+            nexthop_ids_read: AtomicBool::new(false),
         })
+    }
+
+    /// [`Kernel::new`], with `via … onlink` peer routes even where the
+    /// kernel has nexthop objects: the fallback, for tests to run on any
+    /// kernel.
+    pub fn with_onlink_routes() -> Result<Self, KernelError> {
+        let k = Self::new()?;
+        let _ = k.peer_routes.set(PeerRoutes::Onlink);
+        Ok(k)
+    }
+
+    /// How peer routes are made, asking the kernel the first time.
+    pub async fn peer_routes(&self) -> Result<PeerRoutes, KernelError> {
+        if let Some(m) = self.peer_routes.get() {
+            return Ok(*m);
+        }
+        let m = if self.nl.nexthops_supported().await? {
+            tracing::info!(
+                "peer routes through nexthop objects, one per peer (ip nexthop list protocol {RTPROT_MYCNI_AGENT})"
+            );
+            PeerRoutes::Nexthops
+        } else {
+            tracing::warn!(
+                "this kernel has no nexthop objects (Linux 5.3+): peer routes carry their gateway themselves (via … onlink), which the kernel inserts more slowly at thousands of peers"
+            );
+            PeerRoutes::Onlink
+        };
+        Ok(*self.peer_routes.get_or_init(|| m))
+    }
+
+    fn ids(&self) -> std::sync::MutexGuard<'_, NexthopIds> {
+        // The table is plain data, consistent after every statement: a
+        // panic elsewhere while it was held leaves nothing half-done.
+        self.nexthop_ids
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     pub async fn link(&self, name: &str) -> Result<Option<Link>, KernelError> {
@@ -354,6 +424,28 @@ impl Kernel {
     /// `underlay` is the device direct routes (gateway: a peer's host IP)
     /// leave by; 0 when direct routing is off, so any such route is stale.
     pub async fn dump(&self, vxlan: u32, underlay: u32) -> Result<OverlayState, KernelError> {
+        let mut s = if self.peer_routes().await? == PeerRoutes::Nexthops {
+            self.dump_nexthop_routes(vxlan, underlay).await?
+        } else {
+            self.dump_onlink_routes(vxlan, underlay).await?
+        };
+        for n in self.nl.permanent_neighbours(vxlan).await? {
+            s.neighbours.insert(n.ip, n.mac);
+        }
+        for e in self.nl.fdb_entries(vxlan).await? {
+            if let Some(ip) = e.dst {
+                s.fdb.insert(e.mac, ip);
+            }
+        }
+        Ok(s)
+    }
+
+    /// The peer routes holding their gateway themselves.
+    async fn dump_onlink_routes(
+        &self,
+        vxlan: u32,
+        underlay: u32,
+    ) -> Result<OverlayState, KernelError> {
         let mut s = OverlayState::default();
         for r in self.nl.routes_by_protocol(RTPROT_MYCNI_AGENT).await? {
             // The agent makes no default route (and no route without a
@@ -373,21 +465,79 @@ impl Kernel {
                 s.routes.insert(r.dst, Ipv4Addr::UNSPECIFIED);
             }
         }
-        for n in self.nl.permanent_neighbours(vxlan).await? {
-            s.neighbours.insert(n.ip, n.mac);
-        }
-        for e in self.nl.fdb_entries(vxlan).await? {
-            if let Some(ip) = e.dst {
-                s.fdb.insert(e.mac, ip);
+        Ok(s)
+    }
+
+    /// The peer routes through nexthops, each with its nexthop's gateway;
+    /// rebuilds the ID table. Nexthops are listed before routes: one
+    /// deleted in between takes its routes along, and is then simply not
+    /// there, rather than a route through a nexthop never seen.
+    async fn dump_nexthop_routes(
+        &self,
+        vxlan: u32,
+        underlay: u32,
+    ) -> Result<OverlayState, KernelError> {
+        let (own, foreign): (Vec<Nexthop>, Vec<Nexthop>) = self
+            .nl
+            .nexthops()
+            .await?
+            .into_iter()
+            .partition(|n| n.protocol == RTPROT_MYCNI_AGENT);
+        let routes = self
+            .nl
+            .routes_with_nexthops_by_protocol(RTPROT_MYCNI_AGENT)
+            .await?;
+        let ids = NexthopIds::new(
+            own.iter().map(|n| (n.id, hop_of(n, vxlan, underlay))),
+            foreign.iter().map(|n| n.id),
+            routes.iter().filter_map(|(r, id)| Some((r.dst, (*id)?))),
+        );
+        let mut s = OverlayState::default();
+        for (r, nhid) in &routes {
+            // The agent makes no default route: one with its protocol is
+            // not one of its.
+            if r.dst.prefix() == 0 {
+                continue;
             }
+            let gw = match ids.route(r.dst) {
+                Some((_, Some(hop))) if hop == Hop::of_route(r.dst, hop.gateway) => hop.gateway,
+                // Through a nexthop of the agent's holding what it would
+                // not make, through another program's (or one another
+                // route claimed), or holding its gateway itself (made
+                // before nexthops, or by an agent that fell back): set
+                // again, through a nexthop of its own.
+                Some(_) => Ipv4Addr::UNSPECIFIED,
+                None if nhid.is_some() || r.gateway.is_some() => Ipv4Addr::UNSPECIFIED,
+                // Without gateway or nexthop: not one of the agent's.
+                None => continue,
+            };
+            s.routes.insert(r.dst, gw);
         }
+        *self.ids() = ids;
+        self.nexthop_ids_read.store(true, Ordering::Relaxed);
         Ok(s)
     }
 
     /// Applies a diff. Deletes run first, then sets in dependency order,
-    /// each group with bounded concurrency. Returns the number of failed
-    /// actions (each logged); a failure never stops the rest.
+    /// each group with bounded concurrency; last, nexthops of the agent's
+    /// no route goes through any more are deleted. Returns the number of
+    /// failed actions (each logged); a failure never stops the rest.
     pub async fn apply(&self, vxlan: u32, underlay: u32, actions: &[Action]) -> usize {
+        let mode = match self.peer_routes().await {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot tell whether the kernel has nexthop objects");
+                return actions.len().max(1);
+            }
+        };
+        if mode == PeerRoutes::Nexthops && !self.nexthop_ids_read.load(Ordering::Relaxed) {
+            // An apply without a dump before it (the loop always dumps
+            // first): read the IDs the kernel holds before handing any out.
+            if let Err(e) = self.dump_nexthop_routes(vxlan, underlay).await {
+                tracing::warn!(error = %e, "cannot read the nexthops");
+                return actions.len().max(1);
+            }
+        }
         let (dels, sets): (Vec<&Action>, Vec<&Action>) =
             actions.iter().partition(|a| a.is_delete());
         let mut failed = 0;
@@ -403,11 +553,38 @@ impl Kernel {
                 phases[phase].push(a);
             }
             for phase in phases {
+                // Nexthop IDs are handed out in the diff's (podCIDR) order,
+                // not in whatever order concurrent requests start: the same
+                // peers get the same IDs in every run.
+                let mut plans: BTreeMap<Cidr, (Hop, NexthopPlan)> = if mode == PeerRoutes::Nexthops
+                {
+                    let mut ids = self.ids();
+                    phase
+                        .iter()
+                        .filter_map(|a| match a {
+                            Action::SetRoute(c, gw) => {
+                                let hop = Hop::of_route(*c, *gw);
+                                Some((*c, (hop, ids.plan(*c, hop))))
+                            }
+                            _ => None,
+                        })
+                        .collect()
+                } else {
+                    BTreeMap::new()
+                };
+                // The nexthops first, in a few batches; a route whose
+                // nexthop failed is not tried.
+                let bad = self.set_nexthops(vxlan, underlay, &mut plans).await;
+                failed += bad.len();
+                let phase: Vec<&Action> = phase
+                    .into_iter()
+                    .filter(|a| !matches!(a, Action::SetRoute(c, _) if bad.contains(c)))
+                    .collect();
                 let results: Vec<Result<(), KernelError>> = stream::iter(phase)
                     .map(|a| {
                         crate::metrics::netlink_timed(
                             crate::metrics::NetlinkOp::of(a),
-                            self.apply_one(vxlan, underlay, a),
+                            self.apply_one(mode, &plans, vxlan, underlay, a),
                         )
                     })
                     .buffer_unordered(CONCURRENCY)
@@ -421,13 +598,53 @@ impl Kernel {
                 }
             }
         }
+        if mode == PeerRoutes::Nexthops {
+            let unused = self.ids().take_unused();
+            if !unused.is_empty() {
+                tracing::info!(
+                    nexthops = unused.len(),
+                    "deleting nexthops no peer route goes through"
+                );
+            }
+            for id in unused {
+                if let Err(e) = self.nl.delete_nexthop(id).await {
+                    tracing::warn!(error = %e, "kernel update failed");
+                    failed += 1;
+                }
+            }
+        }
         failed
     }
 
     /// One action; deleting what is already gone is success.
-    async fn apply_one(&self, vxlan: u32, underlay: u32, a: &Action) -> Result<(), KernelError> {
+    async fn apply_one(
+        &self,
+        mode: PeerRoutes,
+        plans: &BTreeMap<Cidr, (Hop, NexthopPlan)>,
+        vxlan: u32,
+        underlay: u32,
+        a: &Action,
+    ) -> Result<(), KernelError> {
         let nl = &self.nl;
         let r = match a {
+            Action::SetRoute(c, gw) if mode == PeerRoutes::Nexthops => {
+                let (hop, plan) = match plans.get(c) {
+                    Some(p) => *p,
+                    None => {
+                        let hop = Hop::of_route(*c, *gw);
+                        (hop, self.ids().plan(*c, hop))
+                    }
+                };
+                return self.set_nexthop_route(vxlan, underlay, hop, plan, *c).await;
+            }
+            Action::DelRoute(c) if mode == PeerRoutes::Nexthops => {
+                nl.delete_route(*c, RTPROT_MYCNI_AGENT).await?;
+                let id = self.ids().release(*c);
+                match id {
+                    Some(id) => nl.delete_nexthop(id).await,
+                    None => Ok(()),
+                }
+            }
             Action::SetRoute(c, gw) => {
                 let route = if reconcile::via_vxlan(*c, *gw) {
                     // The gateway (the peer's podCIDR.0) is on no subnet of ours.
@@ -460,6 +677,92 @@ impl Kernel {
             Action::DelFdb(mac) => nl.delete_fdb_entry(vxlan, *mac).await,
         };
         Ok(r?)
+    }
+
+    /// The route to `c` through its own nexthop, holding `hop`, as `plan`
+    /// says: the nexthop set first (a route cannot name a nexthop that does
+    /// not exist yet), then the route, each only if the kernel does not
+    /// hold it already. A host-IP change of a directly routed peer is the
+    /// nexthop alone.
+    async fn set_nexthop_route(
+        &self,
+        vxlan: u32,
+        underlay: u32,
+        hop: Hop,
+        plan: NexthopPlan,
+        c: Cidr,
+    ) -> Result<(), KernelError> {
+        if plan.set_nexthop {
+            self.nl
+                .replace_nexthop(&nexthop(hop, plan.id, vxlan, underlay))
+                .await?;
+        }
+        if plan.set_route {
+            self.nl
+                .replace_nexthop_route(NexthopRoute {
+                    dst: c,
+                    nhid: plan.id,
+                    protocol: RTPROT_MYCNI_AGENT,
+                })
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Sets the nexthops `plans` says are missing or wrong, a datagram of
+    /// them at a time (5,000 peers at start-up), and marks them done.
+    /// Returns the podCIDRs whose nexthop failed, each logged.
+    async fn set_nexthops(
+        &self,
+        vxlan: u32,
+        underlay: u32,
+        plans: &mut BTreeMap<Cidr, (Hop, NexthopPlan)>,
+    ) -> BTreeSet<Cidr> {
+        let wanted: Vec<Nexthop> = plans
+            .values()
+            .filter(|(_, p)| p.set_nexthop)
+            .map(|(hop, p)| nexthop(*hop, p.id, vxlan, underlay))
+            .collect();
+        if wanted.is_empty() {
+            return BTreeSet::new();
+        }
+        let failed: BTreeSet<u32> = match self.nl.replace_nexthops(&wanted).await {
+            Ok(failed) => failed
+                .into_iter()
+                .map(|(id, e)| {
+                    tracing::warn!(error = %e, "kernel update failed");
+                    id
+                })
+                .collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "kernel update failed");
+                wanted.iter().map(|n| n.id).collect()
+            }
+        };
+        // 0: a failure whose echo did not say which: none can be trusted.
+        let all_bad = failed.contains(&0);
+        let mut bad = BTreeSet::new();
+        for (c, (_, p)) in plans.iter_mut().filter(|(_, (_, p))| p.set_nexthop) {
+            if all_bad || failed.contains(&p.id) {
+                bad.insert(*c);
+            } else {
+                p.set_nexthop = false;
+            }
+        }
+        bad
+    }
+
+    /// Deletes every nexthop of the agent's (and with them the routes
+    /// through them), for `uninstall`: deleting `vxlan.1` takes only those
+    /// on it along, not a directly routed peer's on the underlay.
+    pub async fn delete_nexthops(&self) -> Result<(), KernelError> {
+        if !self.nl.nexthops_supported().await? {
+            return Ok(());
+        }
+        for n in self.nl.nexthops_by_protocol(RTPROT_MYCNI_AGENT).await? {
+            self.nl.delete_nexthop(n.id).await?;
+        }
+        Ok(())
     }
 
     /// The pods on this node as the kernel holds them: every /32 host route
@@ -521,6 +824,35 @@ impl Kernel {
     pub async fn del_link(&self, index: u32) -> Result<(), KernelError> {
         Ok(self.nl.delete_link(index).await?)
     }
+}
+
+/// The nexthop holding `hop`, as the agent makes it.
+fn nexthop(hop: Hop, id: u32, vxlan: u32, underlay: u32) -> Nexthop {
+    let oif = if hop.direct { underlay } else { vxlan };
+    Nexthop {
+        id,
+        gateway: Some(IpAddr::V4(hop.gateway)),
+        oif: Some(oif).filter(|i| *i != 0),
+        protocol: RTPROT_MYCNI_AGENT,
+        // The gateway (the peer's podCIDR.0) is on no subnet of vxlan.1; a
+        // direct peer's host IP is on the underlay's.
+        onlink: !hop.direct,
+    }
+}
+
+/// What one of the agent's nexthops holds, if it is one the agent would
+/// make on today's devices: onlink through `vxlan`, or over `underlay` (0:
+/// direct routing off).
+fn hop_of(n: &Nexthop, vxlan: u32, underlay: u32) -> Option<Hop> {
+    let Some(IpAddr::V4(gateway)) = n.gateway else {
+        return None;
+    };
+    let direct = match n.oif? {
+        i if i == vxlan && i != 0 && n.onlink => false,
+        i if i == underlay && i != 0 && !n.onlink => true,
+        _ => return None,
+    };
+    Some(Hop { gateway, direct })
 }
 
 fn vxlan_matches(l: &Link, spec: &VxlanSpec) -> bool {

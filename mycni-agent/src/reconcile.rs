@@ -2,7 +2,7 @@
 //! kernel holds, as pure functions: the only place that decides what to
 //! add, replace or delete.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 
 use crate::peers::{Cidr, Mac, Peer};
@@ -145,6 +145,177 @@ pub fn apply(state: &mut OverlayState, actions: &[Action]) {
                 state.routes.insert(*c, *gw);
             }
         }
+    }
+}
+
+/// Where the agent's nexthop IDs start: its route protocol (110) in the
+/// top byte, far above the small IDs people and systemd-networkd pick by
+/// hand. Only a preference: an ID another program's nexthop holds is
+/// never taken, whatever its value.
+pub const NEXTHOP_ID_BASE: u32 = (mycni_common::contract::RTPROT_MYCNI_AGENT as u32) << 24;
+
+/// What a peer's nexthop holds: its gateway, through `vxlan.1` `onlink`
+/// (podCIDR.0) or straight over the underlay (the peer's host IP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Hop {
+    pub gateway: Ipv4Addr,
+    /// Over the underlay device rather than `vxlan.1`.
+    pub direct: bool,
+}
+
+impl Hop {
+    /// The hop of a route of [`OverlayState::routes`].
+    pub fn of_route(cidr: Cidr, gateway: Ipv4Addr) -> Self {
+        Hop {
+            gateway,
+            direct: !via_vxlan(cidr, gateway),
+        }
+    }
+}
+
+/// What setting one peer route through its nexthop takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NexthopPlan {
+    pub id: u32,
+    /// The nexthop is missing or holds something else: add or replace it.
+    pub set_nexthop: bool,
+    /// The route does not go through it yet: add or replace the route.
+    pub set_route: bool,
+}
+
+/// The nexthop IDs of the agent's peer routes, one nexthop per peer, as
+/// the kernel holds them.
+///
+/// IDs are derived from the kernel, not from the peer: a route keeps the
+/// ID of the agent's nexthop it goes through, so a restarted agent reads
+/// back exactly what it left and changes nothing; a route without one
+/// adopts an unused nexthop of the agent's holding the same hop (its
+/// route was deleted under it), else gets the lowest ID from
+/// [`NEXTHOP_ID_BASE`] up that no nexthop holds. A function of the peer
+/// (a hash of its podCIDR) would need collision handling against other
+/// programs' IDs and among peers, and whichever peer lost a collision
+/// would change ID when the other left; taking what the kernel holds has
+/// no collisions to resolve, and the kernel is the authority anyway.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NexthopIds {
+    /// podCIDR -> the ID of the agent's nexthop its route goes through.
+    routes: BTreeMap<Cidr, u32>,
+    /// The agent's nexthops: ID -> what it holds (None: something the
+    /// agent would not make, e.g. on a device since replaced).
+    own: BTreeMap<u32, Option<Hop>>,
+    /// Other programs' nexthop IDs: never taken, never touched.
+    foreign: BTreeSet<u32>,
+    /// The agent's nexthops no route goes through, by what they hold.
+    unused: BTreeSet<(Option<Hop>, u32)>,
+    /// No free ID lies between the base and this one.
+    next: u32,
+}
+
+impl NexthopIds {
+    /// The table of what the kernel holds: the agent's nexthops, other
+    /// programs' nexthop IDs, and the agent's routes that go through a
+    /// nexthop (podCIDR, ID), in any order. A route through a nexthop that
+    /// is not the agent's, or through one an earlier route claimed, gets
+    /// no entry: setting it gives it a nexthop of its own.
+    pub fn new(
+        own: impl IntoIterator<Item = (u32, Option<Hop>)>,
+        foreign: impl IntoIterator<Item = u32>,
+        routes: impl IntoIterator<Item = (Cidr, u32)>,
+    ) -> Self {
+        let own: BTreeMap<u32, Option<Hop>> = own.into_iter().collect();
+        let mut t = NexthopIds {
+            foreign: foreign
+                .into_iter()
+                .filter(|id| !own.contains_key(id))
+                .collect(),
+            own,
+            next: NEXTHOP_ID_BASE,
+            ..NexthopIds::default()
+        };
+        let mut claimed = BTreeSet::new();
+        for (cidr, id) in routes {
+            if t.own.contains_key(&id) && claimed.insert(id) {
+                t.routes.insert(cidr, id);
+            }
+        }
+        t.unused = t
+            .own
+            .iter()
+            .filter(|(id, _)| !claimed.contains(*id))
+            .map(|(id, hop)| (*hop, *id))
+            .collect();
+        t
+    }
+
+    /// What the route to `cidr` goes through, if it goes through one of
+    /// the agent's nexthops: its ID and what it holds.
+    pub fn route(&self, cidr: Cidr) -> Option<(u32, Option<Hop>)> {
+        let id = *self.routes.get(&cidr)?;
+        Some((id, self.own.get(&id).copied().flatten()))
+    }
+
+    /// The ID for the route to `cidr` through `hop`, and what it takes;
+    /// the table then holds it as done (a failed pass dumps again).
+    pub fn plan(&mut self, cidr: Cidr, hop: Hop) -> NexthopPlan {
+        let (id, set_route) = match self.routes.get(&cidr) {
+            Some(id) => (*id, false),
+            None => {
+                let adopt = self
+                    .unused
+                    .range((Some(hop), 0)..=(Some(hop), u32::MAX))
+                    .next()
+                    .copied();
+                let id = match adopt {
+                    Some(k) => {
+                        self.unused.remove(&k);
+                        k.1
+                    }
+                    None => self.fresh(),
+                };
+                self.routes.insert(cidr, id);
+                (id, true)
+            }
+        };
+        let set_nexthop = self.own.insert(id, Some(hop)) != Some(Some(hop));
+        NexthopPlan {
+            id,
+            set_nexthop,
+            set_route,
+        }
+    }
+
+    /// Forgets the route to `cidr`; the ID of its nexthop, to delete, if
+    /// it had one.
+    pub fn release(&mut self, cidr: Cidr) -> Option<u32> {
+        let id = self.routes.remove(&cidr)?;
+        self.own.remove(&id);
+        self.next = self.next.min(id);
+        Some(id)
+    }
+
+    /// The agent's nexthops no route goes through, to delete, forgotten.
+    pub fn take_unused(&mut self) -> Vec<u32> {
+        let ids: Vec<u32> = std::mem::take(&mut self.unused)
+            .into_iter()
+            .map(|(_, id)| id)
+            .collect();
+        for id in &ids {
+            self.own.remove(id);
+            self.next = self.next.min(*id);
+        }
+        ids
+    }
+
+    /// The lowest free ID from the base up (wrapping below it only when
+    /// all above are taken, which 2^32 - base nexthops never are).
+    fn fresh(&mut self) -> u32 {
+        let mut id = self.next.max(NEXTHOP_ID_BASE);
+        while id == 0 || self.own.contains_key(&id) || self.foreign.contains(&id) {
+            id = id.wrapping_add(1);
+        }
+        self.next = id.wrapping_add(1);
+        self.own.insert(id, None);
+        id
     }
 }
 
@@ -298,5 +469,110 @@ mod tests {
             apply(&mut have, &acts);
             assert_eq!(have, want, "mask {mask:b}");
         }
+    }
+
+    fn cidr(s: &str) -> Cidr {
+        Cidr::parse_network(s).unwrap()
+    }
+
+    fn vx(c: &str) -> Hop {
+        let c = cidr(c);
+        Hop::of_route(c, c.network())
+    }
+
+    #[test]
+    fn a_restarted_agent_keeps_every_nexthop_id() {
+        let (a, b) = (cidr("10.244.1.0/24"), cidr("10.244.2.0/24"));
+        let direct = Hop::of_route(b, Ipv4Addr::new(192, 168, 0, 3));
+        assert!(direct.direct && !vx("10.244.1.0/24").direct);
+        let mut t = NexthopIds::new(
+            [(7, Some(vx("10.244.1.0/24"))), (9, Some(direct))],
+            [],
+            [(a, 7), (b, 9)],
+        );
+        let none = |id| NexthopPlan {
+            id,
+            set_nexthop: false,
+            set_route: false,
+        };
+        assert_eq!(t.plan(a, vx("10.244.1.0/24")), none(7));
+        assert_eq!(t.plan(b, direct), none(9));
+        assert!(t.take_unused().is_empty());
+        // The peer's host IP changed: its nexthop alone, same ID.
+        let moved = Hop::of_route(b, Ipv4Addr::new(192, 168, 0, 9));
+        assert_eq!(
+            t.plan(b, moved),
+            NexthopPlan {
+                id: 9,
+                set_nexthop: true,
+                set_route: false
+            }
+        );
+    }
+
+    #[test]
+    fn new_routes_get_the_lowest_ids_nobody_holds() {
+        let base = NEXTHOP_ID_BASE;
+        let mut t = NexthopIds::new([(base + 1, Some(vx("10.244.9.0/24")))], [base], []);
+        let c = |i: u8| cidr(&format!("10.244.{i}.0/24"));
+        let hop = |i: u8| vx(&format!("10.244.{i}.0/24"));
+        // base is another program's, base + 1 the agent's (unused, other hop).
+        let p = t.plan(c(1), hop(1));
+        assert_eq!((p.id, p.set_nexthop, p.set_route), (base + 2, true, true));
+        assert_eq!(t.plan(c(2), hop(2)).id, base + 3);
+        // Released IDs are handed out again, lowest first.
+        assert_eq!(t.release(c(1)), Some(base + 2));
+        assert_eq!(t.release(c(1)), None);
+        assert_eq!(t.take_unused(), vec![base + 1]);
+        assert_eq!(t.plan(c(3), hop(3)).id, base + 1);
+        assert_eq!(t.plan(c(4), hop(4)).id, base + 2);
+        assert_eq!(t.plan(c(5), hop(5)).id, base + 4);
+    }
+
+    #[test]
+    fn routes_through_what_is_not_theirs_get_a_nexthop_of_their_own() {
+        let (a, b, c) = (
+            cidr("10.244.1.0/24"),
+            cidr("10.244.2.0/24"),
+            cidr("10.244.3.0/24"),
+        );
+        let mut t = NexthopIds::new(
+            [(5, Some(vx("10.244.1.0/24"))), (6, None)],
+            [3],
+            // b through another program's nexthop; c through a's.
+            [(a, 5), (b, 3), (c, 5)],
+        );
+        assert_eq!(t.route(a), Some((5, Some(vx("10.244.1.0/24")))));
+        assert_eq!(t.route(b), None);
+        assert_eq!(t.route(c), None);
+        let p = t.plan(b, vx("10.244.2.0/24"));
+        assert!(p.set_nexthop && p.set_route && ![3, 5, 6].contains(&p.id));
+        let q = t.plan(c, vx("10.244.3.0/24"));
+        assert!(q.set_nexthop && q.set_route && q.id != p.id);
+        // 6 holds something the agent would not make and nobody uses it.
+        assert_eq!(t.take_unused(), vec![6]);
+    }
+
+    #[test]
+    fn a_route_deleted_under_its_nexthop_is_set_through_it_again() {
+        let a = cidr("10.244.1.0/24");
+        let mut t = NexthopIds::new(
+            [
+                (5, Some(vx("10.244.1.0/24"))),
+                (8, Some(vx("10.244.7.0/24"))),
+            ],
+            [],
+            [],
+        );
+        assert_eq!(
+            t.plan(a, vx("10.244.1.0/24")),
+            NexthopPlan {
+                id: 5,
+                set_nexthop: false,
+                set_route: true
+            }
+        );
+        assert_eq!(t.take_unused(), vec![8]);
+        assert!(t.take_unused().is_empty());
     }
 }

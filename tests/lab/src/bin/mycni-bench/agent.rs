@@ -21,9 +21,14 @@ const PROTO: u8 = RTPROT_MYCNI_AGENT;
 const VXLAN: &str = "vxlan.1";
 const POLL: Duration = Duration::from_millis(20);
 const UPDATES: usize = 20;
-/// The brief's targets for 5,000 nodes.
-const TARGET_CONVERGE_S: f64 = 1.0;
-const TARGET_RSS_MB: f64 = 50.0;
+/// The targets for 5,000 nodes (issue 15).
+const TARGET_CONVERGE_S: f64 = 0.3;
+const TARGET_HOST_IP_MS: f64 = 20.0;
+const TARGET_RSS_MB: f64 = 40.0;
+/// How long the idle agent's CPU is measured.
+const IDLE: Duration = Duration::from_secs(60);
+/// Nexthop IDs of the `ip -batch` reference: the agent's first ones.
+const NHID_BASE: u32 = (PROTO as u32) << 24;
 
 /// Peer `i` (0-based): podCIDR outside 10.244.0.0/16 (the lab's own
 /// nodes), unique locally administered MAC, an unused host IP.
@@ -258,9 +263,18 @@ fn percentile(v: &[Duration], p: usize) -> Duration {
     s[((s.len() * p) / 100).min(s.len() - 1)]
 }
 
-/// `ip -batch` / `bridge -batch` programming the same 3N entries into
-/// a fresh namespace with a VXLAN device like the agent's.
-fn ip_batch_reference(n: usize) -> Result<Duration> {
+/// One `ip -batch` reference run: the whole, and each batch file's share.
+struct Reference {
+    took: Duration,
+    phases: Vec<(&'static str, Duration)>,
+}
+
+/// `ip -batch` / `bridge -batch` programming the same entries into a fresh
+/// namespace with a VXLAN device like the agent's: FDB entries, neighbours
+/// and routes `via … onlink`, or, with `nexthops`, a nexthop per peer and
+/// routes through them (as the agent makes them where the kernel has
+/// nexthop objects).
+fn ip_batch_reference(n: usize, nexthops: bool) -> Result<Reference> {
     let ns = mycni_testkit::NetNs::new("ref")?;
     let dir = tempfile::Builder::new()
         .prefix("mycni-bench-ref-")
@@ -296,7 +310,8 @@ fn ip_batch_reference(n: usize) -> Result<Duration> {
     )?;
     ns.exec("ip", &["addr", "add", "10.244.1.0/32", "dev", VXLAN])?;
     ns.exec("ip", &["link", "set", VXLAN, "up"])?;
-    let (mut fdb, mut neigh, mut route) = (String::new(), String::new(), String::new());
+    let (mut fdb, mut neigh, mut nh, mut route) =
+        (String::new(), String::new(), String::new(), String::new());
     for i in 0..n {
         let p = peer(i);
         let mac = p.mac.to_string();
@@ -308,23 +323,39 @@ fn ip_batch_reference(n: usize) -> Result<Duration> {
             "neigh add {} lladdr {mac} dev {VXLAN} nud permanent\n",
             p.gw
         ));
-        route.push_str(&format!(
-            "route add {} via {} dev {VXLAN} onlink proto {PROTO}\n",
-            p.cidr, p.gw
-        ));
+        if nexthops {
+            let id = NHID_BASE + i as u32;
+            nh.push_str(&format!(
+                "nexthop add id {id} via {} dev {VXLAN} onlink protocol {PROTO}\n",
+                p.gw
+            ));
+            route.push_str(&format!("route add {} nhid {id} proto {PROTO}\n", p.cidr));
+        } else {
+            route.push_str(&format!(
+                "route add {} via {} dev {VXLAN} onlink proto {PROTO}\n",
+                p.cidr, p.gw
+            ));
+        }
     }
-    let files: Vec<PathBuf> = ["fdb", "neigh", "route"]
-        .iter()
-        .map(|f| dir.path().join(f))
-        .collect();
-    std::fs::write(&files[0], fdb)?;
-    std::fs::write(&files[1], neigh)?;
-    std::fs::write(&files[2], route)?;
-    let s = |p: &PathBuf| p.to_string_lossy().into_owned();
+    let mut batches: Vec<(&'static str, &'static str, String)> =
+        vec![("fdb", "bridge", fdb), ("neigh", "ip", neigh)];
+    if nexthops {
+        batches.push(("nexthop", "ip", nh));
+    }
+    batches.push(("route", "ip", route));
+    let mut files = Vec::new();
+    for (name, tool, text) in batches {
+        let f: PathBuf = dir.path().join(name);
+        std::fs::write(&f, text)?;
+        files.push((name, tool, f.to_string_lossy().into_owned()));
+    }
+    let mut phases = Vec::new();
     let start = Instant::now();
-    sh("bridge", &["-n", ns.name(), "-batch", &s(&files[0])])?;
-    sh("ip", &["-n", ns.name(), "-batch", &s(&files[1])])?;
-    sh("ip", &["-n", ns.name(), "-batch", &s(&files[2])])?;
+    for (name, tool, f) in &files {
+        let t = Instant::now();
+        sh(tool, &["-n", ns.name(), "-batch", f])?;
+        phases.push((*name, t.elapsed()));
+    }
     let took = start.elapsed();
     let overlay = Overlay::open(ns.name())?;
     let vx = overlay.ifindex(VXLAN)?;
@@ -333,7 +364,12 @@ fn ip_batch_reference(n: usize) -> Result<Duration> {
         c == Some((n, n, n)),
         "ip -batch reference programmed {c:?} entries, not {n} each"
     );
-    Ok(took)
+    let nhs = overlay.count_nexthops(PROTO)?;
+    ensure!(
+        nhs == Some(if nexthops { n } else { 0 }),
+        "ip -batch reference programmed {nhs:?} nexthops"
+    );
+    Ok(Reference { took, phases })
 }
 
 pub fn bench(bin_dir: &Path, n: usize, full: bool) -> Result<()> {
@@ -352,12 +388,14 @@ pub fn bench(bin_dir: &Path, n: usize, full: bool) -> Result<()> {
     }
 
     eprintln!(
-        "mycni-bench: ip -batch reference, 3 runs of {} entries",
-        3 * n
+        "mycni-bench: ip -batch references, 3 runs each of {} entries (routes via … onlink) and {} (a nexthop per peer)",
+        3 * n,
+        4 * n
     );
-    let mut refs = Vec::new();
+    let mut refs = References::default();
     for _ in 0..3 {
-        refs.push(ip_batch_reference(n)?);
+        refs.onlink.push(ip_batch_reference(n, false)?);
+        refs.nexthop.push(ip_batch_reference(n, true)?);
     }
     let prefix = unique("mycni-bench");
     let root = std::env::temp_dir().join(&prefix);
@@ -368,7 +406,14 @@ pub fn bench(bin_dir: &Path, n: usize, full: bool) -> Result<()> {
         pods: 0,
         root,
         bins,
-        agent_args: vec!["--cluster-cidr".into(), "10.0.0.0/8".into()],
+        // Direct routing for the one peer on the lab's underlay subnet
+        // (the host-IP change through a nexthop); the N peers are not.
+        agent_args: vec![
+            "--cluster-cidr".into(),
+            "10.0.0.0/8".into(),
+            "--direct-routing".into(),
+            "true".into(),
+        ],
         in_process_api: true,
     })?);
     let r = run(&lab.0, n, full, &refs);
@@ -385,15 +430,97 @@ pub fn bench(bin_dir: &Path, n: usize, full: bool) -> Result<()> {
     r
 }
 
-fn run(lab: &Lab, n: usize, full: bool, refs: &[Duration]) -> Result<()> {
-    let reference = percentile(refs, 50);
+/// The reference runs, by how routes hold their gateway.
+#[derive(Default)]
+struct References {
+    onlink: Vec<Reference>,
+    nexthop: Vec<Reference>,
+}
+
+/// The median run by total time.
+fn median(v: &[Reference]) -> Result<&Reference> {
+    let mut sorted: Vec<&Reference> = v.iter().collect();
+    sorted.sort_by_key(|r| r.took);
+    sorted
+        .get(sorted.len() / 2)
+        .copied()
+        .context("no reference runs")
+}
+
+/// Changes `name`'s host-IP annotation.
+fn set_host_ip(lab: &Lab, name: &str, ip: Ipv4Addr) -> Result<()> {
+    let api = lab.api.as_ref().context("in-process API fixture")?;
+    api.update_node(name, |node| {
+        node.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert("mycni.dev/host-ip".into(), ip.to_string());
+    })?;
+    Ok(())
+}
+
+/// Polls `done` until true; the time it took.
+fn until(what: &str, mut done: impl FnMut() -> Result<bool>) -> Result<Duration> {
+    let t = Instant::now();
+    while !done()? {
+        ensure!(
+            t.elapsed() < Duration::from_secs(30),
+            "{what}: not applied within 30 s"
+        );
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    Ok(t.elapsed())
+}
+
+/// A directly routed peer's host-IP changes: one nexthop replaced, the
+/// route left alone. Latencies, and whether its nexthop ID stayed.
+fn direct_host_ip_changes(lab: &Lab, sock: &Overlay, full: bool) -> Result<(Vec<Duration>, bool)> {
+    let api = lab.api.as_ref().context("in-process API fixture")?;
+    let eth0 = sock.ifindex("eth0")?;
+    // Host IPs on the lab's underlay subnet that no lab node has.
+    let host = |j: u8| Ipv4Addr::new(192, 168, 77, 200 + j);
+    let p = Peer {
+        name: "peer-direct".into(),
+        cidr: "10.250.0.0/24".into(),
+        gw: Ipv4Addr::new(10, 250, 0, 0),
+        mac: Mac([0x02, 0, 0xff, 0, 0, 1]),
+        host_ip: host(0),
+    };
+    api.create_node(peer_node(&p, full)?)?;
+    let gateway_is = |ip: Ipv4Addr| -> Result<Option<u32>> {
+        Ok(sock
+            .nexthops_of_link(eth0)?
+            .into_iter()
+            .find(|nh| nh.protocol == PROTO && nh.gateway == Some(std::net::IpAddr::V4(ip)))
+            .map(|nh| nh.id))
+    };
+    until("the direct peer", || Ok(gateway_is(host(0))?.is_some()))?;
+    let id = gateway_is(host(0))?;
+    let mut took = Vec::new();
+    let mut same_id = true;
+    for u in 0..UPDATES / 2 {
+        let ip = host(1 + (u % 2) as u8);
+        set_host_ip(lab, &p.name, ip)?;
+        took.push(until("host-IP change of the direct peer", || {
+            Ok(gateway_is(ip)?.is_some())
+        })?);
+        same_id &= gateway_is(ip)? == id;
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    Ok((took, same_id))
+}
+
+fn run(lab: &Lab, n: usize, full: bool, refs: &References) -> Result<()> {
+    let ref_nh = median(&refs.nexthop)?;
+    let ref_onlink = median(&refs.onlink)?;
+    let reference = ref_nh.took;
     let api = lab.api.as_ref().context("in-process API fixture")?;
     let ns = lab.spec.node_name(1);
     let dir = lab.spec.node_dir(1);
     lab.stop_agent(1);
 
     let t = Instant::now();
-    let peers: Vec<Peer> = (0..n).map(peer).collect();
+    let mut peers: Vec<Peer> = (0..n).map(peer).collect();
     for p in &peers {
         api.create_node(peer_node(p, full)?)?;
     }
@@ -431,6 +558,7 @@ fn run(lab: &Lab, n: usize, full: bool, refs: &[Duration]) -> Result<()> {
     let (cpu_user, cpu_sys) = cpu(pid)?;
     let hwm_converged = proc_status(pid, "VmHWM:")?;
     let rss_converged = proc_status(pid, "VmRSS:")?;
+    let nexthops = sock.count_nexthops(PROTO)?.unwrap_or(0);
 
     // The agent's own view: when the list completed, and its passes.
     let mut lines = Vec::new();
@@ -451,13 +579,23 @@ fn run(lab: &Lab, n: usize, full: bool, refs: &[Duration]) -> Result<()> {
         .iter()
         .filter(|l| l.text.contains("reconciled overlay"))
         .collect();
+    let route_kind = lines
+        .iter()
+        .find(|l| l.text.contains("nexthop objects"))
+        .map(|l| {
+            if l.text.contains("has no nexthop objects") {
+                "via … onlink (the kernel has no nexthop objects)"
+            } else {
+                "through a nexthop per peer"
+            }
+        })
+        .unwrap_or("(not logged)");
 
-    // Idle cost at N peers: resync passes (full dumps) every 2 s.
+    // Idle cost at N peers: whatever the agent does with nothing to do.
     std::thread::sleep(Duration::from_secs(2));
     let m0 = metrics(lab)?;
     let c0 = cpu(pid)?;
-    let idle = Duration::from_secs(10);
-    std::thread::sleep(idle);
+    std::thread::sleep(IDLE);
     let m1 = metrics(lab)?;
     let c1 = cpu(pid)?;
     let runs = m1.get("mycni_reconcile_runs_total").copied().unwrap_or(0.0)
@@ -469,11 +607,10 @@ fn run(lab: &Lab, n: usize, full: bool, refs: &[Duration]) -> Result<()> {
         - m0.get("mycni_reconcile_duration_seconds_sum")
             .copied()
             .unwrap_or(0.0);
-    let idle_cpu = (c1.0 + c1.1 - c0.0 - c0.1) / idle.as_secs_f64();
+    let idle_cpu = (c1.0 + c1.1 - c0.0 - c0.1) / IDLE.as_secs_f64();
 
     // (b) One Node update at a time: a new VTEP MAC, until the
     // neighbour carries it.
-    let mut macs: Vec<Mac> = peers.iter().map(|p| p.mac).collect();
     let mut updates = Vec::new();
     for u in 0..UPDATES {
         let k = (u * 997 + 13) % n;
@@ -502,10 +639,11 @@ fn run(lab: &Lab, n: usize, full: bool, refs: &[Duration]) -> Result<()> {
             std::thread::sleep(Duration::from_micros(500));
         }
         updates.push(t.elapsed());
-        macs[k] = new;
+        let old = peers[k].mac;
+        peers[k].mac = new;
         // Let the pass finish (old FDB entry out, new in) before the next.
         let t2 = Instant::now();
-        while sock.has_fdb(vx, peers[k].mac)? || !sock.has_fdb(vx, new)? {
+        while sock.has_fdb(vx, old)? || !sock.has_fdb(vx, new)? {
             ensure!(
                 t2.elapsed() < Duration::from_secs(30),
                 "FDB of {} not updated",
@@ -516,13 +654,29 @@ fn run(lab: &Lab, n: usize, full: bool, refs: &[Duration]) -> Result<()> {
         std::thread::sleep(Duration::from_millis(250));
     }
 
+    // (c) One host-IP change at a time, of a peer behind vxlan.1: until
+    // its FDB entry sends to the new host (polled with a dump of the N
+    // entries, ~1-2 ms each, which bounds the resolution).
+    let mut host_ip_changes = Vec::new();
+    for u in 0..UPDATES {
+        let k = (u * 1009 + 29) % n;
+        let new = Ipv4Addr::new(192, 168, 120 + (u / 250) as u8, 1 + (u % 250) as u8);
+        set_host_ip(lab, &peers[k].name, new)?;
+        let mac = peers[k].mac;
+        host_ip_changes.push(until("host-IP change", || {
+            Ok(sock.fdb_dst(vx, mac)? == Some(new))
+        })?);
+        peers[k].host_ip = new;
+        std::thread::sleep(Duration::from_millis(250));
+    }
+
     // One Node delete: until its neighbour and FDB entry are gone
     // (the route goes first, in the same pass).
     let k = n / 2;
     let t = Instant::now();
     api.delete_node(&peers[k].name)?;
     loop {
-        if sock.neighbour(vx, peers[k].gw)?.is_none() && !sock.has_fdb(vx, macs[k])? {
+        if sock.neighbour(vx, peers[k].gw)?.is_none() && !sock.has_fdb(vx, peers[k].mac)? {
             break;
         }
         ensure!(
@@ -539,6 +693,13 @@ fn run(lab: &Lab, n: usize, full: bool, refs: &[Duration]) -> Result<()> {
         after == Some((n - 1, n - 1, n - 1)),
         "after the delete the overlay holds {after:?}"
     );
+
+    // (d) A directly routed peer's host IP: its nexthop alone changes.
+    let direct = if nexthops > 0 {
+        Some(direct_host_ip_changes(lab, &sock, full)?)
+    } else {
+        None
+    };
     let hwm_end = proc_status(pid, "VmHWM:")?;
     let rss_end = proc_status(pid, "VmRSS:")?;
 
@@ -548,6 +709,8 @@ fn run(lab: &Lab, n: usize, full: bool, refs: &[Duration]) -> Result<()> {
 
     let upd_med = percentile(&updates, 50);
     let upd_p90 = percentile(&updates, 90);
+    let hip_med = percentile(&host_ip_changes, 50);
+    let hip_p90 = percentile(&host_ip_changes, 90);
     let rss_peak = hwm_converged.max(hwm_end);
     let scale = n as f64 / 5000.0;
     let conv_target = TARGET_CONVERGE_S * scale;
@@ -555,7 +718,7 @@ fn run(lab: &Lab, n: usize, full: bool, refs: &[Duration]) -> Result<()> {
     println!();
     let node_bytes = serde_json::to_vec(&api.get_node(&peers[0].name))?.len();
     println!(
-        "mycni-agent convergence, {n} peer Nodes ({}, {node_bytes} B of JSON each), 1-node lab, in-process API fixture, {} CPUs",
+        "mycni-agent convergence, {n} peer Nodes ({}, {node_bytes} B of JSON each), 1-node lab, in-process API fixture, {} CPUs; peer routes {route_kind} ({nexthops} nexthops of protocol {PROTO})",
         if full {
             "kubelet-like: status, labels, managedFields"
         } else {
@@ -563,7 +726,9 @@ fn run(lab: &Lab, n: usize, full: bool, refs: &[Duration]) -> Result<()> {
         },
         std::thread::available_parallelism().map_or(0, |p| p.get())
     );
-    println!("| measure | mycni-agent | target | agent/target | ip -batch | agent/ip -batch |");
+    println!(
+        "| measure | mycni-agent | target | agent/target | ip -batch, nexthops | agent/ip -batch |"
+    );
     println!("|---|---|---|---|---|---|");
     println!("| nodes | {n} | | | | |");
     println!(
@@ -579,11 +744,37 @@ fn run(lab: &Lab, n: usize, full: bool, refs: &[Duration]) -> Result<()> {
         converged.as_secs_f64() / reference.as_secs_f64()
     );
     println!(
-        "| update latency median / p90 (ms, {UPDATES} runs) | {:.1} / {:.1} | | | | |",
+        "| ip -batch, routes via … onlink (s) | | | | {:.3} | {:.2} (nexthops/onlink) |",
+        ref_onlink.took.as_secs_f64(),
+        reference.as_secs_f64() / ref_onlink.took.as_secs_f64()
+    );
+    println!(
+        "| host-IP change, vxlan.1 peer (FDB entry), median / p90 (ms, {UPDATES} runs) | {:.1} / {:.1} | {TARGET_HOST_IP_MS:.0} | {:.2} | | |",
+        ms(hip_med),
+        ms(hip_p90),
+        ms(hip_med) / TARGET_HOST_IP_MS
+    );
+    if let Some((d, _)) = &direct {
+        let (med, p90) = (percentile(d, 50), percentile(d, 90));
+        println!(
+            "| host-IP change, direct peer (its nexthop), median / p90 (ms, {} runs) | {:.1} / {:.1} | {TARGET_HOST_IP_MS:.0} | {:.2} | | |",
+            d.len(),
+            ms(med),
+            ms(p90),
+            ms(med) / TARGET_HOST_IP_MS
+        );
+    }
+    println!(
+        "| VTEP MAC change median / p90 (ms, {UPDATES} runs) | {:.1} / {:.1} | | | | |",
         ms(upd_med),
         ms(upd_p90)
     );
     println!("| delete latency (ms) | {:.1} | | | | |", ms(delete));
+    println!(
+        "| idle CPU over {} s (%) | {:.2} | | | | |",
+        IDLE.as_secs(),
+        idle_cpu * 100.0
+    );
     println!(
         "| peak RSS, VmHWM (MB) | {rss_peak:.1} | {TARGET_RSS_MB:.0} | {:.2} | | |",
         rss_peak / TARGET_RSS_MB
@@ -610,8 +801,8 @@ fn run(lab: &Lab, n: usize, full: bool, refs: &[Duration]) -> Result<()> {
         "  RSS: VmHWM {hwm_converged:.1} MB / VmRSS {rss_converged:.1} MB at convergence; VmHWM {hwm_end:.1} MB / VmRSS {rss_end:.1} MB after updates and delete"
     );
     println!(
-        "  idle at {n} peers: {runs:.0} reconcile passes in {} s, {:.1} ms each on average, agent CPU {:.1} %",
-        idle.as_secs(),
+        "  idle at {n} peers: {runs:.0} reconcile passes in {} s, {:.1} ms each on average, agent CPU {:.2} %",
+        IDLE.as_secs(),
         if runs > 0.0 {
             pass_secs * 1e3 / runs
         } else {
@@ -619,24 +810,47 @@ fn run(lab: &Lab, n: usize, full: bool, refs: &[Duration]) -> Result<()> {
         },
         idle_cpu * 100.0
     );
-    let mut sorted = updates.clone();
-    sorted.sort();
-    println!(
-        "  update latencies (ms): {}",
-        sorted
-            .iter()
+    let sorted = |v: &[Duration]| {
+        let mut s = v.to_vec();
+        s.sort();
+        s.iter()
             .map(|d| format!("{:.1}", ms(*d)))
             .collect::<Vec<_>>()
             .join(" ")
+    };
+    println!("  VTEP MAC change latencies (ms): {}", sorted(&updates));
+    println!(
+        "  host-IP change latencies, vxlan.1 peers (ms): {}",
+        sorted(&host_ip_changes)
     );
-    println!("  ip -batch reference runs (s): {}", refs_fmt(refs));
+    match &direct {
+        Some((d, same_id)) => println!(
+            "  host-IP change latencies, direct peer (ms): {}; its nexthop kept its ID throughout: {same_id}",
+            sorted(d)
+        ),
+        None => println!("  no direct-peer host-IP changes: the agent made no nexthops"),
+    }
+    for (what, v, mid) in [
+        ("nexthops", &refs.nexthop, ref_nh),
+        ("routes via … onlink", &refs.onlink, ref_onlink),
+    ] {
+        println!(
+            "  ip -batch reference, {what}, runs (s): {}; median run by file: {}",
+            refs_fmt(v),
+            mid.phases
+                .iter()
+                .map(|(f, d)| format!("{f} {:.3}", d.as_secs_f64()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     println!("  agent log kept at {}", kept.display());
     Ok(())
 }
 
-fn refs_fmt(v: &[Duration]) -> String {
+fn refs_fmt(v: &[Reference]) -> String {
     v.iter()
-        .map(|d| format!("{:.3}", d.as_secs_f64()))
+        .map(|r| format!("{:.3}", r.took.as_secs_f64()))
         .collect::<Vec<_>>()
         .join(" ")
 }

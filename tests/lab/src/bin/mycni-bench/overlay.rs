@@ -70,4 +70,25 @@ impl Overlay {
     pub fn has_fdb(&self, ifindex: u32, mac: Mac) -> Result<bool> {
         Ok(self.rt.block_on(self.nl.has_fdb_entry(ifindex, mac))?)
     }
+
+    /// The host the `self` FDB entry for `mac` on `ifindex` sends to (a
+    /// dump: the layer has no single-entry get that returns it).
+    pub fn fdb_dst(&self, ifindex: u32, mac: Mac) -> Result<Option<Ipv4Addr>> {
+        let all = self.rt.block_on(self.nl.fdb_entries(ifindex))?;
+        Ok(all.into_iter().find(|e| e.mac == mac).and_then(|e| e.dst))
+    }
+
+    /// Nexthops with protocol `proto`; Some(0) on a kernel without
+    /// nexthop objects.
+    pub fn count_nexthops(&self, proto: u8) -> Result<Option<usize>> {
+        match self.rt.block_on(self.nl.nexthops_by_protocol(proto)) {
+            Err(e) if e.errno() == Some(libc::EOPNOTSUPP) => Ok(Some(0)),
+            other => count(other),
+        }
+    }
+
+    /// The nexthops through `ifindex` (the kernel filters).
+    pub fn nexthops_of_link(&self, ifindex: u32) -> Result<Vec<netlink::Nexthop>> {
+        Ok(self.rt.block_on(self.nl.nexthops_of_link(ifindex))?)
+    }
 }
