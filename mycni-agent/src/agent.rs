@@ -32,7 +32,8 @@ pub struct Config {
     pub cluster_cidr: Cidr,
     /// How the underlay interface is found, in `--iface`'s syntax (see
     /// [`UnderlaySelect`]); None: the interface of the default route.
-    /// Re-applied on every full pass.
+    /// Re-applied whenever the kernel reports an address, route or link
+    /// change that may move it, and on every full pass.
     pub iface: Option<String>,
     pub vxlan_name: String,
     pub vni: u32,
@@ -155,11 +156,7 @@ pub fn ready_file(cfg: &Config) -> PathBuf {
 /// The conflist for this node, in the contract's shape the plugin parses.
 pub fn conflist(cfg: &Config, pod_cidr: Cidr, mtu: u32) -> Conflist {
     Conflist::new(PluginConf {
-        ipam: IpamConf {
-            data_dir: cfg.ipam_data_dir.clone(),
-            subnet: pod_cidr.into(),
-            ipam_type: contract::BUILTIN_IPAM_TYPE.into(),
-        },
+        ipam: IpamConf::new(cfg.ipam_data_dir.clone(), &[pod_cidr.into()]),
         log_file: cfg.plugin_log_file.clone(),
         mtu,
         ready_file: ready_file(cfg),
@@ -248,14 +245,15 @@ pub async fn set_network_available(nodes: &Api<Node>, name: &str) -> Result<()> 
 }
 
 /// Removes what `run` leaves on a node for good: the conflist, the ready
-/// marker, the masquerade and underlay filter tables and the VXLAN device
-/// (with every route, neighbour and FDB entry on it). Used by
-/// `mycni-agent uninstall`.
+/// marker, the masquerade, underlay filter and anti-spoofing tables and
+/// the VXLAN device (with every route, neighbour and FDB entry on it). Used
+/// by `mycni-agent uninstall`.
 pub async fn uninstall(cfg: &Config) -> Result<()> {
     let _ = std::fs::remove_file(cfg.cni_conf_dir.join(CONFLIST_NAME));
     let _ = std::fs::remove_file(ready_file(cfg));
     crate::masq::uninstall()?;
     crate::underlay_filter::uninstall()?;
+    crate::antispoof::uninstall()?;
     match crate::ebpf::detach_all(&cfg.pin_dir) {
         Ok(n) => tracing::info!(links = n, "detached the fast path"),
         Err(e) => tracing::warn!(error = %e, "cannot detach the fast path"),
@@ -264,5 +262,9 @@ pub async fn uninstall(cfg: &Config) -> Result<()> {
     if let Some(l) = kernel.link(&cfg.vxlan_name).await? {
         kernel.del_link(l.index).await?;
     }
+    // vxlan.1's nexthops (and their routes) went with it; direct-routing
+    // peers' nexthops sit on the underlay, and deleting them deletes the
+    // routes through them.
+    kernel.delete_nexthops().await?;
     Ok(())
 }

@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use mycni_agent::agent::{self, Config, RunOptions};
 use mycni_agent::fastpath::Mode;
 use mycni_agent::kernel::UnderlaySelect;
-use mycni_agent::metrics::Metrics;
+use mycni_agent::metrics::{DEFAULT_STALE_AFTER, Liveness, Metrics};
 use mycni_agent::peers::Cidr;
 use mycni_common::contract::{
     DEFAULT_STATE_DIR, DEFAULT_VNI, DEFAULT_VXLAN_DEVICE, DEFAULT_VXLAN_PORT,
@@ -111,12 +111,19 @@ struct RunArgs {
     /// /metrics, /healthz, /readyz; "off" disables.
     #[arg(long, env = "MYCNI_METRICS_ADDR", default_value = "0.0.0.0:9971", value_parser = parse_metrics_addr)]
     metrics_addr: MetricsAddr,
-    /// Full reconcile period, also what bounds kernel drift repair.
-    #[arg(long, env = "MYCNI_RESYNC", default_value = "2s", value_parser = parse_resync)]
+    /// The period of the full reconcile pass (a dump of every route,
+    /// neighbour and FDB entry of the overlay): the safety net for what no
+    /// notification reported. Node events, pods and kernel drift (the
+    /// agent's state changed under it, the underlay's address moved) are
+    /// acted on at once, from the API's watch and the kernel's
+    /// notifications.
+    #[arg(long, env = "MYCNI_RESYNC", default_value = "5m", value_parser = parse_resync)]
     resync: Duration,
-    /// /healthz fails once the reconcile loop has not finished a pass for
-    /// this long (at least 3 resync periods), so the liveness probe
-    /// restarts a stuck agent [default: 3 resync periods, at least 30s].
+    /// /healthz fails once the reconcile loop has not come back to its
+    /// wait for this long (it does after every pass, and every 10 s, or
+    /// every resync period if shorter, while idle), so the liveness probe
+    /// restarts a stuck agent; at least 3 of those heartbeats [default:
+    /// 30s, or 3 heartbeats if longer].
     #[arg(long, env = "MYCNI_LIVENESS_STALE_AFTER", value_parser = parse_stale_after)]
     liveness_stale_after: Option<Duration>,
     /// SNAT pod traffic leaving the cluster CIDR (nftables table `ip mycni`).
@@ -278,24 +285,28 @@ impl RunArgs {
         RunOptions { mtu: self.mtu.0 }
     }
 
-    /// How long a pass may be missing before /healthz fails: as set, else
-    /// 3 resync periods (at least 30 s), so lengthening the resync alone
-    /// never makes a valid configuration invalid.
+    /// The least `--liveness-stale-after`: 3 heartbeats. Fewer would
+    /// restart a healthy agent whose pass merely ran long once.
+    fn min_stale_after(&self) -> Duration {
+        Liveness::period(self.resync) * 3
+    }
+
+    /// How long the loop may stay away from its wait before /healthz
+    /// fails: as set, else 30 s (3 heartbeats if longer). The heartbeat
+    /// does not follow a long resync, so neither does this.
     fn stale_after(&self) -> Duration {
         self.liveness_stale_after
-            .unwrap_or_else(|| (self.resync * 3).max(Duration::from_secs(30)))
+            .unwrap_or_else(|| self.min_stale_after().max(DEFAULT_STALE_AFTER))
     }
 
     fn config(self) -> Result<Config> {
-        // Fewer than 3 periods would restart a healthy agent whose pass
-        // merely ran long once.
         if let Some(set) = self.liveness_stale_after
-            && set < self.resync * 3
+            && set < self.min_stale_after()
         {
             anyhow::bail!(
-                "--liveness-stale-after {:?} (ConfigMap mycni-config key `liveness-stale-after`, env MYCNI_LIVENESS_STALE_AFTER) must be at least 3 resync periods ({:?})",
+                "--liveness-stale-after {:?} (ConfigMap mycni-config key `liveness-stale-after`, env MYCNI_LIVENESS_STALE_AFTER) must be at least 3 heartbeats of the loop ({:?}: 3 x the resync period, at most 3 x 10 s)",
                 set,
-                self.resync * 3
+                self.min_stale_after()
             );
         }
         Ok(Config {
@@ -458,10 +469,17 @@ mod tests {
             (c.mtu, &c.underlay, c.cfg.masquerade, c.cfg.direct_routing),
             (None, &UnderlaySelect::DefaultRoute, true, false)
         );
+        assert_eq!(c.cfg.resync, Duration::from_secs(300));
         assert_eq!(c.stale_after, Duration::from_secs(30));
-        // Unset, it follows the resync: a long resync alone stays valid.
+        // The heartbeat, not the resync, bounds it: a long resync keeps
+        // a stuck loop found within 30 s, and stays valid with it.
         let c = parse(&["--resync=60s"]).expect("long resync");
-        assert_eq!(c.stale_after, Duration::from_secs(180));
+        assert_eq!(c.stale_after, Duration::from_secs(30));
+        let c = parse(&["--resync=60s", "--liveness-stale-after=30s"]).expect("long resync");
+        assert_eq!(c.stale_after, Duration::from_secs(30));
+        // A short resync beats as often, and allows a short limit.
+        let c = parse(&["--resync=1s", "--liveness-stale-after=3s"]).expect("lab settings");
+        assert_eq!(c.stale_after, Duration::from_secs(3));
         let c = parse(&[
             "--cluster-cidr=10.32.0.0/12",
             "--mtu=1400",
@@ -502,8 +520,8 @@ mod tests {
             ("--metrics-addr=9971", "metrics-addr"),
             ("--resync=0s", "resync"),
             ("--liveness-stale-after=2x", "liveness-stale-after"),
-            // Valid alone, but shorter than 3 resync periods.
-            ("--liveness-stale-after=5s", "liveness-stale-after"),
+            // Valid alone, but shorter than 3 heartbeats (10 s each).
+            ("--liveness-stale-after=29s", "liveness-stale-after"),
         ] {
             let e = parse(&[arg])
                 .err()

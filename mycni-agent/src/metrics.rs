@@ -78,6 +78,8 @@ pub struct Metrics {
     pub underlay_filter_peers: AtomicU64,
     /// Failed writes of the underlay filter (nft); each is retried.
     pub underlay_filter_errors: AtomicU64,
+    /// The IPv6 anti-spoofing table is in place (`antispoof::start`).
+    pub antispoof_installed: AtomicBool,
     reconcile_duration: Histogram,
     event_to_kernel: Histogram,
     /// When the oldest Node event that no finished pass has applied yet
@@ -89,18 +91,25 @@ pub struct Metrics {
 }
 
 /// The reconcile loop's heartbeat. `/healthz` fails when the loop has not
-/// finished a pass for longer than `stale_after`: a wedged loop (a hung
-/// netlink or API call, a deadlock) keeps serving HTTP and keeps the
+/// come back to its wait for longer than `stale_after`: a wedged loop (a
+/// hung netlink or API call, a deadlock) keeps serving HTTP and keeps the
 /// datapath as it was, but no longer follows Nodes or repairs drift; only a
 /// restart gets it going again, which is what the liveness probe does.
+///
+/// The loop beats after every pass and, while idle, every [`Liveness::period`]
+/// from its wait: with the full pass minutes apart (the resync) and a
+/// quiet cluster, passes alone would not say the loop is alive.
 #[derive(Debug)]
 pub struct Liveness {
     last_pass: Mutex<Option<Instant>>,
     stale_after: Mutex<Duration>,
 }
 
-/// The default staleness: 15 periods of the default 2 s resync.
+/// The default staleness: 3 heartbeats of the longest period.
 pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(30);
+
+/// The longest heartbeat period, whatever the resync.
+const MAX_PERIOD: Duration = Duration::from_secs(10);
 
 impl Default for Liveness {
     fn default() -> Self {
@@ -112,9 +121,18 @@ impl Default for Liveness {
 }
 
 impl Liveness {
-    /// A pass finished, whatever its outcome: a pass that fails is the
-    /// readiness probe's and the error counter's business; restarting the
-    /// agent would not make the kernel accept the update.
+    /// How often the idle loop beats: the resync period if that is
+    /// shorter (a short resync wakes it anyway), else 10 s. A staleness
+    /// limit needs at least 3 of these, so that one slow pass between two
+    /// beats does not restart a healthy agent.
+    pub fn period(resync: Duration) -> Duration {
+        resync.min(MAX_PERIOD)
+    }
+
+    /// The loop is back at its wait: after a pass, whatever its outcome (a
+    /// pass that fails is the readiness probe's and the error counter's
+    /// business; restarting the agent would not make the kernel accept the
+    /// update), or on the idle heartbeat.
     pub fn beat(&self) {
         if let Ok(mut t) = self.last_pass.lock() {
             *t = Some(Instant::now());
@@ -166,6 +184,7 @@ impl Default for Metrics {
             dp_remote: AtomicU64::default(),
             underlay_filter_peers: AtomicU64::default(),
             underlay_filter_errors: AtomicU64::default(),
+            antispoof_installed: AtomicBool::default(),
             reconcile_duration: Histogram::new(RECONCILE_BUCKETS),
             event_to_kernel: Histogram::new(EVENT_TO_KERNEL_BUCKETS),
             pending_event: Arc::default(),
@@ -305,6 +324,11 @@ impl Metrics {
         // A map that cannot be read this time leaves the family out rather
         // than failing the whole scrape; the log of the load says why.
         let datapath = pin.and_then(|p| crate::ebpf::read_counters(&p).ok());
+        let antispoof_dropped = self
+            .antispoof_installed
+            .load(Ordering::Relaxed)
+            .then(|| crate::antispoof::dropped().ok())
+            .flatten();
         Snapshot {
             peers_programmed: load(&self.peers_programmed),
             reconcile_runs: load(&self.reconcile_runs),
@@ -318,6 +342,10 @@ impl Metrics {
             ebpf_load_failures: load(&self.ebpf_load_failures),
             underlay_filter_peers: load(&self.underlay_filter_peers),
             underlay_filter_errors: load(&self.underlay_filter_errors),
+            // Read from the table itself: one deleted after start (a flush
+            // of the ruleset) shows as 0 and no sample, not as installed.
+            antispoof_installed: antispoof_dropped.is_some(),
+            antispoof_dropped,
             dp_local: load(&self.dp_local),
             dp_remote: load(&self.dp_remote),
             datapath,
@@ -380,6 +408,8 @@ struct Snapshot {
     ebpf_load_failures: u64,
     underlay_filter_peers: u64,
     underlay_filter_errors: u64,
+    antispoof_installed: bool,
+    antispoof_dropped: Option<u64>,
     dp_local: u64,
     dp_remote: u64,
     datapath: Option<Vec<(DpPath, PathCounter)>>,
@@ -472,6 +502,21 @@ impl Collector for Snapshot {
             "Failed writes of the VXLAN underlay filter (nft); retried on the next pass.",
             self.underlay_filter_errors,
         )?;
+        gauge(
+            e,
+            "mycni_antispoof_ipv6",
+            "1 while the nftables table ip6 mycni_antispoof, which drops pods' IPv6 packets with a source not their own, is in place (read at scrape).",
+            u64::from(self.antispoof_installed),
+        )?;
+        let mut m = e.encode_descriptor(
+            "mycni_antispoof_dropped",
+            "IPv6 packets from pods dropped because their source is not routed back through their veth (since the table was installed).",
+            None,
+            MetricType::Counter,
+        )?;
+        if let Some(n) = self.antispoof_dropped {
+            ConstCounter::new(n).encode(m.encode_family(&[("family", "ipv6")])?)?;
+        }
         let mut m = e.encode_descriptor(
             "mycni_datapath_entries",
             "Entries in the fast path's maps.",
@@ -527,7 +572,9 @@ pub fn router(metrics: Arc<Metrics>) -> Router {
 async fn scrape(State(m): State<Arc<Metrics>>, headers: HeaderMap) -> Response {
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
     let format = Format::negotiate(accept);
-    match m.render(format) {
+    // Off the async workers: a scrape reads pinned maps and runs `nft`.
+    let rendered = tokio::task::spawn_blocking(move || m.render(format)).await;
+    match rendered.unwrap_or(Err(std::fmt::Error)) {
         Ok(body) => ([(header::CONTENT_TYPE, format.content_type())], body).into_response(),
         Err(e) => (
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -606,6 +653,7 @@ mod tests {
                 "mycni_ebpf_load_failures_total 1",
                 "mycni_underlay_filter_peers 0",
                 "mycni_underlay_filter_errors_total 0",
+                "mycni_antispoof_ipv6 0",
                 "mycni_datapath_entries{map=\"local\"} 0",
                 "mycni_datapath_entries{map=\"remote\"} 0",
                 "mycni_reconcile_duration_seconds_count 0",

@@ -2,13 +2,14 @@
 //! against them, apply the difference to the kernel and the eBPF maps, and
 //! publish the node (conflist, ready marker, NetworkUnavailable=False, the
 //! host IP when the underlay moves). A pass runs on every Node change, when
-//! the kernel says pods came or went, and every resync period (full passes,
-//! so kernel drift and missed deletes heal).
+//! the kernel says pods came or went or the agent's state drifted, when the
+//! underlay moved, after a failed pass (with backoff), and every resync
+//! period (a full pass: the safety net for whatever no notification told).
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -18,18 +19,27 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use super::startup::Started;
 use super::{
-    CONFLIST_NAME, Config, conflist, node_view, ready_file, set_network_available, strip_node,
-    write_atomic,
+    CONFLIST_NAME, Config, conflist, kube_client, node_view, ready_file, set_network_available,
+    strip_node, write_atomic,
 };
 use crate::fastpath::FastPath;
 use crate::kernel::{Kernel, VxlanSpec};
-use crate::metrics::{Metrics, NetlinkOp, netlink_timed};
+use crate::kwatch::{Expected, Signals, Watched};
+use crate::metrics::{Liveness, Metrics, NetlinkOp, netlink_timed};
 use crate::peers::{ANNOTATION_HOST_IP, Cidr, NodeView, select_peers};
 use crate::reconcile::{self, OverlayState};
 use crate::underlay_filter::UnderlayFilter;
+
+/// The first retry of a failed pass or host IP publication; each failure
+/// in a row doubles it, up to [`RETRY_MAX`]. Short: a failure is usually
+/// a race with someone else's change that the next pass resolves.
+const RETRY_MIN: Duration = Duration::from_millis(200);
+const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// State the reconcile loop keeps between passes.
 struct Loop {
@@ -42,27 +52,85 @@ struct Loop {
     last_desired: Option<OverlayState>,
     /// What the kernel held after the last good pass. Event passes diff
     /// against it instead of dumping 3 entries per peer again (15-20 ms at
-    /// 5,000 peers); the periodic pass always dumps, so drift is still
-    /// found within one resync period.
+    /// 5,000 peers); full passes (drift, the resync) always dump.
     kernel_cache: Option<OverlayState>,
     fast: FastPath,
     /// The underlay subnets whose peers are routed directly (empty: direct
     /// routing off, every peer through vxlan.1).
     direct: Vec<Cidr>,
     filter: UnderlayFilter,
-    /// The VXLAN device's ifindex as of the last pass, for `kwatch` to tell
-    /// its neighbours' deletions from other devices'.
-    vxlan_index: Arc<AtomicU32>,
+    /// What `kwatch` compares notifications with.
+    watched: Arc<Watched>,
+    /// What `watched` was last told, so an unchanged pass does not clone
+    /// the desired state again.
+    published: Option<(VxlanSpec, OverlayState)>,
+}
+
+/// What the underlay re-read found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum UnderlayChange {
+    Same,
+    /// Direct routing's subnets changed: the desired routes may differ.
+    Subnets,
+    /// Another interface or address: vxlan.1 moves, the host IP is
+    /// republished.
+    Moved,
+}
+
+/// Why the loop wakes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Why {
+    /// The first pass, the resync, a retry after a failure, a new kernel
+    /// subscription (whatever it missed): a full pass.
+    Full,
+    Nodes,
+    Pods,
+    /// The kernel says the agent's state differs from what it wants: a
+    /// full pass re-reads the kernel and repairs it.
+    Drift,
+    Underlay,
+    /// Only the liveness heartbeat, and a pending publication's retry.
+    Beat,
+}
+
+fn same_vxlan(a: &VxlanSpec, b: &VxlanSpec) -> bool {
+    a.name == b.name
+        && a.vni == b.vni
+        && a.port == b.port
+        && a.underlay_index == b.underlay_index
+        && a.local_ip == b.local_ip
+        && a.mtu == b.mtu
+        && a.mac == b.mac
+        && a.address == b.address
 }
 
 impl Loop {
+    /// Tells `kwatch` what this pass is about to write, before it writes.
+    fn publish_expected(&mut self, want: &OverlayState) {
+        if self
+            .published
+            .as_ref()
+            .is_some_and(|(vx, o)| same_vxlan(vx, &self.vx) && o == want)
+        {
+            return;
+        }
+        self.watched
+            .expect(Expected::new(self.vx.clone(), want.clone()));
+        self.published = Some((self.vx.clone(), want.clone()));
+    }
+
     /// `read_pods`: the kernel said pods came or went (`kwatch`); full
     /// passes read them anyway.
     async fn pass(&mut self, nodes: &[Arc<Node>], full: bool, read_pods: bool) -> Result<()> {
         let _timer = self.metrics.reconcile_started();
+        let views: Vec<NodeView> = nodes.iter().map(|n| node_view(n)).collect();
+        let (peers, rejected) =
+            select_peers(&views, &self.own_name, Some(self.own_cidr), self.cluster);
+        let want = reconcile::desired_direct(&peers, &self.direct);
+        self.publish_expected(&want);
         let (index, recreated) =
             netlink_timed(NetlinkOp::EnsureVxlan, self.kernel.ensure_vxlan(&self.vx)).await?;
-        self.vxlan_index.store(index, Ordering::Relaxed);
+        self.watched.set_vxlan_index(index);
         if recreated || full {
             self.kernel_cache = None;
         }
@@ -71,9 +139,6 @@ impl Loop {
         }
         // A new vxlan.1 has a new ifindex: the fast path must re-attach now.
         let full = full || recreated;
-        let views: Vec<NodeView> = nodes.iter().map(|n| node_view(n)).collect();
-        let (peers, rejected) =
-            select_peers(&views, &self.own_name, Some(self.own_cidr), self.cluster);
         let mut by_reason: BTreeMap<&'static str, u64> = BTreeMap::new();
         for (name, why) in &rejected {
             *by_reason.entry(why.reason()).or_default() += 1;
@@ -86,8 +151,6 @@ impl Loop {
         if let Ok(mut r) = self.metrics.rejected.lock() {
             *r = by_reason;
         }
-        self.filter.sync(peers.iter().map(|p| p.host_ip));
-        let want = reconcile::desired_direct(&peers, &self.direct);
         let underlay = if self.direct.is_empty() {
             0
         } else {
@@ -99,6 +162,15 @@ impl Loop {
         };
         let actions = reconcile::diff(&want, &have);
         let failed = self.kernel.apply(index, underlay, &actions).await;
+        // After the kernel, not before: the set is rewritten through `nft`
+        // (tens of ms with 5,000 peers), which would otherwise delay every
+        // route, neighbour and FDB change behind it. A new peer's VXLAN is
+        // refused by the filter for those few ms, which its first packets'
+        // retransmission covers.
+        self.filter.sync(peers.iter().map(|p| p.host_ip));
+        if full {
+            crate::antispoof::ensure(&self.metrics);
+        }
         if failed == 0 {
             reconcile::apply(&mut have, &actions);
             if self.fast.active() {
@@ -141,34 +213,53 @@ impl Loop {
         Ok(())
     }
 
-    /// Re-reads the underlay (full passes only): direct routing follows its
-    /// subnets, and vxlan.1 follows its address. True when the host IP moved
-    /// and must be republished.
-    async fn refresh_underlay(&mut self, cfg: &Config) -> bool {
+    /// Re-reads the underlay (on full passes, and when the kernel says an
+    /// address, a route or the underlay link changed): direct routing
+    /// follows its subnets, and vxlan.1 follows its address.
+    async fn refresh_underlay(&mut self, cfg: &Config) -> UnderlayChange {
         let how = match cfg.underlay() {
             Ok(h) => h,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the underlay");
-                return false;
+                return UnderlayChange::Same;
             }
         };
+        let mut change = UnderlayChange::Same;
         match self.kernel.select_underlay(&how).await {
             Ok(u) => {
                 if cfg.direct_routing && u.subnets != self.direct {
                     tracing::info!(subnets = ?u.subnets, "peers on these underlay subnets are routed directly");
                     self.direct = u.subnets.clone();
+                    change = UnderlayChange::Subnets;
                 }
                 if u.ip != self.vx.local_ip || u.index != self.vx.underlay_index {
                     tracing::warn!(old = %self.vx.local_ip, new = %u.ip, underlay = %u.name, "the underlay address changed; moving vxlan.1 and republishing");
                     self.vx.local_ip = u.ip;
                     self.vx.underlay_index = u.index;
-                    return true;
+                    change = UnderlayChange::Moved;
                 }
             }
             Err(e) => tracing::warn!(error = %e, "cannot read the underlay"),
         }
-        false
+        change
     }
+}
+
+/// Subscribes to kernel notifications; None (said why) when the kernel
+/// refuses, and the loop tries again at its next heartbeat.
+fn subscribe(signals: &Signals, watched: &Arc<Watched>) -> Option<JoinHandle<()>> {
+    match crate::kwatch::spawn(signals.clone(), watched.clone()) {
+        Ok(h) => Some(h),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot subscribe to kernel notifications; retrying, full passes meanwhile");
+            None
+        }
+    }
+}
+
+/// A failure's backoff: doubles from [`RETRY_MIN`] up to [`RETRY_MAX`].
+fn backoff(last: Option<Duration>) -> Duration {
+    last.map_or(RETRY_MIN, |d| (d * 2).min(RETRY_MAX))
 }
 
 pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -> Result<()> {
@@ -186,18 +277,17 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
     let (reader, changed) = watch_nodes(client, metrics.clone()).await;
 
     // Subscribed before the first (full) pass reads the kernel, so no pod
-    // and no drift is missed in between. Only the fast path reads pods.
-    let pods_changed = Arc::new(Notify::new());
-    let drifted = Arc::new(Notify::new());
-    let vxlan_index = Arc::new(AtomicU32::new(0));
-    if let Err(e) = crate::kwatch::spawn(
-        pods_changed.clone(),
-        drifted.clone(),
-        vx.name.clone(),
-        vxlan_index.clone(),
-    ) {
-        tracing::warn!(error = %e, "cannot subscribe to kernel notifications; new pods and drift are caught at the next full pass");
-    }
+    // and no drift is missed in between.
+    let signals = Signals::default();
+    let watched = Watched::new(vx.name.clone(), cfg.underlay()?);
+    let mut subscription = subscribe(&signals, &watched);
+    let _pins = if fast.active() {
+        crate::kwatch::spawn_pins(&cfg.pin_dir, signals.overlay.clone())
+            .map_err(|e| tracing::warn!(error = %e, pin_dir = %cfg.pin_dir.display(), "cannot watch the map pins; removed pins come back at the next full pass"))
+            .ok()
+    } else {
+        None
+    };
     let mut lp = Loop {
         kernel,
         vx,
@@ -209,7 +299,8 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
         kernel_cache: None,
         fast,
         filter,
-        vxlan_index,
+        watched: watched.clone(),
+        published: None,
         direct: if cfg.direct_routing {
             underlay_subnets
         } else {
@@ -218,66 +309,134 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
     };
     let mut handed_over = false;
     let mut republish = false;
-    let mut tick = tokio::time::interval(cfg.resync);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let (mut full, mut read_pods) = (true, true);
+    // The full pass: a safety net for what no notification reported.
+    let mut resync = tokio::time::interval_at(Instant::now() + cfg.resync, cfg.resync);
+    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The heartbeat: the loop beats from its idle wait, so /healthz means
+    // "the loop comes back to wait", whatever the resync.
+    let period = Liveness::period(cfg.resync);
+    let mut beat = tokio::time::interval_at(Instant::now() + period, period);
+    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // A failed pass or publication is retried on its own timer, not left
+    // to the next resync minutes later.
+    let (mut retry_at, mut retry_delay): (Option<Instant>, Option<Duration>) = (None, None);
     let freeze = test_freeze_file();
+    let mut why = Why::Full;
     loop {
         if let Some(f) = &freeze {
             while f.exists() {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
-        let events = metrics.take_node_events();
-        let snapshot = reader.state();
-        ensure_pod_cidr_unchanged(&snapshot, &node_name, own_cidr)?;
-        if full && lp.refresh_underlay(cfg).await {
-            republish = true;
-        }
-        let result = lp.pass(&snapshot, full, read_pods).await;
-        if result.is_ok() {
-            events.applied();
-        }
-        match result {
-            Ok(()) if !handed_over || !cfg.cni_conf_dir.join(CONFLIST_NAME).exists() => {
-                // The conflist goes out only once the overlay is up and peers
-                // are programmed: the runtime starts pods as soon as it sees it.
-                let conf = conflist(cfg, own_cidr, lp.vx.mtu);
-                write_atomic(
-                    &cfg.cni_conf_dir.join(CONFLIST_NAME),
-                    serde_json::to_string_pretty(&conf)?.as_bytes(),
-                )?;
-                write_atomic(&ready_file(cfg), b"ready\n")?;
-                if let Err(e) = set_network_available(&nodes, &node_name).await {
-                    tracing::warn!(error = %e, "cannot set NetworkUnavailable=False yet");
-                } else {
-                    handed_over = true;
+        let full = matches!(why, Why::Full | Why::Drift);
+        let mut run_pass = !matches!(why, Why::Underlay | Why::Beat);
+        // Not on drift: kwatch reports underlay changes on their own, and
+        // the re-read (a dump of every IPv4 route for `default-route`)
+        // would only delay the repair.
+        if matches!(why, Why::Full | Why::Underlay) {
+            match lp.refresh_underlay(cfg).await {
+                UnderlayChange::Moved => {
+                    republish = true;
+                    run_pass = true;
                 }
-                set_ready(&metrics, &lp.fast);
+                UnderlayChange::Subnets => run_pass = true,
+                UnderlayChange::Same => {}
             }
-            Ok(()) => {
-                // Drift repair recreated the ready marker's precondition.
-                if !ready_file(cfg).exists() {
+        }
+        let mut failed = false;
+        if run_pass {
+            let events = metrics.take_node_events();
+            let snapshot = reader.state();
+            ensure_pod_cidr_unchanged(&snapshot, &node_name, own_cidr)?;
+            let result = lp.pass(&snapshot, full, full || why == Why::Pods).await;
+            if result.is_ok() {
+                events.applied();
+            }
+            match result {
+                Ok(()) if !handed_over || !cfg.cni_conf_dir.join(CONFLIST_NAME).exists() => {
+                    // The conflist goes out only once the overlay is up and peers
+                    // are programmed: the runtime starts pods as soon as it sees it.
+                    let conf = conflist(cfg, own_cidr, lp.vx.mtu);
+                    write_atomic(
+                        &cfg.cni_conf_dir.join(CONFLIST_NAME),
+                        serde_json::to_string_pretty(&conf)?.as_bytes(),
+                    )?;
                     write_atomic(&ready_file(cfg), b"ready\n")?;
+                    if let Err(e) = set_network_available(&nodes, &node_name).await {
+                        tracing::warn!(error = %e, "cannot set NetworkUnavailable=False yet");
+                        failed = true;
+                    } else {
+                        handed_over = true;
+                    }
+                    set_ready(&metrics, &lp.fast);
                 }
-                set_ready(&metrics, &lp.fast);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "reconcile failed; retrying");
-                metrics.reconcile_errors.fetch_add(1, Ordering::Relaxed);
+                Ok(()) => {
+                    // Drift repair recreated the ready marker's precondition.
+                    if !ready_file(cfg).exists() {
+                        write_atomic(&ready_file(cfg), b"ready\n")?;
+                    }
+                    set_ready(&metrics, &lp.fast);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "reconcile failed; retrying");
+                    metrics.reconcile_errors.fetch_add(1, Ordering::Relaxed);
+                    failed = true;
+                }
             }
         }
         // After the pass, so vxlan.1 has moved first.
-        if republish && republish_host_ip(&nodes, &node_name, lp.vx.local_ip).await {
-            republish = false;
+        if republish {
+            if republish_host_ip(cfg, &node_name, lp.vx.local_ip).await {
+                republish = false;
+            } else {
+                failed = true;
+            }
+        }
+        if failed {
+            let d = backoff(retry_delay);
+            retry_delay = Some(d);
+            retry_at = Some(Instant::now() + d);
+        } else if run_pass {
+            // A pending retry stays pending through heartbeats.
+            (retry_at, retry_delay) = (None, None);
         }
         metrics.liveness.beat();
-        (full, read_pods) = tokio::select! {
-            () = changed.notified() => (false, false),
-            () = pods_changed.notified() => (false, true),
-            // A full pass re-reads the kernel and repairs what was removed.
-            () = drifted.notified() => (true, true),
-            _ = tick.tick() => (true, true),
+        why = tokio::select! {
+            () = changed.notified() => Why::Nodes,
+            () = signals.pods.notified() => Why::Pods,
+            () = signals.overlay.notified() => Why::Drift,
+            () = signals.underlay.notified() => Why::Underlay,
+            () = async move {
+                match retry_at {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                retry_at = None;
+                Why::Full
+            }
+            _ = resync.tick() => Why::Full,
+            () = async {
+                match subscription.as_mut() {
+                    Some(h) => {
+                        let _ = h.await;
+                    }
+                    None => std::future::pending().await,
+                }
+            } => {
+                tracing::warn!("kernel notifications ended; subscribing again");
+                subscription = subscribe(&signals, &watched);
+                // What happened while nobody listened.
+                Why::Full
+            }
+            _ = beat.tick() => {
+                if subscription.is_none() {
+                    subscription = subscribe(&signals, &watched);
+                    if subscription.is_some() { Why::Full } else { Why::Beat }
+                } else {
+                    Why::Beat
+                }
+            }
         };
     }
 }
@@ -376,18 +535,23 @@ fn set_ready(metrics: &Metrics, fast: &FastPath) {
 }
 
 /// Publishes the moved host IP (through `nodes/status`, as `announce`
-/// does); true once the API took it. Bounded: the
-/// pooled API connection may still be bound to the address that just
-/// vanished and would hang until TCP gives up.
-async fn republish_host_ip(nodes: &Api<Node>, node_name: &str, host_ip: Ipv4Addr) -> bool {
+/// does); true once the API took it. On a client of its own: the pooled
+/// connections of the loop's client may be bound to the address that just
+/// vanished, and a request on one hangs until TCP gives up. Bounded all
+/// the same, and retried by the loop.
+async fn republish_host_ip(cfg: &Config, node_name: &str, host_ip: Ipv4Addr) -> bool {
     let patch = serde_json::json!({ "metadata": { "annotations": {
         ANNOTATION_HOST_IP: host_ip.to_string(),
     }}});
-    let pp = PatchParams::default();
-    let merge = Patch::Merge(&patch);
-    let patch = nodes.patch_status(node_name, &pp, &merge);
-    match tokio::time::timeout(Duration::from_secs(2), patch).await {
-        Ok(Ok(_)) => {
+    let publish = async {
+        let nodes: Api<Node> = Api::all(kube_client(cfg.kubeconfig.as_deref()).await?);
+        nodes
+            .patch_status(node_name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        anyhow::Ok(())
+    };
+    match tokio::time::timeout(Duration::from_secs(2), publish).await {
+        Ok(Ok(())) => {
             tracing::info!(host_ip = %host_ip, "republished the host IP");
             true
         }
@@ -396,9 +560,7 @@ async fn republish_host_ip(nodes: &Api<Node>, node_name: &str, host_ip: Ipv4Addr
             false
         }
         Err(_) => {
-            tracing::warn!(
-                "republishing the host IP: no answer within 2 s; retrying on a new connection"
-            );
+            tracing::warn!("republishing the host IP: no answer within 2 s; retrying");
             false
         }
     }

@@ -126,6 +126,11 @@ enum Cmd {
         /// target/soak.md).
         #[arg(long, env = "MYCNI_LAB_SOAK_OUT")]
         out: Option<PathBuf>,
+        /// Run only the cases whose name contains this (repeatable), e.g.
+        /// `--only "kernel state" --only "host IP"`: a short run while
+        /// iterating on one of them.
+        #[arg(long)]
+        only: Vec<String>,
     },
     #[command(hide = true)]
     EchoServer { port: u16 },
@@ -340,7 +345,7 @@ fn main() -> Result<()> {
             };
             labbench::run(bins(&cli)?, &opts)
         }
-        Some(Cmd::Soak { out }) => {
+        Some(Cmd::Soak { out, only }) => {
             if cli.root.is_some() {
                 bail!("soak uses its own labs in {SOAK_ROOT}");
             }
@@ -348,7 +353,7 @@ fn main() -> Result<()> {
             let bins = bins(&cli)?;
             let root = std::path::Path::new(SOAK_ROOT);
             watch_soak_interrupts(bins.clone(), root);
-            let rows = soak::run_all(&bins, root, soak::Scale::FULL);
+            let rows = soak::run_all(&bins, root, soak::Scale::FULL, only);
             let table = soak::table(&rows);
             println!("{table}");
             println!("soak finished in {} s", t0.elapsed().as_secs());

@@ -35,9 +35,25 @@ struct Live {
 pub struct Flows {
     stop: Arc<AtomicBool>,
     live: Arc<Mutex<Live>>,
-    tcp: JoinHandle<FlowStats>,
-    udp: JoinHandle<FlowStats>,
-    udp_server: JoinHandle<()>,
+    /// None once `stop` has taken them.
+    tcp: Option<JoinHandle<FlowStats>>,
+    udp: Option<JoinHandle<FlowStats>>,
+    udp_server: Option<JoinHandle<()>>,
+}
+
+/// A case that fails midway drops its flows without `stop`: the threads
+/// must end all the same, or the UDP echo server keeps its port bound in
+/// the pod and every later case fails to start its flows.
+impl Drop for Flows {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for h in [self.tcp.take(), self.udp.take()].into_iter().flatten() {
+            let _ = h.join();
+        }
+        if let Some(h) = self.udp_server.take() {
+            let _ = h.join();
+        }
+    }
 }
 
 const TICK: Duration = Duration::from_millis(5);
@@ -61,6 +77,14 @@ impl Flows {
                 }
             }
         });
+        // From here on, returning early drops `f`, which ends the threads.
+        let mut f = Flows {
+            stop: stop.clone(),
+            live: live.clone(),
+            tcp: None,
+            udp: None,
+            udp_server: Some(udp_server),
+        };
 
         let tcp_addr = SocketAddr::from((dst.ip, ECHO_PORT));
         let mut conn = in_netns(&src.ns, || {
@@ -69,7 +93,7 @@ impl Flows {
         conn.set_read_timeout(Some(Duration::from_secs(30)))?;
         conn.set_nodelay(true)?;
         let (s2, l2) = (stop.clone(), live.clone());
-        let tcp = std::thread::spawn(move || {
+        f.tcp = Some(std::thread::spawn(move || {
             let mut st = FlowStats::default();
             let buf = [0x5au8; 512];
             let mut back = [0u8; 512];
@@ -95,7 +119,7 @@ impl Flows {
                 std::thread::sleep(TICK);
             }
             st
-        });
+        }));
 
         let udp_addr = SocketAddr::from((dst.ip, UDP_ECHO_PORT));
         let client = in_netns(&src.ns, || UdpSocket::bind(("0.0.0.0", 0)))??;
@@ -135,13 +159,7 @@ impl Flows {
             st
         });
 
-        let f = Flows {
-            stop,
-            live,
-            tcp,
-            udp,
-            udp_server,
-        };
+        f.udp = Some(udp);
         f.wait_flowing(Duration::from_secs(5))?;
         Ok(f)
     }
@@ -165,17 +183,18 @@ impl Flows {
     }
 
     /// Stops both flows and returns (tcp, udp).
-    pub fn stop(self) -> Result<(FlowStats, FlowStats)> {
+    pub fn stop(mut self) -> Result<(FlowStats, FlowStats)> {
         self.stop.store(true, Ordering::Relaxed);
-        let tcp = self
-            .tcp
-            .join()
-            .map_err(|_| anyhow::anyhow!("TCP flow thread panicked"))?;
-        let udp = self
-            .udp
-            .join()
-            .map_err(|_| anyhow::anyhow!("UDP flow thread panicked"))?;
-        let _ = self.udp_server.join();
+        let join = |h: Option<JoinHandle<FlowStats>>, what: &str| {
+            h.map(|h| h.join())
+                .unwrap_or_else(|| Ok(FlowStats::default()))
+                .map_err(|_| anyhow::anyhow!("{what} flow thread panicked"))
+        };
+        let tcp = join(self.tcp.take(), "TCP")?;
+        let udp = join(self.udp.take(), "UDP")?;
+        if let Some(h) = self.udp_server.take() {
+            let _ = h.join();
+        }
         Ok((tcp, udp))
     }
 }
