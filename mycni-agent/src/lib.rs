@@ -9,6 +9,7 @@
 //! `mycni_common::contract`.
 
 pub mod agent;
+pub mod antispoof;
 pub mod caps;
 pub mod ebpf;
 pub mod fastpath;

@@ -39,6 +39,9 @@ pub(super) async fn start(
     opts: RunOptions,
     metrics: &Arc<Metrics>,
 ) -> Result<Started> {
+    // First: pods of an earlier run may already be sending, and the table
+    // needs nothing from the API or the underlay.
+    crate::antispoof::start(metrics);
     let how = cfg.underlay()?;
     let client = kube_client(cfg.kubeconfig.as_deref()).await?;
     let node_name = retry("finding this node's name", || {
