@@ -37,8 +37,12 @@ const PACKAGES: &[(&str, &str)] = &[
         "reference CNI plugins (host-local, ptp, portmap, ...) for tests and benchmarks",
     ),
     ("containerd", "the real container runtime in the CRI tests"),
-    ("runc", "containerd's OCI runtime"),
-    ("busybox-static", "the test image for containerd"),
+    ("runc", "containerd's and podman's OCI runtime"),
+    (
+        "podman",
+        "the second real runtime: the podman test runs a container on its CNI backend",
+    ),
+    ("busybox-static", "the test image for containerd and podman"),
     (
         "libcap2-bin",
         "capsh: the capability tests run the agent without one capability at a time",

@@ -1,5 +1,7 @@
 //! The harness of mycni's end-to-end tests (`tests/e2e/tests/`): where the
-//! binaries under test are, and a private containerd driven over CRI.
+//! binaries under test are, the two real runtimes the plugin is run by (a
+//! private containerd driven over CRI, a private podman on its CNI
+//! backend) and what they may leave on the host.
 //!
 //! The tests run the workspace's binaries as processes: `mycni-agent`,
 //! `mycni` (the plugin), `mycni-lab` (the pods' echo server) and
@@ -14,6 +16,8 @@ use std::path::PathBuf;
 use mycni_lab::Bins;
 
 pub mod cri;
+pub mod leftovers;
+pub mod podman;
 
 /// The directory cargo put this build's binaries in: a test executable
 /// lives in its `deps/` subdirectory (`target/<profile>/deps/<test>-<hash>`).

@@ -16,6 +16,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, ensure};
 use mycni_common::net::Cidr;
 use mycni_e2e::cri::ContainerdHarness;
+use mycni_e2e::leftovers::files_named;
 
 /// The CNI network containerd will use.
 struct CniSetup {
@@ -72,23 +73,6 @@ fn mycni_plugins(dir: &Path) -> Result<CniSetup> {
         serde_json::to_vec_pretty(&conflist)?,
     )?;
     Ok(setup)
-}
-
-/// Files under `dir` (recursively) whose name contains `needle`.
-fn files_named(dir: &Path, needle: &str) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let Ok(entries) = fs::read_dir(dir) else {
-        return found;
-    };
-    for e in entries.flatten() {
-        let path = e.path();
-        if path.is_dir() {
-            found.extend(files_named(&path, needle));
-        } else if e.file_name().to_string_lossy().contains(needle) {
-            found.push(path);
-        }
-    }
-    found
 }
 
 #[test]

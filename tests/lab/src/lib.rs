@@ -33,6 +33,7 @@ pub use datapath::{
 pub use matrix::MatrixRun;
 pub use pods::{PROBE_BULK_FAILED, ProbeError, echo_server, http_get, tcp_probe};
 pub use prometheus::PROMETHEUS_PORT;
+pub use soak::churn::leaks::{NodeState, node_state};
 
 /// The binaries a lab runs.
 #[derive(Debug, Clone)]

@@ -51,13 +51,18 @@ impl Lab {
     }
 
     /// The config the runtime passes the plugin on node `i`: the conflist's
-    /// single plugin config, with the list's `cniVersion` and `name`.
+    /// single plugin config, with its `name` and the version a current
+    /// runtime picks (libcni 1.2 and later: the highest of `cniVersion` and
+    /// `cniVersions`; the list's own `cniVersion` is 1.0.0 for older
+    /// runtimes, which have no STATUS or GC).
     pub fn plugin_conf(&self, i: usize) -> Result<Value> {
         let conflist: Value = serde_json::from_slice(&std::fs::read(
             self.spec.node_dir(i).join("net.d/00-mycni.conflist"),
         )?)?;
         let mut conf = conflist["plugins"][0].clone();
-        conf["cniVersion"] = conflist["cniVersion"].clone();
+        conf["cniVersion"] = highest_version(&conflist)
+            .context("the conflist names no CNI version")?
+            .into();
         conf["name"] = conflist["name"].clone();
         Ok(conf)
     }
@@ -240,4 +245,33 @@ pub fn http_get(addr: &str, path: &str) -> Result<String> {
     let status = s.lines().next().unwrap_or_default().to_string();
     let body = s.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
     Ok(format!("{status} {body}"))
+}
+
+/// The highest of a conflist's `cniVersion` and `cniVersions`, as libcni
+/// 1.2+ chooses (versions compare by their numeric parts).
+fn highest_version(conflist: &Value) -> Option<String> {
+    let parts = |v: &str| -> Vec<u64> { v.split('.').map(|p| p.parse().unwrap_or(0)).collect() };
+    conflist["cniVersions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .chain(std::iter::once(&conflist["cniVersion"]))
+        .filter_map(Value::as_str)
+        .max_by_key(|v| parts(v))
+        .map(str::to_string)
+}
+
+#[cfg(test)]
+mod version_tests {
+    use super::*;
+
+    #[test]
+    fn picks_the_highest_listed_version() {
+        let c =
+            serde_json::json!({"cniVersion": "1.0.0", "cniVersions": ["0.3.1", "1.1.0", "0.4.0"]});
+        assert_eq!(highest_version(&c).as_deref(), Some("1.1.0"));
+        let c = serde_json::json!({"cniVersion": "0.4.0"});
+        assert_eq!(highest_version(&c).as_deref(), Some("0.4.0"));
+        assert_eq!(highest_version(&serde_json::json!({})), None);
+    }
 }

@@ -34,6 +34,9 @@ pub use client::{CriClient, ExecOutput, PodStatus};
 pub use image::build_busybox_archive;
 pub use k8s_cri::v1 as api;
 
+use crate::leftovers::{
+    kill_and_wait, mounts_under, processes_mentioning, remove_cgroups, stop_child,
+};
 use mycni_testkit::{NetNs, sh};
 
 /// The local image: the sandbox image and the default container image.
@@ -499,111 +502,4 @@ fn sandbox_config(
         }),
         ..Default::default()
     })
-}
-
-/// SIGTERM, a grace period for containerd to close its stores, then SIGKILL.
-fn stop_child(child: &mut Child) {
-    if let Ok(pid) = i32::try_from(child.id()) {
-        // SAFETY: plain kill(2) on our own child, which is not yet reaped.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-    }
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while Instant::now() < deadline {
-        if matches!(child.try_wait(), Ok(Some(_))) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-}
-
-/// PIDs of processes whose command line names `dir`: the shims are started
-/// with `-address <dir>/containerd.sock` and outlive containerd.
-fn processes_mentioning(dir: &Path) -> Vec<i32> {
-    // The trailing slash keeps another harness's tempdir, whose name could
-    // extend ours, out of the match.
-    let needle = format!("{}/", dir.display());
-    let me = std::process::id();
-    let Ok(entries) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| *pid != me)
-        .filter(|pid| {
-            fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).contains(&needle))
-                .unwrap_or(false)
-        })
-        .filter_map(|pid| i32::try_from(pid).ok())
-        .collect()
-}
-
-fn kill_and_wait(pids: &[i32]) {
-    for pid in pids {
-        // SAFETY: kill(2) on a PID that was running our shim a moment ago.
-        unsafe { libc::kill(*pid, libc::SIGKILL) };
-    }
-    // They are not our children: init reaps them, maybe much later, so a
-    // zombie counts as gone.
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while Instant::now() < deadline && pids.iter().any(|p| alive(*p)) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn alive(pid: i32) -> bool {
-    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    // The state follows the parenthesised command name, which may hold spaces.
-    let state = stat
-        .rsplit(')')
-        .next()
-        .and_then(|r| r.split_whitespace().next());
-    !matches!(state, Some("Z" | "X") | None)
-}
-
-/// Removes the cgroup `parent` and everything below it, in each v1
-/// hierarchy or the v2 tree. Only empty cgroups can go; a cgroup still
-/// holding a process stays, as it must.
-fn remove_cgroups(parent: &str) {
-    let rel = parent.trim_start_matches('/');
-    let mut roots = vec![PathBuf::from("/sys/fs/cgroup")];
-    if let Ok(entries) = fs::read_dir("/sys/fs/cgroup") {
-        roots.extend(entries.flatten().map(|e| e.path()));
-    }
-    for root in roots {
-        let path = root.join(rel);
-        if path.is_dir() {
-            remove_cgroup_tree(&path);
-        }
-    }
-}
-
-fn remove_cgroup_tree(path: &Path) {
-    if let Ok(entries) = fs::read_dir(path) {
-        for e in entries.flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                remove_cgroup_tree(&e.path());
-            }
-        }
-    }
-    // A cgroup directory's files are the kernel's: rmdir takes them along.
-    let _ = fs::remove_dir(path);
-}
-
-/// Mount points at or below `dir` in this process's mount namespace,
-/// parents before children.
-fn mounts_under(dir: &Path) -> Vec<String> {
-    let prefix = dir.to_string_lossy().into_owned();
-    fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .filter(|m| m.starts_with(&prefix))
-        .map(str::to_owned)
-        .collect()
 }

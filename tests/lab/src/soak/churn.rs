@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-mod leaks;
+pub mod leaks;
 
 use super::CaseResult;
 use crate::Lab;
@@ -42,8 +42,9 @@ const KILL_PERCENT: u64 = 5;
 const MAX_KILL_PERCENT_OF_RUN: u64 = 110;
 /// The first estimate of a plugin run, before any was timed.
 const FIRST_RUN_ESTIMATE: Duration = Duration::from_millis(10);
-/// How long the agent may take to mirror the pods in its maps (its full
-/// pass runs every `--resync`, 1 s in the lab).
+/// How long the agent may take to mirror the pods in its maps (it learns
+/// of pods from the kernel's notifications within milliseconds; its full
+/// pass, the safety net, is minutes away in the soak).
 const MAP_TIMEOUT: Duration = Duration::from_secs(10);
 /// DEL must succeed within this many attempts after being killed.
 const DEL_ATTEMPTS: usize = 5;

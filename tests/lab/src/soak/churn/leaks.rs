@@ -13,23 +13,24 @@ use super::{Live, MAP_TIMEOUT};
 use crate::Lab;
 use mycni_testkit::sh;
 
-/// What mycni holds on the node, as the checks see it.
-#[derive(Debug, Default)]
-pub(super) struct NodeState {
+/// What mycni holds on the node, as the checks see it. Also what the podman
+/// test compares before and after a container (`mycni_lab::node_state`).
+#[derive(Debug, Default, Clone)]
+pub struct NodeState {
     /// IP -> "containerID/ifname".
-    pub(super) leases: BTreeMap<Ipv4Addr, String>,
+    pub leases: BTreeMap<Ipv4Addr, String>,
     /// Files in the lease dir that are neither leases nor the store's own.
-    pub(super) stray_files: Vec<String>,
+    pub stray_files: Vec<String>,
     /// Host veths named `mycni*`: name -> (ifindex, alias).
-    pub(super) veths: BTreeMap<String, (u32, Option<String>)>,
+    pub veths: BTreeMap<String, (u32, Option<String>)>,
     /// `proto 109` routes: destination -> device.
-    pub(super) routes: BTreeMap<String, String>,
+    pub routes: BTreeMap<String, String>,
     /// "dst dev state" of neighbours on `mycni*` devices or to pod IPs.
-    pub(super) neighbours: Vec<(Ipv4Addr, String, String)>,
+    pub neighbours: Vec<(Ipv4Addr, String, String)>,
     /// `mycni_local` keys -> ifindex.
-    pub(super) map: BTreeMap<Ipv4Addr, u32>,
+    pub map: BTreeMap<Ipv4Addr, u32>,
     /// ifindexes of pinned `mycni_from_pod` links.
-    pub(super) links: BTreeSet<u32>,
+    pub links: BTreeSet<u32>,
 }
 
 pub(super) fn ip_json(lab: &Lab, node: usize, args: &[&str]) -> Result<Vec<Value>> {
@@ -106,7 +107,8 @@ pub(super) fn pinned_pod_links(lab: &Lab, node: usize) -> Result<BTreeSet<u32>> 
     Ok(out)
 }
 
-pub(super) fn node_state(lab: &Lab, node: usize, network: &str) -> Result<NodeState> {
+/// What mycni holds on lab node `node` for the CNI network `network`.
+pub fn node_state(lab: &Lab, node: usize, network: &str) -> Result<NodeState> {
     let mut st = NodeState::default();
     let dir = lab.spec.node_dir(node).join("ipam").join(network);
     if let Ok(entries) = std::fs::read_dir(&dir) {
