@@ -7,30 +7,17 @@
 //! leaves nothing behind, and nothing here ever touches the namespace the
 //! tests run in. Needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN).
 
+mod common;
+use common::{ip, netns, v4};
+
 use std::fs::File;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::Ipv6Addr;
 
 use mycni_common::net::{Cidr, Mac};
 use mycni_common::netlink::{FdbEntry, Neighbour, Netlink, Route, VxlanConfig, VxlanInfo};
 
 const PROTO_A: u8 = 0x6d;
 const PROTO_B: u8 = 0x6e;
-
-/// A fresh, empty network namespace, alive while the file is open.
-fn netns() -> File {
-    std::thread::spawn(|| {
-        // SAFETY: unshare(2) moves only this thread, which ends right after.
-        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-            panic!(
-                "unshare(CLONE_NEWNET): {} (the test needs root)",
-                std::io::Error::last_os_error()
-            );
-        }
-        File::open("/proc/thread-self/ns/net").expect("opening the new netns")
-    })
-    .join()
-    .expect("netns thread")
-}
 
 /// Runs a command inside `ns` (a child inherits the namespaces of the
 /// thread that starts it), for what the layer itself does not do.
@@ -59,14 +46,6 @@ fn run<T>(f: impl AsyncFnOnce() -> T) -> T {
         .build()
         .expect("runtime")
         .block_on(f())
-}
-
-fn v4(s: &str) -> Cidr<Ipv4Addr> {
-    s.parse().expect("test CIDR")
-}
-
-fn ip(a: u8, b: u8, c: u8, d: u8) -> Ipv4Addr {
-    Ipv4Addr::new(a, b, c, d)
 }
 
 #[test]

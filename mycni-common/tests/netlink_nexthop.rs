@@ -4,6 +4,9 @@
 //! removes it once the file is closed). Needs root and Linux 5.3+.
 #![cfg(feature = "netlink")]
 
+mod common;
+use common::{ip, netns, v4};
+
 use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::AsRawFd;
@@ -15,21 +18,6 @@ use rtnetlink::packet_core::NetlinkPayload;
 
 const PROTO: u8 = 0x6e;
 const OTHER: u8 = 0xaa;
-
-fn netns() -> File {
-    std::thread::spawn(|| {
-        // SAFETY: unshare(2) moves only this thread, which ends right after.
-        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-            panic!(
-                "unshare(CLONE_NEWNET): {} (the test needs root)",
-                std::io::Error::last_os_error()
-            );
-        }
-        File::open("/proc/thread-self/ns/net").expect("opening the new netns")
-    })
-    .join()
-    .expect("netns thread")
-}
 
 /// Runs `f` on a thread inside `ns`, for what must be made there.
 fn in_ns<T: Send>(ns: &File, f: impl FnOnce() -> T + Send) -> T {
@@ -52,14 +40,6 @@ fn runtime() -> tokio::runtime::Runtime {
         .enable_io()
         .build()
         .expect("runtime")
-}
-
-fn v4(s: &str) -> Cidr<Ipv4Addr> {
-    s.parse().expect("test CIDR")
-}
-
-fn ip(a: u8, b: u8, c: u8, d: u8) -> Ipv4Addr {
-    Ipv4Addr::new(a, b, c, d)
 }
 
 /// A veth in `node` with carrier (a nexthop's device needs it), its peer
