@@ -286,6 +286,13 @@ fn vxlan_neighbours_and_fdb() {
             .unwrap();
         nl.replace_fdb_entry(vx.index, m1, dst).await.unwrap();
         assert!(nl.has_fdb_entry(vx.index, m1).await.unwrap());
+        assert_eq!(
+            nl.fdb_entry(vx.index, m1)
+                .await
+                .unwrap()
+                .and_then(|e| e.dst),
+            Some(dst)
+        );
         assert!(nl.has_fdb_entry(vx.index, Mac::ZERO).await.unwrap());
         assert_eq!(
             nl.fdb_entries(vx.index).await.unwrap(),

@@ -207,17 +207,32 @@ impl Netlink {
         Ok(out)
     }
 
-    /// Whether the device `index` itself has an FDB entry for `mac`.
-    pub async fn has_fdb_entry(&self, index: u32, mac: Mac) -> Result<bool> {
+    /// The device `index`'s own FDB entry for `mac`, asked for alone
+    /// (RTM_GETNEIGH with the MAC, as `bridge fdb get ... self`), not
+    /// found in a dump of them all.
+    pub async fn fdb_entry(&self, index: u32, mac: Mac) -> Result<Option<FdbEntry>> {
         let mut req = neighbour_message(AddressFamily::Bridge, index);
         req.header.flags = NeighbourFlags::Own;
         req.attributes
             .push(NeighbourAttribute::LinkLayerAddress(mac.0.to_vec()));
         let op = format!("looking up FDB entry {mac} on link {index}");
-        Ok(self
-            .get(&op, RouteNetlinkMessage::GetNeighbour(req))
-            .await?
-            .is_some())
+        Ok(
+            match self
+                .get(&op, RouteNetlinkMessage::GetNeighbour(req))
+                .await?
+            {
+                Some(RouteNetlinkMessage::NewNeighbour(m)) => Some(FdbEntry {
+                    mac,
+                    dst: neighbour_ip_mac(&m).0,
+                }),
+                _ => None,
+            },
+        )
+    }
+
+    /// Whether the device `index` itself has an FDB entry for `mac`.
+    pub async fn has_fdb_entry(&self, index: u32, mac: Mac) -> Result<bool> {
+        Ok(self.fdb_entry(index, mac).await?.is_some())
     }
 
     /// Deletes the FDB entry `mac` of the device `index` itself; one

@@ -655,8 +655,8 @@ fn run(lab: &Lab, n: usize, full: bool, refs: &References) -> Result<()> {
     }
 
     // (c) One host-IP change at a time, of a peer behind vxlan.1: until
-    // its FDB entry sends to the new host (polled with a dump of the N
-    // entries, ~1-2 ms each, which bounds the resolution).
+    // its FDB entry sends to the new host (polled by asking for that one
+    // entry: a dump of all N competed with the agent for the CPU).
     let mut host_ip_changes = Vec::new();
     for u in 0..UPDATES {
         let k = (u * 1009 + 29) % n;
