@@ -25,14 +25,13 @@ use std::{format, vec};
 
 use futures::StreamExt;
 use rtnetlink::packet_core::{
-    DecodeError, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_EXCL, NLM_F_REPLACE,
-    NLM_F_REQUEST, NetlinkDeserializable, NetlinkHeader, NetlinkMessage, NetlinkPayload,
-    NetlinkSerializable,
+    DecodeError, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST,
+    NetlinkDeserializable, NetlinkHeader, NetlinkMessage, NetlinkPayload, NetlinkSerializable,
 };
 use rtnetlink::proto::{Connection, ConnectionHandle, NetlinkCodec, from_socket_with_codec};
 use rtnetlink::sys::{Socket, SocketAddr, TokioSocket};
 
-use super::request::{DUMP_ATTEMPTS, socket_in};
+use super::request::{DUMP_ATTEMPTS, read_replies, socket_in};
 use super::{Cause, Error, Netlink, Result, gone_is_ok};
 
 // include/uapi/linux/rtnetlink.h and nexthop.h.
@@ -333,19 +332,7 @@ impl Netlink {
             let mut replies = handle
                 .request(req, SocketAddr::new(0, 0))
                 .map_err(|e| Error::new(op, Cause::Other(format!("nexthop connection: {e}"))))?;
-            let mut out = Vec::new();
-            let mut interrupted = false;
-            while let Some(m) = replies.next().await {
-                interrupted |= m.header.flags & NLM_F_DUMP_INTR != 0;
-                match m.payload {
-                    NetlinkPayload::InnerMessage(inner) => out.push(inner),
-                    NetlinkPayload::Error(e) if e.raw_code() != 0 => {
-                        return Err(Error::new(op, Cause::Errno(-e.raw_code())));
-                    }
-                    _ => {}
-                }
-            }
-            if !interrupted {
+            if let Some(out) = read_replies(op, &mut replies).await? {
                 return Ok(out);
             }
         }

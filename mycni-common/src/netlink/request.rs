@@ -60,23 +60,35 @@ pub(super) async fn request(
             .clone()
             .request(req)
             .map_err(|e| Error::rtnl(op, e))?;
-        let mut out = Vec::new();
-        let mut interrupted = false;
-        while let Some(m) = replies.next().await {
-            interrupted |= m.header.flags & NLM_F_DUMP_INTR != 0;
-            match m.payload {
-                NetlinkPayload::InnerMessage(inner) => out.push(inner),
-                NetlinkPayload::Error(e) if e.raw_code() != 0 => {
-                    return Err(Error::new(op, Cause::Errno(-e.raw_code())));
-                }
-                _ => {}
-            }
-        }
-        if !interrupted {
+        if let Some(out) = read_replies(op, &mut replies).await? {
             return Ok(out);
         }
     }
     Err(Error::new(op, Cause::Interrupted))
+}
+
+/// The inner messages of one request's replies, or None when the kernel
+/// marked the dump interrupted (`NLM_F_DUMP_INTR`, on any message
+/// including the final `NLMSG_DONE`): the caller asks again. The first
+/// error the kernel answers with ends it. Shared by the rtnetlink
+/// connection and the nexthops' own.
+pub(super) async fn read_replies<T>(
+    op: &str,
+    replies: &mut (impl futures::Stream<Item = NetlinkMessage<T>> + Unpin),
+) -> Result<Option<Vec<T>>> {
+    let mut out = Vec::new();
+    let mut interrupted = false;
+    while let Some(m) = replies.next().await {
+        interrupted |= m.header.flags & NLM_F_DUMP_INTR != 0;
+        match m.payload {
+            NetlinkPayload::InnerMessage(inner) => out.push(inner),
+            NetlinkPayload::Error(e) if e.raw_code() != 0 => {
+                return Err(Error::new(op, Cause::Errno(-e.raw_code())));
+            }
+            _ => {}
+        }
+    }
+    Ok((!interrupted).then_some(out))
 }
 
 /// A NETLINK_ROUTE socket inside the namespace `netns`, opened from a
