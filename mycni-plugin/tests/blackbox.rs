@@ -51,3 +51,31 @@ fn pod_ip(result: &Value) -> String {
     let addr = result["ips"][0]["address"].as_str().unwrap_or_default();
     addr.split('/').next().unwrap_or_default().to_string()
 }
+
+/// ADD with a fault injected after each of its steps: each fails naming
+/// the step and leaves the node (links, routes, addresses, leases) and the
+/// pod's namespace as they were.
+fn add_fails_cleanly_at_every_step(node: &Node, conf: &Value, pod: &NetNs) -> Result<()> {
+    let path = netns_path(pod);
+    let before = node.snapshot()?;
+    let pod_before = pod.exec("ip", &["-o", "link"])?;
+    for step in ["ipam", "veth", "host", "pod", "host-route"] {
+        let r = node.run_env(
+            "mycni",
+            "ADD",
+            &call("c1", &path, K8S_ARGS),
+            conf,
+            &[("MYCNI_TEST_FAULT", step)],
+        )?;
+        assert!(!r.ok, "{step}");
+        assert!(r.stdout.contains(step), "{step}: {}", r.stdout);
+        assert_eq!(node.snapshot()?, before, "after a fault at {step}");
+        assert_eq!(node.lease_count(), 0, "after a fault at {step}");
+        assert_eq!(
+            pod.exec("ip", &["-o", "link"])?,
+            pod_before,
+            "after a fault at {step}"
+        );
+    }
+    Ok(())
+}

@@ -7,7 +7,7 @@ use mycni_testkit::NetNs;
 use mycni_testkit::cni::{Node, with_prev};
 use serde_json::{Value, json};
 
-use crate::{K8S_ARGS, VERSIONS, call, netns_path, node};
+use crate::{K8S_ARGS, VERSIONS, add_fails_cleanly_at_every_step, call, netns_path, node};
 
 const GATEWAY_V6: &str = "fe80::1";
 
@@ -473,26 +473,6 @@ fn dual_stack_add_rolls_back_at_every_step() -> Result<()> {
         &["fd00:10:244:64::/64", "10.244.64.0/24"],
     );
     let pod = NetNs::new("pod")?;
-    let path = netns_path(&pod);
-    let before = node.snapshot()?;
-    let pod_before = pod.exec("ip", &["-o", "link"])?;
-    for step in ["ipam", "veth", "host", "pod", "host-route"] {
-        let r = node.run_env(
-            "mycni",
-            "ADD",
-            &call("c1", &path, K8S_ARGS),
-            &conf,
-            &[("MYCNI_TEST_FAULT", step)],
-        )?;
-        assert!(!r.ok, "{step}");
-        assert!(r.stdout.contains(step), "{step}: {}", r.stdout);
-        assert_eq!(node.snapshot()?, before, "after a fault at {step}");
-        assert_eq!(node.lease_count(), 0, "after a fault at {step}");
-        assert_eq!(
-            pod.exec("ip", &["-o", "link"])?,
-            pod_before,
-            "after a fault at {step}"
-        );
-    }
+    add_fails_cleanly_at_every_step(&node, &conf, &pod)?;
     Ok(())
 }

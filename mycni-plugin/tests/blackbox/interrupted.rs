@@ -5,7 +5,7 @@ use anyhow::Result;
 use mycni_testkit::NetNs;
 use serde_json::json;
 
-use crate::{K8S_ARGS, call, netns_path, node, pod_ip};
+use crate::{K8S_ARGS, add_fails_cleanly_at_every_step, call, netns_path, node, pod_ip};
 
 #[test]
 fn add_rolls_back_at_every_step() -> Result<()> {
@@ -13,25 +13,7 @@ fn add_rolls_back_at_every_step() -> Result<()> {
     let conf = node.conf("1.0.0", "10.244.5.0/24");
     let pod = NetNs::new("pod")?;
     let path = netns_path(&pod);
-    let before = node.snapshot()?;
-    let pod_before = pod.exec("ip", &["-o", "link"])?;
-    for step in ["ipam", "veth", "host", "pod", "host-route"] {
-        let r = node.run_env(
-            "mycni",
-            "ADD",
-            &call("c1", &path, K8S_ARGS),
-            &conf,
-            &[("MYCNI_TEST_FAULT", step)],
-        )?;
-        assert!(!r.ok, "{step}");
-        assert!(r.stdout.contains(step), "{step}: {}", r.stdout);
-        assert_eq!(node.snapshot()?, before, "after a fault at {step}");
-        assert_eq!(
-            pod.exec("ip", &["-o", "link"])?,
-            pod_before,
-            "after a fault at {step}"
-        );
-    }
+    add_fails_cleanly_at_every_step(&node, &conf, &pod)?;
     // A real kernel failure at the last step: the host route already exists.
     let r = node.run("mycni", "ADD", &call("c1", &path, K8S_ARGS), &conf)?;
     assert!(r.ok);
