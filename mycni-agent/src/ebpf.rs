@@ -9,7 +9,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use aya::maps::lpm_trie::Key;
 use aya::maps::{Array, HashMap, LpmTrie, MapData, PerCpuArray};
@@ -17,8 +17,8 @@ use aya::programs::links::{FdLink, LinkError, PinnedLink};
 use aya::programs::{LinkOrder, SchedClassifier, TcAttach, TcAttachType};
 use aya::{Ebpf, EbpfLoader};
 use mycni_common::{
-    CONFIG_MAP, COUNTERS_MAP, DpConfig, DpPath, LOCAL_MAP, LocalEndpoint, PEERS_MAP, PathCounter,
-    PeerNode, REMOTE_MAP, RemoteNode,
+    CONFIG_MAP, COUNTERS_MAP, DpConfig, DpPath, LOCAL_MAP, LOCAL6_MAP, LocalEndpoint, PEERS_MAP,
+    PathCounter, PeerNode, REMOTE_MAP, REMOTE6_MAP, RemoteNode,
 };
 use thiserror::Error;
 
@@ -54,7 +54,15 @@ impl Prog {
 pub const PROG_FROM_POD: &str = "mycni_from_pod";
 
 /// Every map the object declares, pinned by these names.
-pub const MAPS: &[&str] = &[COUNTERS_MAP, CONFIG_MAP, REMOTE_MAP, LOCAL_MAP, PEERS_MAP];
+pub const MAPS: &[&str] = &[
+    COUNTERS_MAP,
+    CONFIG_MAP,
+    REMOTE_MAP,
+    LOCAL_MAP,
+    PEERS_MAP,
+    REMOTE6_MAP,
+    LOCAL6_MAP,
+];
 
 #[derive(Debug, Error)]
 pub enum DatapathError {
@@ -478,7 +486,7 @@ fn open_map<S: MapSource + ?Sized>(
     Ok(match name {
         COUNTERS_MAP => aya::maps::Map::PerCpuArray(data),
         CONFIG_MAP => aya::maps::Map::Array(data),
-        REMOTE_MAP => aya::maps::Map::LpmTrie(data),
+        REMOTE_MAP | REMOTE6_MAP => aya::maps::Map::LpmTrie(data),
         _ => aya::maps::Map::HashMap(data),
     })
 }
@@ -518,18 +526,64 @@ pub struct SyncStats {
     pub total: usize,
 }
 
-pub fn read_remote<S: MapSource + ?Sized>(
+/// An address family the maps are keyed by: the key is the address's
+/// bytes in network order, 4 or 16 of them.
+pub trait MapAddr: Copy + Ord {
+    type Key: aya::Pod;
+    /// Bits in an address: the prefix of a host's LPM key.
+    const BITS: u8;
+    fn key(&self) -> Self::Key;
+    fn from_key(k: Self::Key) -> Self;
+}
+
+impl MapAddr for Ipv4Addr {
+    type Key = [u8; 4];
+    const BITS: u8 = 32;
+    fn key(&self) -> [u8; 4] {
+        self.octets()
+    }
+    fn from_key(k: [u8; 4]) -> Self {
+        Ipv4Addr::from(k)
+    }
+}
+
+impl MapAddr for Ipv6Addr {
+    type Key = [u8; 16];
+    const BITS: u8 = 128;
+    fn key(&self) -> [u8; 16] {
+        self.octets()
+    }
+    fn from_key(k: [u8; 16]) -> Self {
+        Ipv6Addr::from(k)
+    }
+}
+
+/// Reads an LPM trie of podCIDRs (`mycni_remote`, `mycni_remote6`).
+fn read_trie<A: MapAddr, S: MapSource + ?Sized>(
     pin_dir: &S,
-) -> Result<BTreeMap<(Ipv4Addr, u8), RemoteNode>, DatapathError> {
-    let e = map_err(pin_dir, REMOTE_MAP);
-    let t: LpmTrie<MapData, [u8; 4], RemoteNode> =
-        open_map(pin_dir, REMOTE_MAP)?.try_into().map_err(&e)?;
+    name: &'static str,
+) -> Result<BTreeMap<(A, u8), RemoteNode>, DatapathError> {
+    let e = map_err(pin_dir, name);
+    let t: LpmTrie<MapData, A::Key, RemoteNode> =
+        open_map(pin_dir, name)?.try_into().map_err(&e)?;
     let mut out = BTreeMap::new();
     for kv in t.iter() {
         let (k, v) = kv.map_err(&e)?;
-        out.insert((Ipv4Addr::from(k.data()), k.prefix_len() as u8), v);
+        out.insert((A::from_key(k.data()), k.prefix_len() as u8), v);
     }
     Ok(out)
+}
+
+pub fn read_remote<S: MapSource + ?Sized>(
+    pin_dir: &S,
+) -> Result<BTreeMap<(Ipv4Addr, u8), RemoteNode>, DatapathError> {
+    read_trie(pin_dir, REMOTE_MAP)
+}
+
+pub fn read_remote6<S: MapSource + ?Sized>(
+    pin_dir: &S,
+) -> Result<BTreeMap<(Ipv6Addr, u8), RemoteNode>, DatapathError> {
+    read_trie(pin_dir, REMOTE6_MAP)
 }
 
 /// The diff both forwarding maps share: remove what `want` lacks (`write`
@@ -556,17 +610,18 @@ fn sync_entries<K: Ord, V: PartialEq>(
     Ok(st)
 }
 
-/// Makes `mycni_remote` hold exactly `want` (podCIDR -> peer).
-pub fn sync_remote(
+/// Makes an LPM trie of podCIDRs hold exactly `want` (podCIDR -> peer).
+fn sync_trie<A: MapAddr>(
     pin_dir: &Path,
-    want: &BTreeMap<(Ipv4Addr, u8), RemoteNode>,
+    name: &'static str,
+    want: &BTreeMap<(A, u8), RemoteNode>,
 ) -> Result<SyncStats, DatapathError> {
-    let have = read_remote(pin_dir)?;
-    let e = map_err(pin_dir, REMOTE_MAP);
-    let mut t: LpmTrie<MapData, [u8; 4], RemoteNode> =
-        open_map(pin_dir, REMOTE_MAP)?.try_into().map_err(&e)?;
+    let have = read_trie(pin_dir, name)?;
+    let e = map_err(pin_dir, name);
+    let mut t: LpmTrie<MapData, A::Key, RemoteNode> =
+        open_map(pin_dir, name)?.try_into().map_err(&e)?;
     sync_entries(&have, want, |k, v| {
-        let key = Key::new(u32::from(k.1), k.0.octets());
+        let key = Key::new(u32::from(k.1), k.0.key());
         match v {
             Some(v) => t.insert(&key, v, 0),
             None => t.remove(&key),
@@ -575,34 +630,50 @@ pub fn sync_remote(
     })
 }
 
-/// Reads a hash map keyed by an IPv4 address.
-fn read_hash<V: aya::Pod, S: MapSource + ?Sized>(
+/// Makes `mycni_remote` hold exactly `want` (podCIDR -> peer).
+pub fn sync_remote(
+    pin_dir: &Path,
+    want: &BTreeMap<(Ipv4Addr, u8), RemoteNode>,
+) -> Result<SyncStats, DatapathError> {
+    sync_trie(pin_dir, REMOTE_MAP, want)
+}
+
+/// Makes `mycni_remote6` hold exactly `want` (IPv6 podCIDR -> peer).
+pub fn sync_remote6(
+    pin_dir: &Path,
+    want: &BTreeMap<(Ipv6Addr, u8), RemoteNode>,
+) -> Result<SyncStats, DatapathError> {
+    sync_trie(pin_dir, REMOTE6_MAP, want)
+}
+
+/// Reads a hash map keyed by an address.
+fn read_hash<A: MapAddr, V: aya::Pod, S: MapSource + ?Sized>(
     pin_dir: &S,
     name: &'static str,
-) -> Result<BTreeMap<Ipv4Addr, V>, DatapathError> {
+) -> Result<BTreeMap<A, V>, DatapathError> {
     let e = map_err(pin_dir, name);
-    let h: HashMap<MapData, [u8; 4], V> = open_map(pin_dir, name)?.try_into().map_err(&e)?;
+    let h: HashMap<MapData, A::Key, V> = open_map(pin_dir, name)?.try_into().map_err(&e)?;
     let mut out = BTreeMap::new();
     for kv in h.iter() {
         let (k, v) = kv.map_err(&e)?;
-        out.insert(Ipv4Addr::from(k), v);
+        out.insert(A::from_key(k), v);
     }
     Ok(out)
 }
 
-/// Makes a hash map keyed by an IPv4 address hold exactly `want`.
-fn sync_hash<V: aya::Pod + PartialEq>(
+/// Makes a hash map keyed by an address hold exactly `want`.
+fn sync_hash<A: MapAddr, V: aya::Pod + PartialEq>(
     pin_dir: &Path,
     name: &'static str,
-    want: &BTreeMap<Ipv4Addr, V>,
+    want: &BTreeMap<A, V>,
 ) -> Result<SyncStats, DatapathError> {
     let have = read_hash(pin_dir, name)?;
     let e = map_err(pin_dir, name);
-    let mut h: HashMap<MapData, [u8; 4], V> = open_map(pin_dir, name)?.try_into().map_err(&e)?;
+    let mut h: HashMap<MapData, A::Key, V> = open_map(pin_dir, name)?.try_into().map_err(&e)?;
     sync_entries(&have, want, |k, v| {
         match v {
-            Some(v) => h.insert(&k.octets(), v, 0),
-            None => h.remove(&k.octets()),
+            Some(v) => h.insert(&k.key(), v, 0),
+            None => h.remove(&k.key()),
         }
         .map_err(&e)
     })
@@ -620,6 +691,20 @@ pub fn sync_local(
     want: &BTreeMap<Ipv4Addr, LocalEndpoint>,
 ) -> Result<SyncStats, DatapathError> {
     sync_hash(pin_dir, LOCAL_MAP, want)
+}
+
+pub fn read_local6<S: MapSource + ?Sized>(
+    pin_dir: &S,
+) -> Result<BTreeMap<Ipv6Addr, LocalEndpoint>, DatapathError> {
+    read_hash(pin_dir, LOCAL6_MAP)
+}
+
+/// Makes `mycni_local6` hold exactly `want` (pod IPv6 -> endpoint).
+pub fn sync_local6(
+    pin_dir: &Path,
+    want: &BTreeMap<Ipv6Addr, LocalEndpoint>,
+) -> Result<SyncStats, DatapathError> {
+    sync_hash(pin_dir, LOCAL6_MAP, want)
 }
 
 pub fn read_peers<S: MapSource + ?Sized>(

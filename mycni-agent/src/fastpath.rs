@@ -14,7 +14,7 @@
 //! the decapsulating program on its ingress.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -25,7 +25,10 @@ use mycni_common::{
 };
 
 use crate::ebpf::{self, Datapath, DatapathError, Prog};
-use crate::kernel::{PodEndpoint, VxlanSpec};
+use crate::kernel::{PodEndpoint, PodEndpoints, VxlanSpec};
+use crate::peers::Mac;
+
+type Cidr6 = mycni_common::net::Cidr<Ipv6Addr>;
 use crate::metrics::Metrics;
 use crate::reconcile::{self, OverlayState};
 
@@ -57,7 +60,10 @@ pub struct FastPath {
     /// What this process last wrote to `mycni_remote`; event passes diff
     /// against it, full passes re-read the map to catch drift.
     remote_written: Option<BTreeMap<(Ipv4Addr, u8), RemoteNode>>,
+    /// The same for `mycni_remote6`.
+    remote6_written: Option<BTreeMap<(Ipv6Addr, u8), RemoteNode>>,
     local: BTreeMap<Ipv4Addr, LocalEndpoint>,
+    local6: BTreeMap<Ipv6Addr, LocalEndpoint>,
     /// Encapsulate and decapsulate in tc (else through `vxlan.1`).
     tc_encap: bool,
     proc_sys: PathBuf,
@@ -84,7 +90,9 @@ impl FastPath {
             why_not: None,
             attached: BTreeSet::new(),
             remote_written: None,
+            remote6_written: None,
             local: BTreeMap::new(),
+            local6: BTreeMap::new(),
             tc_encap,
             proc_sys: proc_sys.to_path_buf(),
             metrics,
@@ -141,14 +149,16 @@ impl FastPath {
     pub fn describe(&self) -> String {
         match &self.why_not {
             None => format!(
-                "datapath ebpf, {} ({} local pods, {} remote podCIDRs)",
+                "datapath ebpf, {} ({} local pods, {} remote podCIDRs; IPv6: {} and {})",
                 if self.tc_encap {
                     "tc encap"
                 } else {
                     "via vxlan.1"
                 },
                 self.local.len(),
-                self.remote_written.as_ref().map_or(0, BTreeMap::len)
+                self.remote_written.as_ref().map_or(0, BTreeMap::len),
+                self.local6.len(),
+                self.remote6_written.as_ref().map_or(0, BTreeMap::len)
             ),
             Some(why) => format!("datapath kernel: {why}"),
         }
@@ -182,7 +192,7 @@ impl FastPath {
         vxlan: u32,
         vx: &VxlanSpec,
         overlay: &OverlayState,
-        pods: Option<&BTreeMap<Ipv4Addr, PodEndpoint>>,
+        pods: Option<&PodEndpoints>,
     ) -> Result<(), DatapathError> {
         let cfg = self.config(vxlan, vx);
         let Some(dp) = self.dp.as_mut() else {
@@ -256,21 +266,21 @@ impl FastPath {
             }
             self.remote_written = Some(remote);
         }
+        let remote6 = remote6_map(remotes6(overlay));
+        if full || self.remote6_written.as_ref() != Some(&remote6) {
+            let st = ebpf::sync_remote6(&pin, &remote6)?;
+            if full && self.remote6_written.as_ref() == Some(&remote6) && st.set + st.removed > 0 {
+                tracing::warn!(
+                    set = st.set,
+                    removed = st.removed,
+                    "repaired drift in mycni_remote6"
+                );
+            }
+            self.remote6_written = Some(remote6);
+        }
 
         if let Some(pods) = pods {
-            let local: BTreeMap<Ipv4Addr, LocalEndpoint> = pods
-                .iter()
-                .map(|(ip, p)| {
-                    (
-                        *ip,
-                        LocalEndpoint {
-                            ifindex: p.ifindex,
-                            pod_mac: p.pod_mac.0,
-                            host_mac: p.host_mac.0,
-                        },
-                    )
-                })
-                .collect();
+            let local = local_map(&pods.v4);
             let st = ebpf::sync_local(&pin, &local)?;
             if st.set + st.removed > 0 {
                 tracing::info!(
@@ -281,13 +291,26 @@ impl FastPath {
                 );
             }
             self.local = local;
+            let local6 = local_map(&pods.v6);
+            let st = ebpf::sync_local6(&pin, &local6)?;
+            if st.set + st.removed > 0 {
+                tracing::info!(
+                    set = st.set,
+                    removed = st.removed,
+                    pods = local6.len(),
+                    "synced mycni_local6"
+                );
+            }
+            self.local6 = local6;
 
             let underlay = self
                 .tc_encap
                 .then_some((Prog::FromUnderlay, vx.underlay_index));
             let want: BTreeSet<(Prog, u32)> = std::iter::once((Prog::FromVxlan, vxlan))
                 .chain(underlay)
-                .chain(pods.values().map(|p| (Prog::FromPod, p.ifindex)))
+                // Every pod veth, whatever families its pod has.
+                .chain(pods.v4.values().map(|p| (Prog::FromPod, p.ifindex)))
+                .chain(pods.v6.values().map(|p| (Prog::FromPod, p.ifindex)))
                 .collect();
             for &(p, ifindex) in want.difference(&self.attached.clone()) {
                 match dp.attach(p, ifindex) {
@@ -309,9 +332,14 @@ impl FastPath {
             self.attached.retain(|a| want.contains(a));
         }
         let m = &self.metrics;
-        m.dp_local.store(self.local.len() as u64, Ordering::Relaxed);
+        // Entries of both families: a dual-stack pod counts twice.
+        m.dp_local.store(
+            (self.local.len() + self.local6.len()) as u64,
+            Ordering::Relaxed,
+        );
         m.dp_remote.store(
-            self.remote_written.as_ref().map_or(0, BTreeMap::len) as u64,
+            (self.remote_written.as_ref().map_or(0, BTreeMap::len)
+                + self.remote6_written.as_ref().map_or(0, BTreeMap::len)) as u64,
             Ordering::Relaxed,
         );
         Ok(())
@@ -356,6 +384,48 @@ impl FastPath {
             },
         }
     }
+}
+
+/// The local endpoint map of one family from the kernel's pods.
+fn local_map<A: Ord + Copy>(pods: &BTreeMap<A, PodEndpoint>) -> BTreeMap<A, LocalEndpoint> {
+    pods.iter()
+        .map(|(ip, p)| {
+            (
+                *ip,
+                LocalEndpoint {
+                    ifindex: p.ifindex,
+                    pod_mac: p.pod_mac.0,
+                    host_mac: p.host_mac.0,
+                },
+            )
+        })
+        .collect()
+}
+
+/// The IPv6 podCIDRs the kernel backs on `vxlan.1` (route, neighbour, FDB
+/// entry), each with its peer's VTEP MAC and IPv4 host: what the agent's
+/// overlay state says of IPv6 peers.
+fn remotes6(_overlay: &OverlayState) -> Vec<(Cidr6, Mac, Ipv4Addr)> {
+    vec![]
+}
+
+/// `mycni_remote6` from the IPv6 podCIDRs the kernel backs. Never direct:
+/// an IPv4 underlay carries IPv6 only encapsulated.
+fn remote6_map(remotes: Vec<(Cidr6, Mac, Ipv4Addr)>) -> BTreeMap<(Ipv6Addr, u8), RemoteNode> {
+    remotes
+        .into_iter()
+        .map(|(cidr, mac, host)| {
+            (
+                (cidr.addr(), cidr.prefix()),
+                RemoteNode {
+                    vtep_mac: mac.0,
+                    flags: 0,
+                    _pad: 0,
+                    host_ip: u32::from_ne_bytes(host.octets()),
+                },
+            )
+        })
+        .collect()
 }
 
 /// `net.ipv4.ip_local_port_range`, as vxlan.1 reads it for source ports;

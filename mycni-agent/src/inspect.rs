@@ -136,8 +136,19 @@ fn render_from<S: ebpf::MapSource + ?Sized>(
     }
 
     let remote = ebpf::read_remote(pin_dir).context("reading mycni_remote")?;
-    writeln!(o, "\npeers: remote podCIDRs ({}):", remote.len())?;
-    for ((addr, prefix), r) in &remote {
+    // Maps pinned by an agent from before IPv6 have no IPv6 twins: none.
+    let remote6 = ebpf::read_remote6(pin_dir).unwrap_or_default();
+    writeln!(
+        o,
+        "\npeers: remote podCIDRs ({} IPv4, {} IPv6):",
+        remote.len(),
+        remote6.len()
+    )?;
+    let remotes = remote
+        .iter()
+        .map(|((a, p), r)| (format!("{a}/{p}"), r))
+        .chain(remote6.iter().map(|((a, p), r)| (format!("{a}/{p}"), r)));
+    for (cidr, r) in remotes {
         let host = Ipv4Addr::from(r.host_ip.to_ne_bytes());
         let how = if r.flags & mycni_common::REMOTE_DIRECT != 0 {
             "  direct"
@@ -146,8 +157,7 @@ fn render_from<S: ebpf::MapSource + ?Sized>(
         };
         writeln!(
             o,
-            "  {:<18} -> VTEP {}  host {}{how}",
-            format!("{addr}/{prefix}"),
+            "  {cidr:<18} -> VTEP {}  host {}{how}",
             Mac(r.vtep_mac),
             host
         )?;
@@ -163,12 +173,22 @@ fn render_from<S: ebpf::MapSource + ?Sized>(
     )?;
 
     let local = ebpf::read_local(pin_dir).context("reading mycni_local")?;
-    writeln!(o, "\nlocal endpoints ({}):", local.len())?;
-    for (ip, ep) in &local {
+    let local6 = ebpf::read_local6(pin_dir).unwrap_or_default();
+    writeln!(
+        o,
+        "\nlocal endpoints ({} IPv4, {} IPv6):",
+        local.len(),
+        local6.len()
+    )?;
+    let locals = local
+        .iter()
+        .map(|(ip, ep)| (ip.to_string(), ep))
+        .chain(local6.iter().map(|(ip, ep)| (ip.to_string(), ep)));
+    for (ip, ep) in locals {
         writeln!(
             o,
             "  {:<15} veth {:<16} ifindex {:<6} pod MAC {}  gateway MAC {}",
-            ip.to_string(),
+            ip,
             ifname(ep.ifindex),
             ep.ifindex,
             Mac(ep.pod_mac),

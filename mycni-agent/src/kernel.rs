@@ -83,6 +83,14 @@ pub struct PodEndpoint {
     pub pod_mac: Mac,
 }
 
+/// The pods on this node by address, per family (a dual-stack pod is in
+/// both, with the same endpoint).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodEndpoints {
+    pub v4: BTreeMap<Ipv4Addr, PodEndpoint>,
+    pub v6: BTreeMap<std::net::Ipv6Addr, PodEndpoint>,
+}
+
 /// How the underlay interface is chosen (`--iface`, ConfigMap key
 /// `underlay`). The forms follow Calico's IP autodetection methods, the ones
 /// operators already know: an exact name, a name pattern, or the interface
@@ -765,11 +773,12 @@ impl Kernel {
         Ok(())
     }
 
-    /// The pods on this node as the kernel holds them: every /32 host route
-    /// the plugin installed, through a host veth the plugin marked, with the
-    /// veth's MAC and the MAC of its peer (the pod's eth0), read through the
-    /// peer's netns id. Entries the kernel cannot fully back are left out.
-    pub async fn pod_endpoints(&self) -> Result<BTreeMap<Ipv4Addr, PodEndpoint>, KernelError> {
+    /// The pods on this node as the kernel holds them: every /32 and /128
+    /// host route the plugin installed, through a host veth the plugin
+    /// marked, with the veth's MAC and the MAC of its peer (the pod's eth0),
+    /// read through the peer's netns id. Entries the kernel cannot fully
+    /// back are left out.
+    pub async fn pod_endpoints(&self) -> Result<PodEndpoints, KernelError> {
         struct Veth {
             mac: Mac,
             peer: Option<(u32, i32)>,
@@ -789,7 +798,7 @@ impl Kernel {
                 );
             }
         }
-        let pods: Vec<(Ipv4Addr, u32)> = self
+        let pods4: Vec<(Ipv4Addr, u32)> = self
             .nl
             .routes_by_protocol(RTPROT_MYCNI_PLUGIN)
             .await?
@@ -797,8 +806,20 @@ impl Kernel {
             .filter(|r| r.dst.prefix() == 32)
             .filter_map(|r| Some((r.dst.addr(), r.oif?)))
             .collect();
-        let mut out = BTreeMap::new();
-        for (ip, oif) in pods {
+        let pods6: Vec<(std::net::Ipv6Addr, u32)> = self
+            .nl
+            .ipv6_routes_by_protocol(RTPROT_MYCNI_PLUGIN)
+            .await?
+            .into_iter()
+            .filter(|r| r.dst.prefix() == 128)
+            .filter_map(|r| Some((r.dst.addr(), r.oif?)))
+            .collect();
+        // One look into the pod's netns per veth, whatever its families.
+        let mut endpoints: BTreeMap<u32, Option<PodEndpoint>> = BTreeMap::new();
+        for oif in pods4.iter().map(|p| p.1).chain(pods6.iter().map(|p| p.1)) {
+            if endpoints.contains_key(&oif) {
+                continue;
+            }
             let Some(v) = veths.get(&oif) else { continue };
             let Some((peer, nsid)) = v.peer else { continue };
             // None: the pod's netns is going away, and so is the endpoint.
@@ -807,18 +828,26 @@ impl Kernel {
                 .link_in_peer_netns(nsid, peer)
                 .await?
                 .and_then(|l| l.ethernet_mac());
-            if let Some(pod_mac) = pod_mac {
-                out.insert(
-                    ip,
-                    PodEndpoint {
-                        ifindex: oif,
-                        host_mac: v.mac,
-                        pod_mac,
-                    },
-                );
-            }
+            endpoints.insert(
+                oif,
+                pod_mac.map(|pod_mac| PodEndpoint {
+                    ifindex: oif,
+                    host_mac: v.mac,
+                    pod_mac,
+                }),
+            );
         }
-        Ok(out)
+        let of = |oif: &u32| endpoints.get(oif).copied().flatten();
+        Ok(PodEndpoints {
+            v4: pods4
+                .iter()
+                .filter_map(|(ip, oif)| Some((*ip, of(oif)?)))
+                .collect(),
+            v6: pods6
+                .iter()
+                .filter_map(|(ip, oif)| Some((*ip, of(oif)?)))
+                .collect(),
+        })
     }
 
     pub async fn del_link(&self, index: u32) -> Result<(), KernelError> {

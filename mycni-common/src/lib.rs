@@ -35,6 +35,10 @@ pub const CONFIG_MAP: &str = "mycni_config";
 pub const REMOTE_MAP: &str = "mycni_remote";
 pub const LOCAL_MAP: &str = "mycni_local";
 pub const PEERS_MAP: &str = "mycni_peers";
+/// The IPv6 twins of `mycni_remote` and `mycni_local`, keyed by 16-byte
+/// addresses (network byte order); same value types, same capacities.
+pub const REMOTE6_MAP: &str = "mycni_remote6";
+pub const LOCAL6_MAP: &str = "mycni_local6";
 
 /// Capacity of the remote-podCIDR trie: one entry per peer Node.
 pub const REMOTE_MAX: u32 = 16_384;
@@ -59,15 +63,19 @@ pub const CFG_TC_DECAP: u8 = 2;
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DpPath {
-    /// Left to the kernel: not an IPv4 packet (ARP, IPv6, ...).
+    /// Left to the kernel: neither IPv4 nor IPv6 (ARP, VLAN-tagged, ...), or
+    /// an IP version that does not match the ethertype. (The label keeps
+    /// its IPv4-only name so dashboards do not break.)
     KernelNotIpv4 = 0,
     /// Left to the kernel: the headers are shorter than they claim.
     KernelTruncated = 1,
     /// Left to the kernel: no map entry for the destination.
     KernelUnknownDest = 2,
-    /// Left to the kernel: TTL would expire here.
+    /// Left to the kernel: TTL (IPv6: hop limit) would expire here.
     KernelTtl = 3,
-    /// Left to the kernel: IP options or a fragment.
+    /// Left to the kernel: IP options or a fragment; for IPv6, any
+    /// extension header (hop-by-hop, routing, fragment, destination
+    /// options, AH, ESP, ...) in front of the upper-layer header.
     KernelIpOptionsOrFragment = 4,
     /// Left to the kernel: TCP SYN, FIN or RST, so conntrack sees every open and close.
     KernelTcpControl = 5,
@@ -134,13 +142,23 @@ pub enum DpPath {
     FastDirectIn = 27,
     /// Left to the kernel: the route lookup for a direct-routed peer's pod
     /// was not a plain success out of the underlay (or the packet is over
-    /// the route's MTU).
+    /// the route's MTU); or IPv6 to a peer marked direct, which the IPv4
+    /// underlay cannot carry unencapsulated (the agent never marks one).
     KernelDirectFib = 28,
+    /// Left to the kernel: IPv6 from or to a link-local address (fe80::/10),
+    /// e.g. the pod's gateway fe80::1: on-link traffic, never forwarded.
+    KernelIpv6LinkLocal = 29,
+    /// Left to the kernel: IPv6 to a multicast address (ff00::/8).
+    KernelIpv6Multicast = 30,
+    /// Left to the kernel: IPv6 neighbour discovery (ICMPv6 router and
+    /// neighbour solicitations and advertisements, redirects), whatever the
+    /// addresses.
+    KernelIpv6Nd = 31,
 }
 
 impl DpPath {
     /// Number of counter slots; the counter map has exactly this many entries.
-    pub const COUNT: u32 = 29;
+    pub const COUNT: u32 = 32;
 
     pub const ALL: [DpPath; Self::COUNT as usize] = [
         DpPath::KernelNotIpv4,
@@ -172,6 +190,9 @@ impl DpPath {
         DpPath::FastDirect,
         DpPath::FastDirectIn,
         DpPath::KernelDirectFib,
+        DpPath::KernelIpv6LinkLocal,
+        DpPath::KernelIpv6Multicast,
+        DpPath::KernelIpv6Nd,
     ];
 
     /// Stable label used in metrics and `inspect` output.
@@ -206,6 +227,9 @@ impl DpPath {
             DpPath::FastDirect => "fast_direct",
             DpPath::FastDirectIn => "fast_direct_in",
             DpPath::KernelDirectFib => "kernel_direct_fib",
+            DpPath::KernelIpv6LinkLocal => "kernel_ipv6_link_local",
+            DpPath::KernelIpv6Multicast => "kernel_ipv6_multicast",
+            DpPath::KernelIpv6Nd => "kernel_ipv6_nd",
         }
     }
 
@@ -295,7 +319,9 @@ pub struct DpConfig {
 /// encapsulation): the kernel's route is `podCIDR via <host IP>` on the underlay.
 pub const REMOTE_DIRECT: u8 = 1;
 
-/// A peer Node's podCIDR in `mycni_remote` (an LPM trie keyed by the CIDR).
+/// A peer Node's podCIDR in `mycni_remote` (an LPM trie keyed by the CIDR),
+/// or its IPv6 podCIDR in `mycni_remote6` (the same peer, the same IPv4
+/// underlay: only the key differs).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RemoteNode {
@@ -321,8 +347,8 @@ pub struct PeerNode {
     pub _pad: [u8; 2],
 }
 
-/// A pod on this node in `mycni_local`, keyed by its IPv4 address (network
-/// byte order).
+/// A pod on this node in `mycni_local`, keyed by its IPv4 address, or in
+/// `mycni_local6`, keyed by its IPv6 address (network byte order).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LocalEndpoint {

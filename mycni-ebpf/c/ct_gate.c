@@ -31,11 +31,23 @@ struct nf_conn {
 	union nf_conntrack_proto proto;
 } __attribute__((preserve_access_index));
 
-struct mycni_ct_tuple_v4 {
-	__u32 saddr;
-	__u32 daddr;
-	__u16 sport;
-	__u16 dport;
+// struct bpf_sock_tuple: the kfunc tells the family by the size passed,
+// sizeof(ipv4) or sizeof(ipv6).
+struct mycni_ct_tuple {
+	union {
+		struct {
+			__u32 saddr;
+			__u32 daddr;
+			__u16 sport;
+			__u16 dport;
+		} ipv4;
+		struct {
+			__u32 saddr[4];
+			__u32 daddr[4];
+			__u16 sport;
+			__u16 dport;
+		} ipv6;
+	};
 };
 
 // The 12-byte layout every kernel with these kfuncs accepts
@@ -48,7 +60,7 @@ struct mycni_ct_opts {
 	__u8 reserved[2];
 };
 
-extern struct nf_conn *bpf_skb_ct_lookup(struct __sk_buff *skb, struct mycni_ct_tuple_v4 *tuple,
+extern struct nf_conn *bpf_skb_ct_lookup(struct __sk_buff *skb, struct mycni_ct_tuple *tuple,
 					 __u32 tuple__sz, struct mycni_ct_opts *opts,
 					 __u32 opts__sz) __attribute__((section(".ksyms")));
 extern void bpf_ct_release(struct nf_conn *ct) __attribute__((section(".ksyms")));
@@ -75,20 +87,14 @@ extern int bpf_ct_change_timeout(struct nf_conn *ct, __u32 timeout) __attribute_
 // established (TCP state ESTABLISHED, UDP assured) and not NATed; its entry's
 // timeout is then renewed to `timeout_ms`, as the kernel would renew it for
 // a packet it saw, so a fast-pathed flow never expires under its users.
-__attribute__((always_inline)) int mycni_ct_gate(struct __sk_buff *skb, __u32 saddr, __u32 daddr,
-						 __u32 ports, __u32 l4proto, __u32 timeout_ms)
+static __attribute__((always_inline)) int ct_gate(struct __sk_buff *skb, struct mycni_ct_tuple *tuple,
+						  __u32 tuple_sz, __u32 l4proto, __u32 timeout_ms)
 {
-	struct mycni_ct_tuple_v4 tuple = {
-		.saddr = saddr,
-		.daddr = daddr,
-		.sport = (__u16)(ports & 0xffff),
-		.dport = (__u16)(ports >> 16),
-	};
 	struct mycni_ct_opts opts = {
 		.netns_id = BPF_F_CURRENT_NETNS,
 		.l4proto = (__u8)l4proto,
 	};
-	struct nf_conn *ct = bpf_skb_ct_lookup(skb, &tuple, sizeof(tuple), &opts, sizeof(opts));
+	struct nf_conn *ct = bpf_skb_ct_lookup(skb, tuple, tuple_sz, &opts, sizeof(opts));
 	int verdict;
 
 	if (!ct)
@@ -106,4 +112,36 @@ __attribute__((always_inline)) int mycni_ct_gate(struct __sk_buff *skb, __u32 sa
 	}
 	bpf_ct_release(ct);
 	return verdict;
+}
+
+// IPv4: addresses and ports in network byte order, the ports as the 32-bit
+// word they form on the wire (source first).
+__attribute__((always_inline)) int mycni_ct_gate(struct __sk_buff *skb, __u32 saddr, __u32 daddr,
+						 __u32 ports, __u32 l4proto, __u32 timeout_ms)
+{
+	struct mycni_ct_tuple tuple = {
+		.ipv4 = {
+			.saddr = saddr,
+			.daddr = daddr,
+			.sport = (__u16)(ports & 0xffff),
+			.dport = (__u16)(ports >> 16),
+		},
+	};
+	return ct_gate(skb, &tuple, sizeof(tuple.ipv4), l4proto, timeout_ms);
+}
+
+// IPv6: `addrs` holds the source then the destination address, 32 bytes in
+// network byte order; ports as for IPv4.
+__attribute__((always_inline)) int mycni_ct_gate6(struct __sk_buff *skb, const __u32 *addrs,
+						  __u32 ports, __u32 l4proto, __u32 timeout_ms)
+{
+	struct mycni_ct_tuple tuple = {
+		.ipv6 = {
+			.saddr = { addrs[0], addrs[1], addrs[2], addrs[3] },
+			.daddr = { addrs[4], addrs[5], addrs[6], addrs[7] },
+			.sport = (__u16)(ports & 0xffff),
+			.dport = (__u16)(ports >> 16),
+		},
+	};
+	return ct_gate(skb, &tuple, sizeof(tuple.ipv6), l4proto, timeout_ms);
 }

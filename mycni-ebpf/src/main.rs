@@ -31,10 +31,11 @@
 use aya_ebpf::{
     EbpfContext,
     bindings::{
-        __sk_buff, BPF_F_ADJ_ROOM_ENCAP_L2_ETH, BPF_F_ADJ_ROOM_ENCAP_L3_IPV4,
-        BPF_F_ADJ_ROOM_ENCAP_L4_UDP, BPF_F_ADJ_ROOM_FIXED_GSO, BPF_FIB_LKUP_RET_FRAG_NEEDED,
-        BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, BPF_FIB_LOOKUP_OUTPUT,
-        TC_ACT_REDIRECT, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, bpf_fib_lookup as FibParams,
+        __sk_buff, BPF_F_ADJ_ROOM_DECAP_L3_IPV6, BPF_F_ADJ_ROOM_ENCAP_L2_ETH,
+        BPF_F_ADJ_ROOM_ENCAP_L3_IPV4, BPF_F_ADJ_ROOM_ENCAP_L4_UDP, BPF_F_ADJ_ROOM_FIXED_GSO,
+        BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS,
+        BPF_FIB_LOOKUP_OUTPUT, TC_ACT_REDIRECT, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC,
+        bpf_fib_lookup as FibParams,
     },
     btf_maps::{Array, HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
     helpers::generated::{
@@ -69,14 +70,31 @@ static LOCAL: HashMap<[u8; 4], LocalEndpoint, { LOCAL_MAX as usize }> = HashMap:
 #[btf_map(name = "mycni_peers")]
 static PEERS: HashMap<[u8; 4], PeerNode, { PEERS_MAX as usize }> = HashMap::new();
 
+/// Peer IPv6 podCIDRs, mirrored from the agent's IPv6 routes on `vxlan.1`
+/// (the same peers, reached over the same IPv4 underlay).
+#[btf_map(name = "mycni_remote6")]
+static REMOTE6: LpmTrie<[u8; 16], RemoteNode, { REMOTE_MAX as usize }> = LpmTrie::new();
+
+/// Pods on this node by IPv6 address, mirrored from the plugin's IPv6 host
+/// routes and veths.
+#[btf_map(name = "mycni_local6")]
+static LOCAL6: HashMap<[u8; 16], LocalEndpoint, { LOCAL_MAX as usize }> = HashMap::new();
+
 const ETH_HLEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86dd;
 const IP_HLEN: usize = 20;
+const IP6_HLEN: usize = 40;
 const TCP_HLEN: usize = 20;
 const UDP_HLEN: usize = 8;
 const VXLAN_HLEN: usize = 8;
 const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
+const IPPROTO_ICMPV6: u8 = 58;
+/// ICMPv6 types of neighbour discovery (RFC 4861): router solicitation,
+/// router and neighbour advertisement and solicitation, redirect.
+const ND_ROUTER_SOLICIT: u8 = 133;
+const ND_REDIRECT: u8 = 137;
 const TCP_FIN: u8 = 0x01;
 const TCP_SYN: u8 = 0x02;
 const TCP_RST: u8 = 0x04;
@@ -101,6 +119,14 @@ unsafe extern "C" {
         skb: *mut core::ffi::c_void,
         saddr: u32,
         daddr: u32,
+        ports: u32,
+        l4proto: u32,
+        timeout_ms: u32,
+    ) -> i32;
+    /// The same for IPv6: `addrs` is source then destination, 32 bytes.
+    fn mycni_ct_gate6(
+        skb: *mut core::ffi::c_void,
+        addrs: *const u32,
         ports: u32,
         l4proto: u32,
         timeout_ms: u32,
@@ -194,25 +220,33 @@ enum Next {
     Local(LocalEndpoint),
 }
 
-/// What the checks learnt of the (inner) IPv4 packet.
+/// What the checks learnt of the (inner) IPv4 or IPv6 packet.
 #[derive(Clone, Copy)]
 struct Ip {
+    /// IPv6 (else IPv4).
+    v6: bool,
+    /// IPv4 addresses (network byte order); 0 for IPv6, whose addresses
+    /// only the checks need.
     saddr: u32,
     daddr: u32,
+    /// TTL or hop limit.
     ttl: u8,
+    /// IPv4 protocol or IPv6 next header (TCP or UDP once checked).
     l4proto: u8,
+    /// IPv4 TOS or IPv6 traffic class (its low two bits are ECN either way).
     tos: u8,
-    /// IPv4 total length.
+    /// The IP packet's length, header included.
     tot_len: u32,
-    /// IPv4 + L4 header length: with the GSO size, one segment's length.
+    /// IP + L4 header length: with the GSO size, one segment's length.
     hdr_len: u32,
 }
 
-/// The checks every fast-pathed packet passes, on the IPv4 packet behind an
-/// Ethernet header at `OFF` (0 as it arrived from a pod or `vxlan.1`, the
-/// VXLAN overhead for what is still wrapped on the underlay). `peer` is the
-/// outer source of a wrapped packet: its inner source must lie in that
-/// peer's podCIDR. Reads only: a packet that fails goes on untouched.
+/// The checks every fast-pathed packet passes, on the IPv4 or IPv6 packet
+/// behind an Ethernet header at `OFF` (0 as it arrived from a pod or
+/// `vxlan.1`, the VXLAN overhead for what is still wrapped on the
+/// underlay). `peer` is the outer source of a wrapped packet: its inner
+/// source must lie in that peer's podCIDR. Reads only: a packet that fails
+/// goes on untouched.
 #[inline(always)]
 fn inspect<const OFF: usize>(
     ctx: &TcContext,
@@ -220,17 +254,31 @@ fn inspect<const OFF: usize>(
     cfg: &DpConfig,
     peer: u32,
 ) -> Result<(Ip, Next), DpPath> {
+    let (data, _) = linear(ctx, OFF + ETH_HLEN).ok_or(DpPath::KernelTruncated)?;
+    // SAFETY: `linear` checked the range against data_end, as the verifier
+    // requires; the read is unaligned-safe.
+    let proto = u16::from_be(unsafe { ((data + OFF + 12) as *const u16).read_unaligned() });
+    match proto {
+        ETH_P_IP => inspect4::<OFF>(ctx, from, cfg, peer),
+        ETH_P_IPV6 => inspect6::<OFF>(ctx, from, cfg, peer),
+        _ => Err(DpPath::KernelNotIpv4),
+    }
+}
+
+/// [`inspect`] for IPv4.
+#[inline(always)]
+fn inspect4<const OFF: usize>(
+    ctx: &TcContext,
+    from: From,
+    cfg: &DpConfig,
+    peer: u32,
+) -> Result<(Ip, Next), DpPath> {
     let l3 = OFF + ETH_HLEN;
     let l4 = l3 + IP_HLEN;
-    let (data, _) = linear(ctx, l3).ok_or(DpPath::KernelTruncated)?;
-    // SAFETY (all raw reads below): `linear` checked the range against
-    // data_end, as the verifier requires; reads are unaligned-safe.
-    let proto = u16::from_be(unsafe { ((data + OFF + 12) as *const u16).read_unaligned() });
-    if proto != ETH_P_IP {
-        return Err(DpPath::KernelNotIpv4);
-    }
     let (data, _) = linear(ctx, l4).ok_or(DpPath::KernelTruncated)?;
     let ip = data + l3;
+    // SAFETY (all raw reads below): `linear` checked the range against
+    // data_end, as the verifier requires; reads are unaligned-safe.
     let vihl = unsafe { *(ip as *const u8) };
     if vihl >> 4 != 4 {
         return Err(DpPath::KernelNotIpv4);
@@ -271,43 +319,16 @@ fn inspect<const OFF: usize>(
     if ttl <= 1 {
         return Err(DpPath::KernelTtl);
     }
-
-    let (timeout_ms, l4_hlen) = match l4proto {
-        IPPROTO_TCP => {
-            let (data, _) = linear(ctx, l4 + TCP_HLEN).ok_or(DpPath::KernelTruncated)?;
-            // The TCP header must lie inside the IP packet, not in padding
-            // after it (the kernel would trim and drop such a segment).
-            let doff = unsafe { *((data + l4 + 12) as *const u8) } >> 4;
-            if (tot_len as usize) < IP_HLEN + TCP_HLEN || doff < 5 {
-                return Err(DpPath::KernelTruncated);
-            }
-            let flags = unsafe { *((data + l4 + 13) as *const u8) };
-            if flags & (TCP_SYN | TCP_FIN | TCP_RST) != 0 {
-                return Err(DpPath::KernelTcpControl);
-            }
-            (cfg.tcp_timeout_ms, u32::from(doff) * 4)
-        }
-        IPPROTO_UDP => {
-            if (tot_len as usize) < IP_HLEN + UDP_HLEN || linear(ctx, l4 + UDP_HLEN).is_none() {
-                return Err(DpPath::KernelTruncated);
-            }
-            (cfg.udp_timeout_ms, UDP_HLEN as u32)
-        }
-        _ => return Err(DpPath::KernelNotTcpUdp),
-    };
-    let (data, _) = linear(ctx, l4 + UDP_HLEN).ok_or(DpPath::KernelTruncated)?;
-    let ports = unsafe { ((data + l4) as *const u32).read_unaligned() };
+    let (timeout_ms, l4_hlen, ports) = l4_check(ctx, cfg, l4, tot_len - IP_HLEN as u32, l4proto)?;
     let src = saddr.to_ne_bytes();
     match from {
         // A pod may only fast-path packets that carry its own address: a
         // spoofed source could otherwise ride another pod's established flow
         // past conntrack. skb_iif is the host veth the packet arrived on.
         From::Pod => {
-            // SAFETY: a plain read of the context, which the verifier allows.
-            let iif = unsafe { (*skb(ctx)).ingress_ifindex };
             // SAFETY: read-only map lookup, as above.
             match unsafe { LOCAL.get(&src) } {
-                Some(ep) if ep.ifindex == iif => {}
+                Some(ep) if ep.ifindex == ingress(ctx) => {}
                 _ => return Err(DpPath::KernelSourceNotPod),
             }
         }
@@ -338,14 +359,10 @@ fn inspect<const OFF: usize>(
             timeout_ms,
         )
     };
-    if ct == CT_NAT {
-        return Err(DpPath::KernelNat);
-    }
-    if ct != CT_ESTABLISHED {
-        return Err(DpPath::KernelNotEstablished);
-    }
+    ct_verdict(ct)?;
     Ok((
         Ip {
+            v6: false,
             saddr,
             daddr,
             ttl,
@@ -358,10 +375,201 @@ fn inspect<const OFF: usize>(
     ))
 }
 
-/// Decrements the TTL of the IPv4 header at `l3`, like a router. The
-/// checksum covers TTL and protocol as one 16-bit word.
+/// [`inspect`] for IPv6: the fixed 40-byte header followed directly by TCP
+/// or UDP. Neighbour discovery, link-local and multicast traffic and
+/// anything behind an extension header are the kernel's.
+#[inline(always)]
+fn inspect6<const OFF: usize>(
+    ctx: &TcContext,
+    from: From,
+    cfg: &DpConfig,
+    peer: u32,
+) -> Result<(Ip, Next), DpPath> {
+    let l3 = OFF + ETH_HLEN;
+    let l4 = l3 + IP6_HLEN;
+    let (data, _) = linear(ctx, l4).ok_or(DpPath::KernelTruncated)?;
+    let ip = data + l3;
+    // SAFETY (all raw reads below): `linear` checked the range against
+    // data_end, as the verifier requires; reads are unaligned-safe.
+    let vtc = unsafe { ((ip) as *const [u8; 2]).read_unaligned() };
+    if vtc[0] >> 4 != 6 {
+        return Err(DpPath::KernelNotIpv4);
+    }
+    let tos = (vtc[0] << 4) | (vtc[1] >> 4);
+    let payload_len = u16::from_be(unsafe { ((ip + 4) as *const u16).read_unaligned() }) as u32;
+    // Payload length 0 is a jumbogram or IPv6 BIG TCP; a length past the
+    // skb is a lie. Both: doubt.
+    if payload_len == 0 || payload_len + (l4 as u32) > ctx.len() {
+        return Err(DpPath::KernelTruncated);
+    }
+    let nexthdr = unsafe { *((ip + 6) as *const u8) };
+    let hop = unsafe { *((ip + 7) as *const u8) };
+    // Source and destination, as 32-bit words for the conntrack tuple (the
+    // stack copy keeps them aligned, as the verifier wants of stack reads).
+    let addrs: [u32; 8] = unsafe { ((ip + 8) as *const [u32; 8]).read_unaligned() };
+    // SAFETY: plain bytes reinterpreted, same size.
+    let src: [u8; 16] = unsafe { core::mem::transmute([addrs[0], addrs[1], addrs[2], addrs[3]]) };
+    let dst: [u8; 16] = unsafe { core::mem::transmute([addrs[4], addrs[5], addrs[6], addrs[7]]) };
+
+    // Neighbour discovery first, whatever its addresses: the kernel's
+    // neighbour tables live on it.
+    if nexthdr == IPPROTO_ICMPV6 {
+        let (data, _) = linear(ctx, l4 + 1).ok_or(DpPath::KernelTruncated)?;
+        let icmp_type = unsafe { *((data + l4) as *const u8) };
+        if (ND_ROUTER_SOLICIT..=ND_REDIRECT).contains(&icmp_type) {
+            return Err(DpPath::KernelIpv6Nd);
+        }
+    }
+    if dst[0] == 0xff {
+        return Err(DpPath::KernelIpv6Multicast);
+    }
+    let link_local = |a: &[u8; 16]| a[0] == 0xfe && a[1] & 0xc0 == 0x80;
+    if link_local(&src) || link_local(&dst) {
+        return Err(DpPath::KernelIpv6LinkLocal);
+    }
+    if is_ext_header(nexthdr) {
+        return Err(DpPath::KernelIpOptionsOrFragment);
+    }
+
+    // SAFETY: read-only map lookups, as for IPv4.
+    let next = match unsafe { LOCAL6.get(&dst) } {
+        Some(ep) => Next::Local(*ep),
+        None if from == From::Pod => match REMOTE6.get(&Key::new(128, dst)) {
+            Some(node) => Next::Remote(*node),
+            None => return Err(DpPath::KernelUnknownDest),
+        },
+        None => return Err(DpPath::KernelUnknownDest),
+    };
+    if hop <= 1 {
+        return Err(DpPath::KernelTtl);
+    }
+    let (timeout_ms, l4_hlen, ports) = l4_check(ctx, cfg, l4, payload_len, nexthdr)?;
+    match from {
+        // As for IPv4; also what the kernel's anti-spoofing rule (the
+        // agent's nftables table) would check, which a redirect skips.
+        From::Pod => {
+            // SAFETY: read-only map lookup.
+            match unsafe { LOCAL6.get(&src) } {
+                Some(ep) if ep.ifindex == ingress(ctx) => {}
+                _ => return Err(DpPath::KernelSourceNotPod),
+            }
+        }
+        From::Underlay => match REMOTE6.get(&Key::new(128, src)) {
+            Some(node) if node.host_ip == peer => {}
+            _ => return Err(DpPath::KernelDecapInnerSource),
+        },
+        From::Direct => match REMOTE6.get(&Key::new(128, src)) {
+            Some(node) if node.flags & REMOTE_DIRECT != 0 => {}
+            _ => return Err(DpPath::KernelDecapInnerSource),
+        },
+        From::Vxlan => {}
+    }
+    // SAFETY: the gate reads the 32 address bytes and the conntrack entry,
+    // and releases the reference it takes.
+    let ct = unsafe {
+        mycni_ct_gate6(
+            ctx.as_ptr(),
+            addrs.as_ptr(),
+            ports,
+            u32::from(nexthdr),
+            timeout_ms,
+        )
+    };
+    ct_verdict(ct)?;
+    Ok((
+        Ip {
+            v6: true,
+            saddr: 0,
+            daddr: 0,
+            ttl: hop,
+            l4proto: nexthdr,
+            tos,
+            tot_len: IP6_HLEN as u32 + payload_len,
+            hdr_len: IP6_HLEN as u32 + l4_hlen,
+        },
+        next,
+    ))
+}
+
+/// IPv6 next-header values that are extension headers (RFC 8200 and the
+/// IANA registry), not an upper layer.
+#[inline(always)]
+fn is_ext_header(nexthdr: u8) -> bool {
+    matches!(
+        nexthdr,
+        0 | 43 | 44 | 50 | 51 | 60 | 135 | 139 | 140 | 253 | 254
+    )
+}
+
+/// The host veth a packet from a pod arrived on.
+#[inline(always)]
+fn ingress(ctx: &TcContext) -> u32 {
+    // SAFETY: a plain read of the context, which the verifier allows.
+    unsafe { (*skb(ctx)).ingress_ifindex }
+}
+
+/// The TCP or UDP header at `l4`, of an IP payload `l4_len` bytes long:
+/// the conntrack timeout to renew, the L4 header length and the ports (as
+/// the 32-bit word on the wire).
+#[inline(always)]
+fn l4_check(
+    ctx: &TcContext,
+    cfg: &DpConfig,
+    l4: usize,
+    l4_len: u32,
+    l4proto: u8,
+) -> Result<(u32, u32, u32), DpPath> {
+    let (timeout_ms, l4_hlen) = match l4proto {
+        IPPROTO_TCP => {
+            let (data, _) = linear(ctx, l4 + TCP_HLEN).ok_or(DpPath::KernelTruncated)?;
+            // SAFETY (raw reads): in range, checked by `linear`.
+            // The TCP header must lie inside the IP packet, not in padding
+            // after it (the kernel would trim and drop such a segment).
+            let doff = unsafe { *((data + l4 + 12) as *const u8) } >> 4;
+            if (l4_len as usize) < TCP_HLEN || doff < 5 {
+                return Err(DpPath::KernelTruncated);
+            }
+            let flags = unsafe { *((data + l4 + 13) as *const u8) };
+            if flags & (TCP_SYN | TCP_FIN | TCP_RST) != 0 {
+                return Err(DpPath::KernelTcpControl);
+            }
+            (cfg.tcp_timeout_ms, u32::from(doff) * 4)
+        }
+        IPPROTO_UDP => {
+            if (l4_len as usize) < UDP_HLEN || linear(ctx, l4 + UDP_HLEN).is_none() {
+                return Err(DpPath::KernelTruncated);
+            }
+            (cfg.udp_timeout_ms, UDP_HLEN as u32)
+        }
+        _ => return Err(DpPath::KernelNotTcpUdp),
+    };
+    let (data, _) = linear(ctx, l4 + UDP_HLEN).ok_or(DpPath::KernelTruncated)?;
+    // SAFETY: in range, checked by `linear`.
+    let ports = unsafe { ((data + l4) as *const u32).read_unaligned() };
+    Ok((timeout_ms, l4_hlen, ports))
+}
+
+/// The conntrack gate's answer as a path: established and not NATed, or the
+/// reason the kernel must see the packet.
+#[inline(always)]
+fn ct_verdict(ct: i32) -> Result<(), DpPath> {
+    match ct {
+        CT_ESTABLISHED => Ok(()),
+        CT_NAT => Err(DpPath::KernelNat),
+        _ => Err(DpPath::KernelNotEstablished),
+    }
+}
+
+/// Decrements the TTL or hop limit of the IP header at `l3`, like a router.
+/// The IPv4 checksum covers TTL and protocol as one 16-bit word; IPv6 has
+/// no header checksum, and the hop limit is in no pseudo-header.
 #[inline(always)]
 fn dec_ttl(ctx: &TcContext, l3: usize, ip: &Ip) -> Result<(), DpPath> {
+    if ip.v6 {
+        return ctx
+            .store(l3 + 7, &(ip.ttl - 1), 0)
+            .map_err(|_| DpPath::KernelError);
+    }
     let old = u16::from_be_bytes([ip.ttl, ip.l4proto]);
     let new = u16::from_be_bytes([ip.ttl - 1, ip.l4proto]);
     ctx.store(l3 + 8, &(ip.ttl - 1), 0)
@@ -388,6 +596,11 @@ fn forward(ctx: &TcContext, from: From, cfg: &DpConfig) -> (DpPath, i32) {
     };
     let r = match next {
         Next::Local(ep) => deliver(ctx, from, &ip, &ep),
+        // An IPv4 underlay cannot carry IPv6 unencapsulated; the agent marks
+        // no IPv6 podCIDR direct, so this is a map the kernel does not back.
+        Next::Remote(node) if node.flags & REMOTE_DIRECT != 0 && ip.v6 => {
+            Err(DpPath::KernelDirectFib)
+        }
         Next::Remote(node) if node.flags & REMOTE_DIRECT != 0 => direct(ctx, cfg, &ip),
         Next::Remote(node) => match encap_plan(ctx, cfg, &ip, &node) {
             Ok(plan) => encap(ctx, cfg, &ip, &node, &plan),
@@ -400,7 +613,7 @@ fn forward(ctx: &TcContext, from: From, cfg: &DpConfig) -> (DpPath, i32) {
     }
 }
 
-/// Into a pod on this node; the IPv4 header is right behind Ethernet.
+/// Into a pod on this node; the IP header is right behind Ethernet.
 #[inline(always)]
 fn deliver(ctx: &TcContext, from: From, ip: &Ip, ep: &LocalEndpoint) -> Result<DpPath, DpPath> {
     dec_ttl(ctx, ETH_HLEN, ip)?;
@@ -626,7 +839,8 @@ fn encap(
     }
     h[12..14].copy_from_slice(&ETH_P_IP.to_be_bytes());
     // Outer IPv4: TOS 0 but the inner ECN bits (CE becomes ECT(0)), as
-    // ip_tunnel_ecn_encap; DF clear; `vxlan.1`'s TTL.
+    // ip_tunnel_ecn_encap (IPv4 TOS or IPv6 traffic class); DF clear;
+    // `vxlan.1`'s TTL. The outer header is the same for either inner family.
     let ecn = ip.tos & 0x03;
     h[14] = 0x45;
     h[15] = if ecn == 0x03 { 0x02 } else { ecn };
@@ -653,7 +867,8 @@ fn encap(
     // packet to its kernel finds it addressed to its own vxlan.1.
     h[50..56].copy_from_slice(&node.vtep_mac);
     h[56..62].copy_from_slice(&cfg.vtep_mac);
-    h[62..64].copy_from_slice(&ETH_P_IP.to_be_bytes());
+    let inner_proto = if ip.v6 { ETH_P_IPV6 } else { ETH_P_IP };
+    h[62..64].copy_from_slice(&inner_proto.to_be_bytes());
     ctx.store(0, &h, 0).map_err(|_| DpPath::KernelError)?;
 
     // SAFETY: helper calls; they only set the redirect target.
@@ -780,10 +995,18 @@ fn decap(ctx: &TcContext, cfg: &DpConfig) -> Result<DpPath, DpPath> {
     // FIXED_GSO keeps an aggregate's segment size (Calico once passed it as
     // the mode and grew gso_size by 50: calico#11160). The kernel refuses
     // aggregates other than TCP, which then go through vxlan.1.
+    // An inner IPv6 packet behind the outer IPv4 header: DECAP_L3_IPV6
+    // makes skb->protocol IPv6 again, or the pod's stack would hand it to
+    // IPv4 (and bpf_redirect_peer does not look at the ethertype).
+    let family = if ip.v6 {
+        u64::from(BPF_F_ADJ_ROOM_DECAP_L3_IPV6)
+    } else {
+        0
+    };
     ctx.adjust_room(
         -(VXLAN_OVERHEAD as i32),
         BPF_ADJ_ROOM_MAC,
-        u64::from(BPF_F_ADJ_ROOM_FIXED_GSO),
+        u64::from(BPF_F_ADJ_ROOM_FIXED_GSO) | family,
     )
     .map_err(|_| DpPath::KernelDecapGso)?;
     deliver(ctx, From::Underlay, &ip, &ep)

@@ -157,7 +157,7 @@ fn everything_else_is_left_to_the_kernel_untouched() -> Result<()> {
             ("arp request", POD, arp.clone(), DpPath::KernelNotIpv4),
             ("vxlan: arp request", VX, arp.clone(), DpPath::KernelNotIpv4),
             ("bare Ethernet header (ARP)", POD, arp[..14].to_vec(), DpPath::KernelNotIpv4),
-            ("ipv6", POD, eth(HOST_A_MAC, POD_A_MAC, ETH_P_IPV6, &[0x60; 60]), DpPath::KernelNotIpv4),
+            ("ethertype IPv6, version 4", POD, eth(HOST_A_MAC, POD_A_MAC, ETH_P_IPV6, &[0x40; 60]), DpPath::KernelNotIpv4),
             ("802.1Q-tagged IPv4", POD, vlan, DpPath::KernelNotIpv4),
             ("ethertype IPv4, version 6", POD, edit_ip(&ack, |ip| ip[0] = 0x65), DpPath::KernelNotIpv4),
             // Truncated or lying headers. Linux 6.18 refuses to test-run the
