@@ -1009,6 +1009,12 @@ fn decap(ctx: &TcContext, cfg: &DpConfig) -> Result<DpPath, DpPath> {
         u64::from(BPF_F_ADJ_ROOM_FIXED_GSO) | family,
     )
     .map_err(|_| DpPath::KernelDecapGso)?;
+    // What is left in front of the inner packet is the outer Ethernet
+    // header, whose ethertype says IPv4.
+    if ip.v6 {
+        ctx.store(12, &ETH_P_IPV6.to_be_bytes(), 0)
+            .map_err(|_| DpPath::KernelError)?;
+    }
     deliver(ctx, From::Underlay, &ip, &ep)
 }
 

@@ -13,7 +13,9 @@
 //! Topology the maps describe: this node holds pods A (10.244.1.5) and B
 //! (10.244.1.9); a peer node holds 10.244.2.0/24, with pod R (10.244.2.7).
 //! All three addresses live on the namespace's loopback so real flows
-//! between them exist.
+//! between them exist. The same for IPv6 (`ipv6`): A fd00:10:244:1::5,
+//! B fd00:10:244:1::9, the peer's fd00:10:244:2::/64 with R
+//! fd00:10:244:2::7, carried over the same IPv4 underlay.
 //!
 //! The topology and the maps are here; the node and its programs in
 //! `node`, the packets in `frames`, the real flows in `flows`, and the cases
@@ -21,16 +23,16 @@
 //! `encap` (datapath v2: encapsulation and decapsulation in tc).
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::Path as FsPath;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use mycni_agent::ebpf::sync_peers;
 use mycni_agent::ebpf::{
     Datapath, Prog, embedded_object, read_counters, sync_local, sync_remote, write_config,
 };
+use mycni_agent::ebpf::{sync_local6, sync_peers, sync_remote6};
 use mycni_common::{
     CFG_TC_DECAP, CFG_TC_ENCAP, DpConfig, DpPath, LocalEndpoint, PathCounter, PeerNode, RemoteNode,
     TCX_NEXT,
@@ -46,6 +48,8 @@ mod fast_path;
 mod flows;
 #[path = "ebpf_prog/frames.rs"]
 mod frames;
+#[path = "ebpf_prog/ipv6.rs"]
+mod ipv6;
 #[path = "ebpf_prog/node.rs"]
 mod node;
 
@@ -58,6 +62,9 @@ const TC_ACT_REDIRECT: i32 = 7;
 const POD_A: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 5);
 const POD_B: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 9);
 const POD_R: Ipv4Addr = Ipv4Addr::new(10, 244, 2, 7);
+const POD_A6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 5);
+const POD_B6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 9);
+const POD_R6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 2, 0, 0, 0, 7);
 /// In no map: neither a pod here nor in a peer's podCIDR.
 const UNKNOWN: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
 /// Service IPs, DNATed (in the namespace's OUTPUT hook) to pods R and B.
@@ -102,7 +109,19 @@ const CSUM: usize = IP + 10;
 /// source (A: 101, B: 102; anything else: 0, which no pod owns); for
 /// from_vxlan, irrelevant (0).
 fn ingress_of(prog: Prog, pkt: &[u8]) -> u32 {
-    if prog != Prog::FromPod || pkt.len() < 30 || pkt[12..14] != ETH_P_IP.to_be_bytes() {
+    if prog != Prog::FromPod {
+        return 0;
+    }
+    if pkt.len() >= 38 && pkt[12..14] == ETH_P_IPV6.to_be_bytes() {
+        let mut src = [0u8; 16];
+        src.copy_from_slice(&pkt[22..38]);
+        return match Ipv6Addr::from(src) {
+            ip if ip == POD_A6 => 101,
+            ip if ip == POD_B6 => 102,
+            _ => 0,
+        };
+    }
+    if pkt.len() < 30 || pkt[12..14] != ETH_P_IP.to_be_bytes() {
         return 0;
     }
     match Ipv4Addr::new(pkt[26], pkt[27], pkt[28], pkt[29]) {
@@ -165,6 +184,20 @@ fn remote_map() -> BTreeMap<(Ipv4Addr, u8), RemoteNode> {
         host_ip: u32::from_ne_bytes(UL_PEER.octets()),
     };
     BTreeMap::from([((Ipv4Addr::new(10, 244, 2, 0), 24), peer)])
+}
+
+fn remote6_map() -> BTreeMap<(Ipv6Addr, u8), RemoteNode> {
+    let peer = remote_map().into_values().next().unwrap_or_default();
+    BTreeMap::from([(
+        (Ipv6Addr::new(0xfd00, 0x10, 0x244, 2, 0, 0, 0, 0), 64),
+        peer,
+    )])
+}
+
+/// The pods of [`local_map`], by their IPv6 addresses.
+fn local6_map() -> BTreeMap<Ipv6Addr, LocalEndpoint> {
+    let v4 = local_map();
+    BTreeMap::from([(POD_A6, v4[&POD_A]), (POD_B6, v4[&POD_B])])
 }
 
 fn local_map() -> BTreeMap<Ipv4Addr, LocalEndpoint> {

@@ -20,12 +20,29 @@ impl Node {
             node.ns
                 .exec("ip", &["addr", "add", &format!("{ip}/32"), "dev", "lo"])?;
         }
+        for ip in [POD_A6, POD_B6, POD_R6] {
+            node.ns.exec(
+                "ip",
+                &[
+                    "-6",
+                    "addr",
+                    "add",
+                    &format!("{ip}/128"),
+                    "dev",
+                    "lo",
+                    "nodad",
+                ],
+            )?;
+        }
         // Any rule matching on ct state makes conntrack track this namespace.
         node.ns.exec(
             "nft",
             &["add table ip mycni_t; \
                add chain ip mycni_t out { type filter hook output priority 0; }; \
-               add rule ip mycni_t out ct state established accept"],
+               add rule ip mycni_t out ct state established accept; \
+               add table ip6 mycni_t6; \
+               add chain ip6 mycni_t6 out { type filter hook output priority 0; }; \
+               add rule ip6 mycni_t6 out ct state established accept"],
         )?;
         Ok(node)
     }
@@ -101,6 +118,8 @@ impl Node {
             let dp = Datapath::load(object, pin)?;
             sync_remote(pin, &remote_map())?;
             sync_local(pin, &local_map())?;
+            sync_remote6(pin, &remote6_map())?;
+            sync_local6(pin, &local6_map())?;
             let peer = PeerNode {
                 vtep_mac: PEER_VTEP_MAC,
                 _pad: [0; 2],
@@ -299,9 +318,26 @@ pub(crate) fn test_run_accepts(frame: &[u8]) -> bool {
 }
 
 /// What a redirected packet may differ in: the MACs, the TTL (one less) and
-/// the IP checksum, which stays exactly as valid or invalid as it was.
+/// the IP checksum, which stays exactly as valid or invalid as it was; for
+/// IPv6, the MACs and the hop limit (one less).
 pub(crate) fn ensure_only_forwarding_rewrite(pkt: &[u8], out: &[u8]) -> Result<()> {
     ensure!(out.len() == pkt.len(), "redirect changed the length");
+    if pkt.get(12..14) == Some(&ETH_P_IPV6.to_be_bytes()[..]) {
+        const HOP: usize = IP + 7;
+        for (i, (a, b)) in pkt.iter().zip(out).enumerate() {
+            ensure!(
+                a == b || i < 12 || i == HOP,
+                "redirect changed byte {i}\n  in:  {}\n  out: {}",
+                hex(pkt),
+                hex(out)
+            );
+        }
+        ensure!(
+            out[HOP] == pkt[HOP].wrapping_sub(1),
+            "hop limit not decremented"
+        );
+        return Ok(());
+    }
     for (i, (a, b)) in pkt.iter().zip(out).enumerate() {
         ensure!(
             a == b || i < 12 || i == TTL || i == CSUM || i == CSUM + 1,
