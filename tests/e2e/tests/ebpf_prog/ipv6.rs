@@ -195,21 +195,32 @@ fn v6(a: std::net::SocketAddr) -> Result<SocketAddrV6> {
 struct TcpConn6 {
     _client: TcpStream,
     _server: TcpStream,
+    /// Client to server as the client sent it (before any DNAT).
     flow: Flow6,
+    /// Server to client as the server sent it (after DNAT, its reply tuple).
+    reply: Flow6,
 }
 
 fn tcp_conn6(src: Ipv6Addr, dst: Ipv6Addr, listener: &TcpListener) -> Result<TcpConn6> {
-    let dst = SocketAddrV6::new(dst, SERVER_PORT, 0, 0);
+    tcp_conn6_to(src, SocketAddrV6::new(dst, SERVER_PORT, 0, 0), listener)
+}
+
+fn tcp_conn6_to(src: Ipv6Addr, dst: SocketAddrV6, listener: &TcpListener) -> Result<TcpConn6> {
     let client = tcp_connect_from6(src, dst)?;
     let (server, _) = listener.accept()?;
     let flow = Flow6 {
         src: v6(client.local_addr()?)?,
         dst,
     };
+    let reply = Flow6 {
+        src: v6(server.local_addr()?)?,
+        dst: v6(server.peer_addr()?)?,
+    };
     Ok(TcpConn6 {
         _client: client,
         _server: server,
         flow,
+        reply,
     })
 }
 
@@ -534,5 +545,88 @@ fn ipv6_decap_only_from_peers_for_local_pods() -> Result<()> {
             dp.kernel(what, prog, &pkt, want)?;
         }
         Ok(())
+    })
+}
+
+/// Service IPs, DNATed (in the namespace's OUTPUT hook, as kube-proxy's
+/// ip6tables rules would) to pods R and B.
+const SVC6_TO_R: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x10);
+const SVC6_TO_B: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x11);
+
+#[test]
+fn ipv6_services_and_unassured_udp_stay_with_the_kernel() -> Result<()> {
+    let node = Node::new("svc6")?;
+    node.ns
+        .exec("ip", &["-6", "route", "add", "fd00:96::/64", "dev", "lo"])?;
+    node.ns.exec(
+        "nft",
+        &[&format!(
+            "add table ip6 mycni_nat6; \
+             add chain ip6 mycni_nat6 out {{ type nat hook output priority -100; }}; \
+             add rule ip6 mycni_nat6 out ip6 daddr {SVC6_TO_R} tcp dport 80 dnat to [{POD_R6}]:{SERVER_PORT}; \
+             add rule ip6 mycni_nat6 out ip6 daddr {SVC6_TO_B} tcp dport 80 dnat to [{POD_B6}]:{SERVER_PORT}"
+        )],
+    )?;
+    node.run(|dp| {
+        dp.configure(&config())?;
+        ensure!(
+            mycni_agent::ebpf::read_local6(dp.pin)? == local6_map()
+                && mycni_agent::ebpf::read_remote6(dp.pin)? == remote6_map(),
+            "the IPv6 maps do not read back as written"
+        );
+        let (at_b, at_r) = (listen6(POD_B6)?, listen6(POD_R6)?);
+        let svc_r = tcp_conn6_to(POD_A6, SocketAddrV6::new(SVC6_TO_R, 80, 0, 0), &at_r)?;
+        let svc_b = tcp_conn6_to(POD_A6, SocketAddrV6::new(SVC6_TO_B, 80, 0, 0), &at_b)?;
+        ensure_ct6(svc_r.flow, "ESTABLISHED")?;
+        ensure_ct6(svc_b.flow, "ESTABLISHED")?;
+        ensure!(*svc_r.reply.src.ip() == POD_R6 && *svc_b.reply.src.ip() == POD_B6);
+
+        // UDP: fast once conntrack holds the flow as assured, not before.
+        let a = std::net::UdpSocket::bind(SocketAddrV6::new(POD_A6, 0, 0, 0))?;
+        let b = std::net::UdpSocket::bind(SocketAddrV6::new(POD_B6, 0, 0, 0))?;
+        a.connect(b.local_addr()?)?;
+        b.connect(a.local_addr()?)?;
+        for s in [&a, &b] {
+            s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        }
+        let udp_flow = Flow6 {
+            src: v6(a.local_addr()?)?,
+            dst: v6(b.local_addr()?)?,
+        };
+        let exchange = || -> Result<()> {
+            let mut buf = [0u8; 16];
+            a.send(b"ping")?;
+            b.recv(&mut buf)?;
+            b.send(b"pong")?;
+            a.recv(&mut buf)?;
+            Ok(())
+        };
+        let started = Instant::now();
+        exchange()?;
+        let udp = from_a6(&udp6(udp_flow, b"data"));
+
+        #[rustfmt::skip]
+        let cases: Vec<KernelCase> = vec![
+            ("vxlan: tcp6 R->A, DNATed flow", VX, from_peer6(&tcp6(svc_r.reply, ACK, b"200 OK")), DpPath::KernelNat),
+            ("tcp6 B->A, DNATed flow", POD, from_b6(&tcp6(svc_b.reply, ACK, b"200 OK")), DpPath::KernelNat),
+            // Before DNAT the destination is a Service IP, in no map.
+            ("tcp6 A->Service IP", POD, from_a6(&tcp6(svc_r.flow, ACK, b"")), DpPath::KernelUnknownDest),
+            ("udp6 A->B replied, not assured", POD, udp.clone(), DpPath::KernelNotEstablished),
+        ];
+        for (what, prog, pkt, want) in cases {
+            dp.kernel(what, prog, &pkt, want)?;
+        }
+        std::thread::sleep(Duration::from_millis(2100).saturating_sub(started.elapsed()));
+        exchange()?;
+        ensure_ct6(udp_flow, "[ASSURED]")?;
+        fast6(dp, "udp6 A->B, assured", POD, &udp, DpPath::FastLocal, TO_B)?;
+        fast6(
+            dp,
+            "udp6 B->A, assured",
+            POD,
+            &from_b6(&udp6(udp_flow.rev(), b"re")),
+            DpPath::FastLocal,
+            TO_A,
+        )
     })
 }
