@@ -110,6 +110,7 @@ fuzz_target!(|data: &[u8]| {
             NodeView {
                 name: format!("n{i}"),
                 pod_cidr: present(c.first()),
+                pod_cidrs: Vec::new(),
                 annotations,
             }
         })

@@ -20,7 +20,7 @@ use mycni_common::contract::{self, Conflist, IpamConf, PluginConf};
 use crate::fastpath::Mode;
 use crate::kernel::{Kernel, UnderlaySelect};
 use crate::metrics::Metrics;
-use crate::peers::{Cidr, NodeView};
+use crate::peers::{Cidr, Cidr6, ClusterCidrs, NodeView, PodCidrs};
 
 /// Everything `mycni-agent run` is configured with.
 #[derive(Debug, Clone)]
@@ -30,6 +30,9 @@ pub struct Config {
     pub pod_namespace: Option<String>,
     pub kubeconfig: Option<PathBuf>,
     pub cluster_cidr: Cidr,
+    /// The cluster's IPv6 pod CIDR; None: the agent does no IPv6 (every
+    /// IPv6 podCIDR, its own and its peers', is ignored).
+    pub cluster_cidr6: Option<Cidr6>,
     /// How the underlay interface is found, in `--iface`'s syntax (see
     /// [`UnderlaySelect`]); None: the interface of the default route.
     /// Re-applied whenever the kernel reports an address, route or link
@@ -64,6 +67,14 @@ pub struct Config {
 }
 
 impl Config {
+    /// The cluster CIDRs of both families.
+    pub fn clusters(&self) -> ClusterCidrs {
+        ClusterCidrs {
+            v4: self.cluster_cidr,
+            v6: self.cluster_cidr6,
+        }
+    }
+
     /// `iface`, parsed (the flag's parser has checked it already).
     pub fn underlay(&self) -> Result<UnderlaySelect> {
         self.iface
@@ -89,6 +100,11 @@ fn node_view(n: &Node) -> NodeView {
     NodeView {
         name: n.metadata.name.clone().unwrap_or_default(),
         pod_cidr: n.spec.as_ref().and_then(|s| s.pod_cidr.clone()),
+        pod_cidrs: n
+            .spec
+            .as_ref()
+            .and_then(|s| s.pod_cidrs.clone())
+            .unwrap_or_default(),
         annotations: n
             .metadata
             .annotations
@@ -153,10 +169,20 @@ pub fn ready_file(cfg: &Config) -> PathBuf {
     cfg.state_dir.join(contract::READY_FILE_NAME)
 }
 
-/// The conflist for this node, in the contract's shape the plugin parses.
-pub fn conflist(cfg: &Config, pod_cidr: Cidr, mtu: u32) -> Conflist {
+/// The conflist for this node, in the contract's shape the plugin parses:
+/// its IPAM gets the IPv4 podCIDR (the primary family, as the overlay's)
+/// and, on a dual-stack node, the IPv6 one. A single-family node's is the
+/// same bytes as before dual-stack.
+pub fn conflist(cfg: &Config, pod_cidrs: impl Into<PodCidrs>, mtu: u32) -> Conflist {
+    let pod_cidrs = pod_cidrs.into();
+    let ranges: Vec<mycni_common::net::Cidr> = pod_cidrs
+        .v4
+        .map(Into::into)
+        .into_iter()
+        .chain(pod_cidrs.v6.map(Into::into))
+        .collect();
     Conflist::new(PluginConf {
-        ipam: IpamConf::new(cfg.ipam_data_dir.clone(), &[pod_cidr.into()]),
+        ipam: IpamConf::new(cfg.ipam_data_dir.clone(), &ranges),
         log_file: cfg.plugin_log_file.clone(),
         mtu,
         ready_file: ready_file(cfg),

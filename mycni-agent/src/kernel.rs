@@ -14,16 +14,18 @@
 //! `reconcile::NexthopIds`.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use futures::{StreamExt, stream};
-use mycni_common::netlink::{self, Link, Netlink, Nexthop, NexthopRoute, Route, VxlanConfig};
+use mycni_common::netlink::{
+    self, Link, Netlink, Nexthop, NexthopRoute, Route, RouteFamily, VxlanConfig,
+};
 use thiserror::Error;
 
 use crate::peers::{Cidr, Mac};
-use crate::reconcile::{self, Action, Hop, NexthopIds, NexthopPlan, OverlayState};
+use crate::reconcile::{self, Action, AnyCidr, Hop, NexthopIds, NexthopPlan, OverlayState};
 
 /// The agent's routes carry its own protocol so a restarted agent finds its
 /// stale routes and nobody else's; the plugin's pod routes and host veths
@@ -59,6 +61,9 @@ pub struct VxlanSpec {
     pub mac: Mac,
     /// The node's own VTEP address (podCIDR.0) as a /32.
     pub address: Ipv4Addr,
+    /// The node's own IPv6 VTEP address (IPv6 podCIDR's first address) as
+    /// a /128 without DAD, if the node has an IPv6 podCIDR.
+    pub address6: Option<Ipv6Addr>,
 }
 
 /// The underlay interface: name, index, first IPv4 address, MTU.
@@ -422,12 +427,31 @@ impl Kernel {
                 _ => {}
             }
         }
+        if let Some(a6) = spec.address6 {
+            // No DAD: the address is this node's alone on a link that has
+            // no other member to ask, and DAD would hold it tentative (not
+            // usable as a source) for a second or more.
+            let address6 = mycni_common::net::Cidr::<Ipv6Addr>::new(a6, 128)
+                .ok_or_else(|| KernelError::Other(format!("{a6}/128 is not a CIDR")))?;
+            if !self
+                .nl
+                .ipv6_addresses(index)
+                .await?
+                .iter()
+                .any(|a| a.cidr == address6)
+            {
+                match self.nl.add_ipv6_address_nodad(index, address6).await {
+                    Err(e) if !e.is_exists() => return Err(e.into()),
+                    _ => {}
+                }
+            }
+        }
         Ok((index, created))
     }
 
     /// The entries on `vxlan` that the agent owns: routes with its protocol,
-    /// permanent IPv4 neighbours, permanent `self` FDB entries (the
-    /// all-zeros default entry excluded).
+    /// permanent IPv4 and IPv6 neighbours, permanent `self` FDB entries
+    /// (the all-zeros default entry excluded).
     ///
     /// `underlay` is the device direct routes (gateway: a peer's host IP)
     /// leave by; 0 when direct routing is off, so any such route is stale.
@@ -439,6 +463,9 @@ impl Kernel {
         };
         for n in self.nl.permanent_neighbours(vxlan).await? {
             s.neighbours.insert(n.ip, n.mac);
+        }
+        for n in self.nl.permanent_ipv6_neighbours(vxlan).await? {
+            s.neighbours6.insert(n.ip, n.mac);
         }
         for e in self.nl.fdb_entries(vxlan).await? {
             if let Some(ip) = e.dst {
@@ -454,26 +481,19 @@ impl Kernel {
         vxlan: u32,
         underlay: u32,
     ) -> Result<OverlayState, KernelError> {
-        let mut s = OverlayState::default();
-        for r in self.nl.routes_by_protocol(RTPROT_MYCNI_AGENT).await? {
-            // The agent makes no default route (and no route without a
-            // gateway): such a route with its protocol is not one of its.
-            let Some(g) = r.gateway.filter(|_| r.dst.prefix() != 0) else {
-                continue;
-            };
-            let dev = if reconcile::via_vxlan(r.dst, g) {
-                vxlan
-            } else {
-                underlay
-            };
-            if dev != 0 && r.oif == Some(dev) {
-                s.routes.insert(r.dst, g);
-            } else {
-                // Ours, but on a device that is gone or replaced: stale.
-                s.routes.insert(r.dst, Ipv4Addr::UNSPECIFIED);
-            }
-        }
-        Ok(s)
+        Ok(OverlayState {
+            routes: onlink_routes(
+                self.nl.routes_by_protocol(RTPROT_MYCNI_AGENT).await?,
+                vxlan,
+                underlay,
+            ),
+            routes6: onlink_routes(
+                self.nl.ipv6_routes_by_protocol(RTPROT_MYCNI_AGENT).await?,
+                vxlan,
+                underlay,
+            ),
+            ..OverlayState::default()
+        })
     }
 
     /// The peer routes through nexthops, each with its nexthop's gateway;
@@ -495,32 +515,33 @@ impl Kernel {
             .nl
             .routes_with_nexthops_by_protocol(RTPROT_MYCNI_AGENT)
             .await?;
+        let routes6 = self
+            .nl
+            .ipv6_routes_with_nexthops_by_protocol(RTPROT_MYCNI_AGENT)
+            .await?;
         let ids = NexthopIds::new(
             own.iter().map(|n| (n.id, hop_of(n, vxlan, underlay))),
             foreign.iter().map(|n| n.id),
-            routes.iter().filter_map(|(r, id)| Some((r.dst, (*id)?))),
+            routes
+                .iter()
+                .filter_map(|(r, id)| Some((AnyCidr::from(r.dst), (*id)?)))
+                .chain(
+                    routes6
+                        .iter()
+                        .filter_map(|(r, id)| Some((AnyCidr::from(r.dst), (*id)?))),
+                ),
         );
-        let mut s = OverlayState::default();
-        for (r, nhid) in &routes {
-            // The agent makes no default route: one with its protocol is
-            // not one of its.
-            if r.dst.prefix() == 0 {
-                continue;
-            }
-            let gw = match ids.route(r.dst) {
-                Some((_, Some(hop))) if hop == Hop::of_route(r.dst, hop.gateway) => hop.gateway,
-                // Through a nexthop of the agent's holding what it would
-                // not make, through another program's (or one another
-                // route claimed), or holding its gateway itself (made
-                // before nexthops, or by an agent that fell back): set
-                // again, through a nexthop of its own.
-                Some(_) => Ipv4Addr::UNSPECIFIED,
-                None if nhid.is_some() || r.gateway.is_some() => Ipv4Addr::UNSPECIFIED,
-                // Without gateway or nexthop: not one of the agent's.
-                None => continue,
-            };
-            s.routes.insert(r.dst, gw);
-        }
+        let s = OverlayState {
+            routes: nexthop_routes(&ids, &routes, |ip| match ip {
+                IpAddr::V4(a) => Some(a),
+                IpAddr::V6(_) => None,
+            }),
+            routes6: nexthop_routes(&ids, &routes6, |ip| match ip {
+                IpAddr::V6(a) => Some(a),
+                IpAddr::V4(_) => None,
+            }),
+            ..OverlayState::default()
+        };
         *self.ids() = ids;
         self.nexthop_ids_read.store(true, Ordering::Relaxed);
         Ok(s)
@@ -554,9 +575,12 @@ impl Kernel {
             let mut phases: [Vec<&Action>; 3] = [vec![], vec![], vec![]];
             for a in group {
                 let phase = match a {
-                    Action::SetFdb(..) | Action::DelRoute(_) => 0,
-                    Action::SetNeighbour(..) | Action::DelNeighbour(_) => 1,
-                    Action::SetRoute(..) | Action::DelFdb(_) => 2,
+                    Action::SetFdb(..) | Action::DelRoute(_) | Action::DelRoute6(_) => 0,
+                    Action::SetNeighbour(..)
+                    | Action::DelNeighbour(_)
+                    | Action::SetNeighbour6(..)
+                    | Action::DelNeighbour6(_) => 1,
+                    Action::SetRoute(..) | Action::SetRoute6(..) | Action::DelFdb(_) => 2,
                 };
                 phases[phase].push(a);
             }
@@ -564,17 +588,19 @@ impl Kernel {
                 // Nexthop IDs are handed out in the diff's (podCIDR) order,
                 // not in whatever order concurrent requests start: the same
                 // peers get the same IDs in every run.
-                let mut plans: BTreeMap<Cidr, (Hop, NexthopPlan)> = if mode == PeerRoutes::Nexthops
+                let mut plans: BTreeMap<AnyCidr, (Hop, NexthopPlan)> = if mode
+                    == PeerRoutes::Nexthops
                 {
                     let mut ids = self.ids();
                     phase
                         .iter()
-                        .filter_map(|a| match a {
-                            Action::SetRoute(c, gw) => {
-                                let hop = Hop::of_route(*c, *gw);
-                                Some((*c, (hop, ids.plan(*c, hop))))
-                            }
-                            _ => None,
+                        .filter_map(|a| {
+                            let (c, hop) = match a {
+                                Action::SetRoute(c, gw) => ((*c).into(), Hop::of_route(*c, *gw)),
+                                Action::SetRoute6(c, gw) => ((*c).into(), Hop::of_route(*c, *gw)),
+                                _ => return None,
+                            };
+                            Some((c, (hop, ids.plan(c, hop))))
                         })
                         .collect()
                 } else {
@@ -586,7 +612,11 @@ impl Kernel {
                 failed += bad.len();
                 let phase: Vec<&Action> = phase
                     .into_iter()
-                    .filter(|a| !matches!(a, Action::SetRoute(c, _) if bad.contains(c)))
+                    .filter(|a| match a {
+                        Action::SetRoute(c, _) => !bad.contains(&(*c).into()),
+                        Action::SetRoute6(c, _) => !bad.contains(&(*c).into()),
+                        _ => true,
+                    })
                     .collect();
                 let results: Vec<Result<(), KernelError>> = stream::iter(phase)
                     .map(|a| {
@@ -628,7 +658,7 @@ impl Kernel {
     async fn apply_one(
         &self,
         mode: PeerRoutes,
-        plans: &BTreeMap<Cidr, (Hop, NexthopPlan)>,
+        plans: &BTreeMap<AnyCidr, (Hop, NexthopPlan)>,
         vxlan: u32,
         underlay: u32,
         a: &Action,
@@ -636,22 +666,18 @@ impl Kernel {
         let nl = &self.nl;
         let r = match a {
             Action::SetRoute(c, gw) if mode == PeerRoutes::Nexthops => {
-                let (hop, plan) = match plans.get(c) {
-                    Some(p) => *p,
-                    None => {
-                        let hop = Hop::of_route(*c, *gw);
-                        (hop, self.ids().plan(*c, hop))
-                    }
-                };
+                let (hop, plan) = self.plan_of(plans, *c, *gw);
+                return self.set_nexthop_route(vxlan, underlay, hop, plan, *c).await;
+            }
+            Action::SetRoute6(c, gw) if mode == PeerRoutes::Nexthops => {
+                let (hop, plan) = self.plan_of(plans, *c, *gw);
                 return self.set_nexthop_route(vxlan, underlay, hop, plan, *c).await;
             }
             Action::DelRoute(c) if mode == PeerRoutes::Nexthops => {
-                nl.delete_route(*c, RTPROT_MYCNI_AGENT).await?;
-                let id = self.ids().release(*c);
-                match id {
-                    Some(id) => nl.delete_nexthop(id).await,
-                    None => Ok(()),
-                }
+                return self.delete_nexthop_route(*c).await;
+            }
+            Action::DelRoute6(c) if mode == PeerRoutes::Nexthops => {
+                return self.delete_nexthop_route(*c).await;
             }
             Action::SetRoute(c, gw) => {
                 let route = if reconcile::via_vxlan(*c, *gw) {
@@ -676,11 +702,27 @@ impl Kernel {
                 };
                 nl.replace_route(route).await
             }
+            Action::SetRoute6(c, gw) => {
+                // Always through vxlan.1: see `OverlayState::routes6`.
+                nl.replace_route(Route {
+                    dst: *c,
+                    gateway: Some(*gw),
+                    oif: Some(vxlan).filter(|i| *i != 0),
+                    protocol: RTPROT_MYCNI_AGENT,
+                    onlink: true,
+                })
+                .await
+            }
             // The dumped route may sit on a dead device: match by
             // destination and protocol only.
             Action::DelRoute(c) => nl.delete_route(*c, RTPROT_MYCNI_AGENT).await,
+            Action::DelRoute6(c) => nl.delete_route(*c, RTPROT_MYCNI_AGENT).await,
             Action::SetNeighbour(ip, mac) => nl.replace_permanent_neighbour(vxlan, *ip, *mac).await,
+            Action::SetNeighbour6(ip, mac) => {
+                nl.replace_permanent_neighbour(vxlan, *ip, *mac).await
+            }
             Action::DelNeighbour(ip) => nl.delete_neighbour(vxlan, *ip).await,
+            Action::DelNeighbour6(ip) => nl.delete_neighbour(vxlan, *ip).await,
             Action::SetFdb(mac, ip) => nl.replace_fdb_entry(vxlan, *mac, *ip).await,
             Action::DelFdb(mac) => nl.delete_fdb_entry(vxlan, *mac).await,
         };
@@ -692,13 +734,13 @@ impl Kernel {
     /// not exist yet), then the route, each only if the kernel does not
     /// hold it already. A host-IP change of a directly routed peer is the
     /// nexthop alone.
-    async fn set_nexthop_route(
+    async fn set_nexthop_route<A: RouteFamily>(
         &self,
         vxlan: u32,
         underlay: u32,
         hop: Hop,
         plan: NexthopPlan,
-        c: Cidr,
+        c: mycni_common::net::Cidr<A>,
     ) -> Result<(), KernelError> {
         if plan.set_nexthop {
             self.nl
@@ -717,6 +759,44 @@ impl Kernel {
         Ok(())
     }
 
+    /// The hop and plan of the route to `c` via `gw`: the one made for the
+    /// whole phase, else one made now.
+    fn plan_of<A: RouteFamily>(
+        &self,
+        plans: &BTreeMap<AnyCidr, (Hop, NexthopPlan)>,
+        c: mycni_common::net::Cidr<A>,
+        gw: A,
+    ) -> (Hop, NexthopPlan)
+    where
+        AnyCidr: From<mycni_common::net::Cidr<A>>,
+    {
+        let any: AnyCidr = c.into();
+        match plans.get(&any) {
+            Some(p) => *p,
+            None => {
+                let hop = Hop::of_route(c, gw);
+                (hop, self.ids().plan(any, hop))
+            }
+        }
+    }
+
+    /// Deletes the route to `c` and then its nexthop, which no other route
+    /// goes through.
+    async fn delete_nexthop_route<A: RouteFamily>(
+        &self,
+        c: mycni_common::net::Cidr<A>,
+    ) -> Result<(), KernelError>
+    where
+        AnyCidr: From<mycni_common::net::Cidr<A>>,
+    {
+        self.nl.delete_route(c, RTPROT_MYCNI_AGENT).await?;
+        let id = self.ids().release(c);
+        if let Some(id) = id {
+            self.nl.delete_nexthop(id).await?;
+        }
+        Ok(())
+    }
+
     /// Sets the nexthops `plans` says are missing or wrong, a datagram of
     /// them at a time (5,000 peers at start-up), and marks them done.
     /// Returns the podCIDRs whose nexthop failed, each logged.
@@ -724,8 +804,8 @@ impl Kernel {
         &self,
         vxlan: u32,
         underlay: u32,
-        plans: &mut BTreeMap<Cidr, (Hop, NexthopPlan)>,
-    ) -> BTreeSet<Cidr> {
+        plans: &mut BTreeMap<AnyCidr, (Hop, NexthopPlan)>,
+    ) -> BTreeSet<AnyCidr> {
         let wanted: Vec<Nexthop> = plans
             .values()
             .filter(|(_, p)| p.set_nexthop)
@@ -860,7 +940,7 @@ fn nexthop(hop: Hop, id: u32, vxlan: u32, underlay: u32) -> Nexthop {
     let oif = if hop.direct { underlay } else { vxlan };
     Nexthop {
         id,
-        gateway: Some(IpAddr::V4(hop.gateway)),
+        gateway: Some(hop.gateway),
         oif: Some(oif).filter(|i| *i != 0),
         protocol: RTPROT_MYCNI_AGENT,
         // The gateway (the peer's podCIDR.0) is on no subnet of vxlan.1; a
@@ -873,15 +953,81 @@ fn nexthop(hop: Hop, id: u32, vxlan: u32, underlay: u32) -> Nexthop {
 /// make on today's devices: onlink through `vxlan`, or over `underlay` (0:
 /// direct routing off).
 fn hop_of(n: &Nexthop, vxlan: u32, underlay: u32) -> Option<Hop> {
-    let Some(IpAddr::V4(gateway)) = n.gateway else {
-        return None;
-    };
+    let gateway = n.gateway?;
     let direct = match n.oif? {
         i if i == vxlan && i != 0 && n.onlink => false,
         i if i == underlay && i != 0 && !n.onlink => true,
         _ => return None,
     };
     Some(Hop { gateway, direct })
+}
+
+/// The peer routes of one family holding their gateway themselves, as the
+/// overlay state has them: a route on a device that is gone or replaced
+/// has the unspecified gateway (stale: the diff sets it again).
+fn onlink_routes<A: RouteFamily>(
+    routes: Vec<Route<A>>,
+    vxlan: u32,
+    underlay: u32,
+) -> BTreeMap<mycni_common::net::Cidr<A>, A> {
+    let mut out = BTreeMap::new();
+    for r in routes {
+        // The agent makes no default route (and no route without a
+        // gateway): such a route with its protocol is not one of its.
+        let Some(g) = r.gateway.filter(|_| r.dst.prefix() != 0) else {
+            continue;
+        };
+        let dev = if reconcile::via_vxlan(r.dst, g) {
+            vxlan
+        } else {
+            underlay
+        };
+        if dev != 0 && r.oif == Some(dev) {
+            out.insert(r.dst, g);
+        } else {
+            out.insert(r.dst, A::UNSPECIFIED);
+        }
+    }
+    out
+}
+
+/// The peer routes of one family through nexthops, each with its
+/// nexthop's gateway (`family` picks it out of an `IpAddr`), as the
+/// overlay state has them.
+fn nexthop_routes<A: RouteFamily>(
+    ids: &NexthopIds,
+    routes: &[(Route<A>, Option<u32>)],
+    family: impl Fn(IpAddr) -> Option<A>,
+) -> BTreeMap<mycni_common::net::Cidr<A>, A>
+where
+    AnyCidr: From<mycni_common::net::Cidr<A>>,
+{
+    let mut out = BTreeMap::new();
+    for (r, nhid) in routes {
+        // The agent makes no default route: one with its protocol is
+        // not one of its.
+        if r.dst.prefix() == 0 {
+            continue;
+        }
+        let gw = match ids.route(r.dst) {
+            Some((_, Some(hop)))
+                if family(hop.gateway).is_some_and(|g| hop == Hop::of_route(r.dst, g)) =>
+            {
+                family(hop.gateway).unwrap_or(A::UNSPECIFIED)
+            }
+            // Through a nexthop of the agent's holding what it would
+            // not make, through another program's (or one another
+            // route claimed), or holding its gateway itself (made
+            // before nexthops, or by an agent that fell back): set
+            // again, through a nexthop of its own.
+            Some(_) => A::UNSPECIFIED,
+            None if nhid.is_some() || r.gateway.is_some() => A::UNSPECIFIED,
+            // Without gateway or nexthop: not one of the agent's.
+            None => continue,
+        };
+        out.insert(r.dst, gw);
+    }
+    out
 }
 
 fn vxlan_matches(l: &Link, spec: &VxlanSpec) -> bool {

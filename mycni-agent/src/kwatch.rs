@@ -22,6 +22,11 @@
 //! of the previous pass's write read after the next pass changed its mind)
 //! costs at most one pass that finds nothing to do and writes nothing.
 //!
+//! IPv6: the agent's IPv6 routes, neighbours and `vxlan.1`'s IPv6 VTEP
+//! address are watched as their IPv4 twins are. Other IPv6 addresses and
+//! routes wake nothing: the underlay is IPv4, and every pod veth brings a
+//! link-local address and an `fe80::/64` route that must not cost a pass.
+//!
 //! Underlay: an IPv4 address added or removed anywhere but `vxlan.1`, a
 //! route of the main table that is neither the agent's nor the plugin's
 //! (the default route, the route `can-reach` follows), or a change to the
@@ -36,7 +41,7 @@
 //! (a `Notify` holds at most one permit).
 
 use std::collections::BTreeSet;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -60,7 +65,7 @@ use mycni_common::netlink::{NexthopMessage, RTNLGRP_NEXTHOP};
 use crate::kernel::{
     RTPROT_MYCNI_AGENT, RTPROT_MYCNI_PLUGIN, UnderlaySelect, VxlanSpec, glob_match, is_pod_veth,
 };
-use crate::peers::{Cidr, Mac};
+use crate::peers::{Cidr, Cidr6, Mac};
 use crate::reconcile::{OverlayState, via_vxlan};
 
 /// How long events are collected after the first before waking the loop:
@@ -79,6 +84,8 @@ const RTNLGRP_LINK: u32 = 1;
 const RTNLGRP_NEIGH: u32 = 3;
 const RTNLGRP_IPV4_IFADDR: u32 = 5;
 const RTNLGRP_IPV4_ROUTE: u32 = 7;
+const RTNLGRP_IPV6_IFADDR: u32 = 9;
+const RTNLGRP_IPV6_ROUTE: u32 = 11;
 // Nexthop notifications, which netlink-packet-route cannot parse: the
 // shared netlink layer's `NexthopMessage` does.
 const RTM_NEWNEXTHOP: u16 = 104;
@@ -141,14 +148,19 @@ impl Wake {
 pub struct Expected {
     pub vxlan: VxlanSpec,
     pub overlay: OverlayState,
-    /// The gateways of `overlay`'s routes: the agent's nexthops point at
-    /// these and nothing else.
-    gateways: BTreeSet<Ipv4Addr>,
+    /// The gateways of `overlay`'s routes (both families): the agent's
+    /// nexthops point at these and nothing else.
+    gateways: BTreeSet<IpAddr>,
 }
 
 impl Expected {
     pub fn new(vxlan: VxlanSpec, overlay: OverlayState) -> Self {
-        let gateways = overlay.routes.values().copied().collect();
+        let gateways = overlay
+            .routes
+            .values()
+            .map(|g| IpAddr::V4(*g))
+            .chain(overlay.routes6.values().map(|g| IpAddr::V6(*g)))
+            .collect();
         Expected {
             vxlan,
             overlay,
@@ -260,6 +272,24 @@ fn classify_inner(m: &RouteNetlinkMessage, s: &Snapshot) -> Wake {
         M::NewNeighbour(n) | M::DelNeighbour(n) => {
             Wake::overlay(neighbour(n, matches!(m, M::DelNeighbour(_)), s))
         }
+        M::NewAddress(a) | M::DelAddress(a) if a.header.family == AddressFamily::Inet6 => {
+            // IFA_ADDRESS: IPv6 notifications carry no IFA_LOCAL.
+            let addr = a.attributes.iter().find_map(|x| match x {
+                AddressAttribute::Address(IpAddr::V6(ip)) => Some(*ip),
+                _ => None,
+            });
+            let on_vxlan = s.vxlan_index != 0 && a.header.index == s.vxlan_index;
+            // The IPv6 VTEP address removed: ensure_vxlan adds it.
+            let vtep = s.expected.as_ref().map(|e| e.vxlan.address6);
+            Wake::overlay(
+                on_vxlan
+                    && matches!(m, M::DelAddress(_))
+                    && match vtep {
+                        None => true,
+                        Some(v) => v.is_some() && addr == v,
+                    },
+            )
+        }
         M::NewAddress(a) | M::DelAddress(a) => {
             let mut label = None;
             let mut local = None;
@@ -287,12 +317,19 @@ fn route(r: &RouteMessage, deleted: bool, s: &Snapshot) -> Wake {
     if proto == RouteProtocol::Other(RTPROT_MYCNI_PLUGIN) {
         return Wake::PODS;
     }
-    let mut dst = Ipv4Addr::UNSPECIFIED;
+    let v6 = r.header.address_family == AddressFamily::Inet6;
+    let mut dst: IpAddr = if v6 {
+        Ipv6Addr::UNSPECIFIED.into()
+    } else {
+        Ipv4Addr::UNSPECIFIED.into()
+    };
     let (mut gateway, mut oif, mut table) = (None, None, u32::from(r.header.table));
     for a in &r.attributes {
         match a {
-            RouteAttribute::Destination(RouteAddress::Inet(d)) => dst = *d,
-            RouteAttribute::Gateway(RouteAddress::Inet(g)) => gateway = Some(*g),
+            RouteAttribute::Destination(RouteAddress::Inet(d)) => dst = IpAddr::V4(*d),
+            RouteAttribute::Destination(RouteAddress::Inet6(d)) => dst = IpAddr::V6(*d),
+            RouteAttribute::Gateway(RouteAddress::Inet(g)) => gateway = Some(IpAddr::V4(*g)),
+            RouteAttribute::Gateway(RouteAddress::Inet6(g)) => gateway = Some(IpAddr::V6(*g)),
             RouteAttribute::Oif(o) => oif = Some(*o),
             RouteAttribute::Table(t) => table = *t,
             _ => {}
@@ -302,22 +339,38 @@ fn route(r: &RouteMessage, deleted: bool, s: &Snapshot) -> Wake {
         return Wake::default();
     }
     let ours = proto == RouteProtocol::Other(RTPROT_MYCNI_AGENT);
-    let key = Cidr::new(dst, r.header.destination_prefix_length);
+    let prefix = r.header.destination_prefix_length;
+    let on_vxlan = s.vxlan_index != 0 && oif == Some(s.vxlan_index);
     let Some(e) = &s.expected else {
         return Wake {
             overlay: ours && deleted,
             // Not ours, not on vxlan.1: the default route or the route
-            // `can-reach` follows may have changed.
-            underlay: !ours && !(s.vxlan_index != 0 && oif == Some(s.vxlan_index)),
+            // `can-reach` follows may have changed (IPv4 only: the
+            // underlay is IPv4).
+            underlay: !ours && !on_vxlan && !v6,
             pods: false,
         };
     };
-    let want = key.and_then(|k| e.overlay.routes.get(&k).map(|gw| (k, *gw)));
+    // (gateway, whether through vxlan.1) of the route the loop wants.
+    let want = match dst {
+        IpAddr::V4(d) => Cidr::new(d, prefix).and_then(|k| {
+            e.overlay
+                .routes
+                .get(&k)
+                .map(|gw| (IpAddr::V4(*gw), via_vxlan(k, *gw)))
+        }),
+        IpAddr::V6(d) => Cidr6::new(d, prefix).and_then(|k| {
+            e.overlay
+                .routes6
+                .get(&k)
+                .map(|gw| (IpAddr::V6(*gw), via_vxlan(k, *gw)))
+        }),
+    };
     match want {
         // A route the loop wants: deleted, or replaced by one that is not
         // the agent's, goes elsewhere or leaves by another device.
-        Some((k, gw)) => {
-            let dev = if via_vxlan(k, gw) {
+        Some((gw, through_vxlan)) => {
+            let dev = if through_vxlan {
                 s.vxlan_index
             } else {
                 e.vxlan.underlay_index
@@ -334,7 +387,7 @@ fn route(r: &RouteMessage, deleted: bool, s: &Snapshot) -> Wake {
         // Ours but not wanted: the loop's own deletion (or a stale route
         // the next full pass removes).
         None if ours => Wake::default(),
-        None => Wake::underlay(!(s.vxlan_index != 0 && oif == Some(s.vxlan_index))),
+        None => Wake::underlay(!on_vxlan && !v6),
     }
 }
 
@@ -438,10 +491,11 @@ fn neighbour(n: &NeighbourMessage, deleted: bool, s: &Snapshot) -> bool {
     if !on_vxlan && s.vxlan_index != 0 {
         return false;
     }
-    let (mut dst, mut lladdr) = (None, None);
+    let (mut dst, mut dst6, mut lladdr) = (None, None, None);
     for a in &n.attributes {
         match a {
             NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)) => dst = Some(*ip),
+            NeighbourAttribute::Destination(NeighbourAddress::Inet6(ip)) => dst6 = Some(*ip),
             NeighbourAttribute::LinkLayerAddress(m) => lladdr = Mac::try_from(m.as_slice()).ok(),
             _ => {}
         }
@@ -452,6 +506,12 @@ fn neighbour(n: &NeighbourMessage, deleted: bool, s: &Snapshot) -> bool {
             return false;
         };
         deleted || !permanent || dst != Some(*want)
+    } else if n.header.family == AddressFamily::Inet6 {
+        // An IPv6 neighbour: IPv6 VTEP address -> VTEP MAC.
+        let Some(want) = dst6.and_then(|ip| e.overlay.neighbours6.get(&ip)) else {
+            return false;
+        };
+        deleted || !permanent || lladdr != Some(*want)
     } else {
         // A neighbour: gateway -> VTEP MAC.
         let Some(want) = dst.and_then(|ip| e.overlay.neighbours.get(&ip)) else {
@@ -474,7 +534,7 @@ pub fn classify_nexthop(m: &NexthopMessage, s: &Snapshot) -> Wake {
     let Some(e) = &s.expected else {
         return Wake::overlay(m.is_delete());
     };
-    let wanted = matches!(nh.gateway, Some(IpAddr::V4(g)) if e.gateways.contains(&g));
+    let wanted = nh.gateway.is_some_and(|g| e.gateways.contains(&g));
     Wake::overlay(if m.is_delete() { wanted } else { !wanted })
 }
 
@@ -515,7 +575,7 @@ fn classify_datagram(buf: &[u8], s: &Snapshot) -> Wake {
     wake
 }
 
-/// Subscribes to link, IPv4 address, IPv4 route, neighbour (incl. FDB) and
+/// Subscribes to link, IPv4 and IPv6 address and route, neighbour (incl. FDB) and
 /// nexthop notifications in the calling thread's network namespace and
 /// raises `signals` (debounced) whenever one may concern them. Needs a
 /// tokio runtime. The task ends (and says so) only if the socket fails;
@@ -531,6 +591,12 @@ pub fn spawn(signals: Signals, watched: Arc<Watched>) -> std::io::Result<JoinHan
         RTNLGRP_IPV4_ROUTE,
     ] {
         s.add_membership(g)?;
+    }
+    for g in [RTNLGRP_IPV6_IFADDR, RTNLGRP_IPV6_ROUTE] {
+        if let Err(e) = s.add_membership(g) {
+            // A kernel without IPv6 has no IPv6 state to drift.
+            tracing::debug!(error = %e, group = g, "no IPv6 notifications");
+        }
     }
     if let Err(e) = s.add_membership(RTNLGRP_NEXTHOP) {
         // Kernels before 5.3 have no nexthop objects, so no routes use them.
@@ -697,12 +763,14 @@ mod tests {
             mtu: 1450,
             mac: Mac([2, 0, 0, 0, 0, 1]),
             address: Ipv4Addr::new(10, 244, 1, 0),
+            address6: Some("fd00:10:244:1::".parse().expect("ip")),
         }
     }
 
     const PEER: Ipv4Addr = Ipv4Addr::new(10, 244, 50, 0);
     const PEER_MAC: Mac = Mac([2, 0, 0, 0, 0x50, 1]);
     const PEER_HOST: Ipv4Addr = Ipv4Addr::new(192, 168, 77, 150);
+    const PEER6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 0x50, 0, 0, 0, 0);
 
     fn peer_cidr() -> Cidr {
         Cidr::new(PEER, 24).expect("cidr")
@@ -713,6 +781,9 @@ mod tests {
         o.routes.insert(peer_cidr(), PEER);
         o.neighbours.insert(PEER, PEER_MAC);
         o.fdb.insert(PEER_MAC, PEER_HOST);
+        o.routes6
+            .insert(Cidr6::new(PEER6, 64).expect("cidr"), PEER6);
+        o.neighbours6.insert(PEER6, PEER_MAC);
         Expected::new(spec(), o)
     }
 
@@ -1120,6 +1191,150 @@ mod tests {
         assert_eq!(classify_datagram(&both, &s), OVERLAY);
         // Cut short: whatever it held may have mattered.
         assert_eq!(classify_datagram(&both[..both.len() - 3], &s), Wake::ALL);
+    }
+
+    fn route6(
+        proto: u8,
+        dst: Ipv6Addr,
+        prefix: u8,
+        gw: Option<Ipv6Addr>,
+        oif: u32,
+    ) -> RouteMessage {
+        let mut r = RouteMessage::default();
+        r.header.address_family = AddressFamily::Inet6;
+        r.header.protocol = RouteProtocol::from(proto);
+        r.header.table = 254;
+        r.header.destination_prefix_length = prefix;
+        r.attributes
+            .push(RouteAttribute::Destination(RouteAddress::Inet6(dst)));
+        if let Some(g) = gw {
+            r.attributes
+                .push(RouteAttribute::Gateway(RouteAddress::Inet6(g)));
+        }
+        r.attributes.push(RouteAttribute::Oif(oif));
+        r
+    }
+
+    fn neigh6(state: NeighbourState, ip: Ipv6Addr, mac: Mac) -> NeighbourMessage {
+        let mut n = NeighbourMessage::default();
+        n.header.family = AddressFamily::Inet6;
+        n.header.state = state;
+        n.header.ifindex = 7;
+        n.attributes
+            .push(NeighbourAttribute::Destination(NeighbourAddress::Inet6(ip)));
+        n.attributes
+            .push(NeighbourAttribute::LinkLayerAddress(mac.0.to_vec()));
+        n
+    }
+
+    fn address6(index: u32, ip: Ipv6Addr) -> AddressMessage {
+        let mut a = AddressMessage::default();
+        a.header.family = AddressFamily::Inet6;
+        a.header.index = index;
+        a.attributes.push(AddressAttribute::Address(IpAddr::V6(ip)));
+        a
+    }
+
+    #[test]
+    fn ipv6_drift_wakes_a_drift_pass_and_the_agents_own_ipv6_writes_do_not() {
+        let s = snap(Some(expected()));
+        let ours = route6(RTPROT_MYCNI_AGENT, PEER6, 64, Some(PEER6), 7);
+        assert_eq!(
+            wake(RouteNetlinkMessage::NewRoute(ours.clone()), &s),
+            NOTHING
+        );
+        assert_eq!(wake(RouteNetlinkMessage::DelRoute(ours), &s), OVERLAY);
+        let wrong_gw = route6(RTPROT_MYCNI_AGENT, PEER6, 64, Some(Ipv6Addr::LOCALHOST), 7);
+        assert_eq!(wake(RouteNetlinkMessage::NewRoute(wrong_gw), &s), OVERLAY);
+        let theirs = route6(3, PEER6, 64, None, 2);
+        assert_eq!(wake(RouteNetlinkMessage::NewRoute(theirs), &s), OVERLAY);
+        // The loop's own deletion of a route it no longer wants.
+        let old = Ipv6Addr::new(0xfd00, 0x10, 0x244, 0x60, 0, 0, 0, 0);
+        let gone = route6(RTPROT_MYCNI_AGENT, old, 64, Some(old), 7);
+        assert_eq!(wake(RouteNetlinkMessage::DelRoute(gone), &s), NOTHING);
+
+        let n = neigh6(NeighbourState::Permanent, PEER6, PEER_MAC);
+        assert_eq!(
+            wake(RouteNetlinkMessage::NewNeighbour(n.clone()), &s),
+            NOTHING
+        );
+        assert_eq!(wake(RouteNetlinkMessage::DelNeighbour(n), &s), OVERLAY);
+        let moved = neigh6(NeighbourState::Permanent, PEER6, Mac([2, 0, 0, 0, 0x66, 6]));
+        assert_eq!(wake(RouteNetlinkMessage::NewNeighbour(moved), &s), OVERLAY);
+
+        let vtep6 = address6(7, spec().address6.expect("IPv6 VTEP"));
+        assert_eq!(
+            wake(RouteNetlinkMessage::NewAddress(vtep6.clone()), &s),
+            NOTHING
+        );
+        assert_eq!(wake(RouteNetlinkMessage::DelAddress(vtep6), &s), OVERLAY);
+
+        // An IPv6 nexthop: nhmsg { AF_INET6, .. }, NHA_ID, NHA_OIF, and a
+        // 16-byte NHA_GATEWAY.
+        let nh6 = |kind: u16, gw: Ipv6Addr| {
+            let mut p = vec![10u8, 253, RTPROT_MYCNI_AGENT, 0, 4, 0, 0, 0];
+            for (attr, value) in [
+                (1u16, 0x6e00_0002u32.to_ne_bytes()),
+                (5, 7u32.to_ne_bytes()),
+            ] {
+                p.extend_from_slice(&8u16.to_ne_bytes());
+                p.extend_from_slice(&attr.to_ne_bytes());
+                p.extend_from_slice(&value);
+            }
+            p.extend_from_slice(&20u16.to_ne_bytes());
+            p.extend_from_slice(&6u16.to_ne_bytes());
+            p.extend_from_slice(&gw.octets());
+            let mut b = Vec::new();
+            b.extend_from_slice(&(16 + p.len() as u32).to_ne_bytes());
+            b.extend_from_slice(&kind.to_ne_bytes());
+            b.extend_from_slice(&[0; 10]);
+            b.extend_from_slice(&p);
+            classify_datagram(&b, &s)
+        };
+        assert_eq!(
+            nh6(RTM_DELNEXTHOP, PEER6),
+            OVERLAY,
+            "a wanted route's nexthop deleted"
+        );
+        assert_eq!(nh6(RTM_NEWNEXTHOP, PEER6), NOTHING, "the agent's own");
+        assert_eq!(
+            nh6(RTM_NEWNEXTHOP, Ipv6Addr::LOCALHOST),
+            OVERLAY,
+            "pointed elsewhere"
+        );
+    }
+
+    #[test]
+    fn ipv6_on_pods_and_the_host_wakes_no_overlay_or_underlay_pass() {
+        for s in [snap(None), snap(Some(expected()))] {
+            // Every pod veth brings a link-local address and fe80::/64.
+            let ll: Ipv6Addr = "fe80::1".parse().expect("ip");
+            assert_eq!(
+                wake(RouteNetlinkMessage::NewAddress(address6(9, ll)), &s),
+                NOTHING
+            );
+            assert_eq!(
+                wake(RouteNetlinkMessage::DelAddress(address6(9, ll)), &s),
+                NOTHING
+            );
+            let fe80 = route6(2, "fe80::".parse().expect("ip"), 64, None, 9);
+            assert_eq!(
+                wake(RouteNetlinkMessage::NewRoute(fe80.clone()), &s),
+                NOTHING
+            );
+            assert_eq!(wake(RouteNetlinkMessage::DelRoute(fe80), &s), NOTHING);
+            let default6 = route6(9, Ipv6Addr::UNSPECIFIED, 0, Some(ll), 2);
+            assert_eq!(wake(RouteNetlinkMessage::NewRoute(default6), &s), NOTHING);
+            // A pod's /128 is a pod.
+            let pod = route6(
+                RTPROT_MYCNI_PLUGIN,
+                "fd00:10:244:1::5".parse().expect("ip"),
+                128,
+                None,
+                9,
+            );
+            assert_eq!(wake(RouteNetlinkMessage::NewRoute(pod), &s), Wake::PODS);
+        }
     }
 
     #[test]

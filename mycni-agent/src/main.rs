@@ -11,7 +11,7 @@ use mycni_agent::agent::{self, Config, RunOptions};
 use mycni_agent::fastpath::Mode;
 use mycni_agent::kernel::UnderlaySelect;
 use mycni_agent::metrics::{DEFAULT_STALE_AFTER, Liveness, Metrics};
-use mycni_agent::peers::Cidr;
+use mycni_agent::peers::{Cidr, Cidr6, ClusterCidrs};
 use mycni_common::contract::{
     DEFAULT_STATE_DIR, DEFAULT_VNI, DEFAULT_VXLAN_DEVICE, DEFAULT_VXLAN_PORT,
 };
@@ -73,9 +73,12 @@ struct RunArgs {
     /// kubeconfig; in-cluster config when absent.
     #[arg(long, env = "KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
-    /// The cluster's pod CIDR (kube-controller-manager --cluster-cidr).
+    /// The cluster's pod CIDRs (kube-controller-manager --cluster-cidr):
+    /// an IPv4 one, and for dual-stack an IPv6 one after a comma
+    /// (`10.244.0.0/16,fd00:10:244::/56`). Without an IPv6 one the agent
+    /// ignores IPv6 podCIDRs.
     #[arg(long, env = "MYCNI_CLUSTER_CIDR", default_value = "10.244.0.0/16", value_parser = parse_cidr)]
-    cluster_cidr: Cidr,
+    cluster_cidr: ClusterCidrs,
     /// The underlay interface: a name (`eth0`), `interface=<glob>` (the
     /// first interface whose name matches and has an IPv4 address),
     /// `can-reach=<IPv4>` (the interface of the route to that address), or
@@ -180,12 +183,37 @@ fn setting<T>(key: &str, env: &str, r: Result<T, String>) -> Result<T, String> {
     r.map_err(|e| format!("{e} (ConfigMap mycni-config key `{key}`, env {env})"))
 }
 
-fn parse_cidr(s: &str) -> Result<Cidr, String> {
-    setting(
-        "cluster-cidr",
-        "MYCNI_CLUSTER_CIDR",
-        Cidr::parse_network(s).map_err(|_| format!("{s:?} is not an IPv4 CIDR like 10.244.0.0/16")),
-    )
+/// One IPv4 CIDR and at most one IPv6 CIDR, comma-separated, in either
+/// order, as kube-controller-manager's `--cluster-cidr` takes them.
+fn parse_cidr(s: &str) -> Result<ClusterCidrs, String> {
+    let (mut v4, mut v6) = (None, None);
+    let mut r = Ok(());
+    for part in s.split(',').map(str::trim) {
+        if part.contains(':') {
+            match Cidr6::parse_network(part) {
+                Ok(c) if v6.is_none() => v6 = Some(c),
+                Ok(_) => r = Err(format!("{s:?} has more than one IPv6 CIDR")),
+                Err(_) => {
+                    r = Err(format!(
+                        "{part:?} is not an IPv6 CIDR like fd00:10:244::/56"
+                    ))
+                }
+            }
+        } else {
+            match Cidr::parse_network(part) {
+                Ok(c) if v4.is_none() => v4 = Some(c),
+                Ok(_) => r = Err(format!("{s:?} has more than one IPv4 CIDR")),
+                Err(_) => r = Err(format!("{part:?} is not an IPv4 CIDR like 10.244.0.0/16")),
+            }
+        }
+    }
+    let r = r.and_then(|()| match v4 {
+        Some(v4) => Ok(ClusterCidrs { v4, v6 }),
+        None => Err(format!(
+            "{s:?} has no IPv4 CIDR (IPv6-only clusters are not supported)"
+        )),
+    });
+    setting("cluster-cidr", "MYCNI_CLUSTER_CIDR", r)
 }
 
 fn parse_underlay(s: &str) -> Result<UnderlaySelect, String> {
@@ -314,7 +342,8 @@ impl RunArgs {
             pod_name: self.pod_name,
             pod_namespace: self.pod_namespace,
             kubeconfig: self.kubeconfig,
-            cluster_cidr: self.cluster_cidr,
+            cluster_cidr: self.cluster_cidr.v4,
+            cluster_cidr6: self.cluster_cidr.v6,
             iface: match self.iface {
                 UnderlaySelect::DefaultRoute => None,
                 u => Some(u.to_string()),
@@ -387,8 +416,9 @@ fn main() -> Result<()> {
             let (opts, stale_after) = (args.options(), args.stale_after());
             let cfg = args.config()?;
             println!(
-                "configuration ok: cluster-cidr={} underlay={} mtu={} datapath={} direct-routing={} masquerade={} metrics-addr={} resync={:?} liveness-stale-after={:?}",
+                "configuration ok: cluster-cidr={}{} underlay={} mtu={} datapath={} direct-routing={} masquerade={} metrics-addr={} resync={:?} liveness-stale-after={:?}",
                 cfg.cluster_cidr,
+                cfg.cluster_cidr6.map_or(String::new(), |c| format!(",{c}")),
                 cfg.underlay()?,
                 opts.mtu.map_or("auto".to_string(), |m| m.to_string()),
                 format!("{:?}", cfg.datapath).to_lowercase(),
@@ -493,6 +523,18 @@ mod tests {
         ])
         .expect("all set");
         assert_eq!(c.cfg.cluster_cidr.to_string(), "10.32.0.0/12");
+        assert_eq!(c.cfg.cluster_cidr6, None);
+        for both in [
+            "--cluster-cidr=10.32.0.0/12,fd00:10:244::/56",
+            "--cluster-cidr=fd00:10:244::/56, 10.32.0.0/12",
+        ] {
+            let c = parse(&[both]).expect("dual-stack");
+            assert_eq!(c.cfg.cluster_cidr.to_string(), "10.32.0.0/12");
+            assert_eq!(
+                c.cfg.cluster_cidr6.map(|c| c.to_string()).as_deref(),
+                Some("fd00:10:244::/56")
+            );
+        }
         assert_eq!(c.mtu, Some(1400));
         assert_eq!(c.underlay, UnderlaySelect::Pattern("en*".into()));
         assert_eq!(c.cfg.datapath, Mode::Kernel);
@@ -510,6 +552,13 @@ mod tests {
     fn a_bad_value_names_its_configmap_key() {
         for (arg, key) in [
             ("--cluster-cidr=10.244.0.1/33", "cluster-cidr"),
+            ("--cluster-cidr=fd00::/56", "cluster-cidr"),
+            ("--cluster-cidr=10.244.0.0/16,10.245.0.0/16", "cluster-cidr"),
+            (
+                "--cluster-cidr=10.244.0.0/16,fd00::/56,fd01::/56",
+                "cluster-cidr",
+            ),
+            ("--cluster-cidr=10.244.0.0/16,fd00::1/56", "cluster-cidr"),
             ("--mtu=100", "mtu"),
             ("--mtu=1500b", "mtu"),
             ("--iface=can-reach=gateway", "underlay"),

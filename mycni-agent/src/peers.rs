@@ -1,27 +1,84 @@
-//! Peer Nodes, as far as the overlay cares: their podCIDR, VTEP MAC and
+//! Peer Nodes, as far as the overlay cares: their podCIDRs, VTEP MAC and
 //! host IP. Node objects are untrusted input: anything malformed or hostile
 //! is rejected with a reason (logged and counted), never programmed.
+//!
+//! Dual-stack: a Node's `spec.podCIDRs` holds at most one range per family
+//! (`spec.podCIDR`, the first of them, is read when `podCIDRs` is absent).
+//! The IPv4 range is required: the overlay runs over an IPv4 underlay and
+//! the VTEP is addressed from it. The IPv6 range is optional, and a bad
+//! one rejects the peer's IPv6 side only (its `*_v6` reasons): the IPv4
+//! side is not wrong, and withdrawing it would cut a node's working IPv4
+//! pods off for a fault in a family they may not even use.
 //!
 //! This module uses std and `mycni_common` only: the `peer_node` fuzz target
 //! (fuzz/) compiles this file on its own, without the agent's dependencies.
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 pub use mycni_common::contract::{ANNOTATION_HOST_IP, ANNOTATION_VTEP_MAC};
+use mycni_common::net::Family;
 pub use mycni_common::net::Mac;
 
-/// The agent is IPv4-only: every CIDR it handles is an IPv4 one, parsed by
-/// the one parser (`Cidr::parse_network` for networks, which rejects host
-/// bits).
+/// An IPv4 CIDR, parsed by the one parser (`Cidr::parse_network` for
+/// networks, which rejects host bits). The IPv4 side is the one every node
+/// has, so it keeps the short name.
 pub type Cidr = mycni_common::net::Cidr<Ipv4Addr>;
+/// An IPv6 CIDR, by the same parser.
+pub type Cidr6 = mycni_common::net::Cidr<Ipv6Addr>;
+
+/// The prefix lengths a peer's IPv4 podCIDR may have.
+const PREFIX_V4: std::ops::RangeInclusive<u8> = 8..=30;
+/// The prefix lengths a peer's IPv6 podCIDR may have: a /124 leaves 15
+/// pod addresses beside the VTEP's, and no node gets less than a /16.
+const PREFIX_V6: std::ops::RangeInclusive<u8> = 16..=124;
+
+/// The cluster's pod ranges (kube-controller-manager `--cluster-cidr`,
+/// one per family). No IPv6 range: the agent does not do IPv6, and
+/// ignores every IPv6 podCIDR.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClusterCidrs {
+    pub v4: Cidr,
+    pub v6: Option<Cidr6>,
+}
+
+impl From<Cidr> for ClusterCidrs {
+    fn from(v4: Cidr) -> Self {
+        ClusterCidrs { v4, v6: None }
+    }
+}
+
+/// A node's own podCIDRs, as far as they are known and valid.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PodCidrs {
+    pub v4: Option<Cidr>,
+    pub v6: Option<Cidr6>,
+}
+
+impl From<Option<Cidr>> for PodCidrs {
+    fn from(v4: Option<Cidr>) -> Self {
+        PodCidrs { v4, v6: None }
+    }
+}
+
+impl From<Cidr> for PodCidrs {
+    fn from(v4: Cidr) -> Self {
+        PodCidrs {
+            v4: Some(v4),
+            v6: None,
+        }
+    }
+}
 
 /// A peer the agent will program.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Peer {
     pub name: String,
     pub pod_cidr: Cidr,
+    /// The peer's IPv6 podCIDR, if it has a valid one and the agent does
+    /// IPv6 (an IPv6 cluster CIDR is set).
+    pub pod_cidr6: Option<Cidr6>,
     pub vtep_mac: Mac,
     pub host_ip: Ipv4Addr,
 }
@@ -32,14 +89,24 @@ impl Peer {
     pub fn gateway(&self) -> Ipv4Addr {
         self.pod_cidr.network()
     }
+
+    /// The peer's IPv6 VTEP address, the twin of [`Peer::gateway`]: its
+    /// IPv6 podCIDR's first address.
+    pub fn gateway6(&self) -> Option<Ipv6Addr> {
+        self.pod_cidr6.map(|c| c.network())
+    }
 }
 
-/// Why a Node was not programmed. The label is the metric's `reason`.
+/// Why a Node (or, for the `*6` variants, its IPv6 side) was not
+/// programmed. The label is the metric's `reason`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reject {
     /// Not yet annotated or no podCIDR: normal while a node starts.
     Incomplete(&'static str),
     BadPodCidr(String),
+    /// Only an IPv6 podCIDR: IPv6-only nodes are not supported yet (the
+    /// overlay needs an IPv4 podCIDR for its VTEP).
+    NoIpv4PodCidr(String),
     OutsideClusterCidr(String),
     OverlapsOwn(String),
     OverlapsPeer(String),
@@ -48,6 +115,12 @@ pub enum Reject {
     /// Another Node announces the same VTEP MAC: the FDB maps a MAC to one
     /// host, so one of them would receive the other's pod traffic.
     DuplicateVtepMac(String),
+    /// The IPv6 side only (the peer's IPv4 side is programmed): not an
+    /// IPv6 network of an allowed size, or two of them.
+    BadPodCidr6(String),
+    OutsideClusterCidr6(String),
+    OverlapsOwn6(String),
+    OverlapsPeer6(String),
 }
 
 impl Reject {
@@ -55,13 +128,30 @@ impl Reject {
         match self {
             Reject::Incomplete(_) => "incomplete",
             Reject::BadPodCidr(_) => "bad_pod_cidr",
+            Reject::NoIpv4PodCidr(_) => "no_ipv4_pod_cidr",
             Reject::OutsideClusterCidr(_) => "outside_cluster_cidr",
             Reject::OverlapsOwn(_) => "overlaps_own",
             Reject::OverlapsPeer(_) => "overlaps_peer",
             Reject::BadMac(_) => "bad_mac",
             Reject::BadHostIp(_) => "bad_host_ip",
             Reject::DuplicateVtepMac(_) => "duplicate_vtep_mac",
+            Reject::BadPodCidr6(_) => "bad_pod_cidr_v6",
+            Reject::OutsideClusterCidr6(_) => "outside_cluster_cidr_v6",
+            Reject::OverlapsOwn6(_) => "overlaps_own_v6",
+            Reject::OverlapsPeer6(_) => "overlaps_peer_v6",
         }
+    }
+
+    /// Whether only the peer's IPv6 side is rejected (its IPv4 side is
+    /// programmed).
+    pub fn ipv6_side_only(&self) -> bool {
+        matches!(
+            self,
+            Reject::BadPodCidr6(_)
+                | Reject::OutsideClusterCidr6(_)
+                | Reject::OverlapsOwn6(_)
+                | Reject::OverlapsPeer6(_)
+        )
     }
 }
 
@@ -70,8 +160,15 @@ impl fmt::Display for Reject {
         match self {
             Reject::Incomplete(what) => write!(f, "not ready yet: {what}"),
             Reject::BadPodCidr(s) => {
-                write!(f, "podCIDR {s:?} is not an IPv4 network between /8 and /30")
+                write!(
+                    f,
+                    "podCIDR {s:?} is not one IPv4 network between /8 and /30"
+                )
             }
+            Reject::NoIpv4PodCidr(s) => write!(
+                f,
+                "podCIDRs {s} have no IPv4 range; IPv6-only nodes are not supported"
+            ),
             Reject::OutsideClusterCidr(s) => write!(f, "podCIDR {s} is outside the cluster CIDR"),
             Reject::OverlapsOwn(s) => write!(f, "podCIDR {s} overlaps this node's"),
             Reject::OverlapsPeer(s) => write!(f, "podCIDR {s} overlaps another node's"),
@@ -81,6 +178,22 @@ impl fmt::Display for Reject {
                 f,
                 "VTEP MAC {s} is announced by another Node too (a cloned VM?)"
             ),
+            Reject::BadPodCidr6(s) => write!(
+                f,
+                "IPv6 side not programmed: podCIDR {s:?} is not one IPv6 network between /16 and /124"
+            ),
+            Reject::OutsideClusterCidr6(s) => write!(
+                f,
+                "IPv6 side not programmed: podCIDR {s} is outside the IPv6 cluster CIDR"
+            ),
+            Reject::OverlapsOwn6(s) => write!(
+                f,
+                "IPv6 side not programmed: podCIDR {s} overlaps this node's"
+            ),
+            Reject::OverlapsPeer6(s) => write!(
+                f,
+                "IPv6 side not programmed: podCIDR {s} overlaps another node's"
+            ),
         }
     }
 }
@@ -89,8 +202,65 @@ impl fmt::Display for Reject {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeView {
     pub name: String,
+    /// `spec.podCIDR`: read only when `pod_cidrs` is empty.
     pub pod_cidr: Option<String>,
+    /// `spec.podCIDRs`: at most one per family, in either order.
+    pub pod_cidrs: Vec<String>,
     pub annotations: BTreeMap<String, String>,
+}
+
+/// A node's podCIDR texts, split by family: what looks like IPv6 (has a
+/// `:`) is IPv6, anything else is IPv4, so garbage is judged as IPv4 and
+/// rejects the node, as it always did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodCidrTexts<'a> {
+    pub v4: Vec<&'a str>,
+    pub v6: Vec<&'a str>,
+}
+
+impl NodeView {
+    /// `spec.podCIDRs` if set, else `spec.podCIDR`, split by family.
+    pub fn pod_cidr_texts(&self) -> PodCidrTexts<'_> {
+        let all: Vec<&str> = if self.pod_cidrs.is_empty() {
+            self.pod_cidr.as_deref().into_iter().collect()
+        } else {
+            self.pod_cidrs.iter().map(String::as_str).collect()
+        };
+        let (v6, v4) = all.into_iter().partition(|s| s.contains(':'));
+        PodCidrTexts { v4, v6 }
+    }
+
+    /// This node's own podCIDRs, for the agent running on it: each family's
+    /// single valid range inside the cluster's, or an error saying which
+    /// is wrong. An IPv6 range when the agent does no IPv6 is ignored.
+    pub fn own_pod_cidrs(&self, cluster: ClusterCidrs) -> Result<PodCidrs, String> {
+        let t = self.pod_cidr_texts();
+        let v4 = match t.v4.as_slice() {
+            [] if t.v6.is_empty() => return Err("no spec.podCIDR".into()),
+            [] => {
+                return Err(format!(
+                    "podCIDRs {:?} have no IPv4 range (IPv6-only nodes are not supported)",
+                    t.v6
+                ));
+            }
+            [one] => Cidr::parse_network(one)
+                .ok()
+                .filter(|c| cluster.v4.covers(*c))
+                .ok_or_else(|| format!("podCIDR {one:?} is invalid or outside {}", cluster.v4))?,
+            many => return Err(format!("podCIDRs {many:?}: more than one IPv4 range")),
+        };
+        let v6 = match (cluster.v6, t.v6.as_slice()) {
+            (None, _) | (_, []) => None,
+            (Some(c6), [one]) => Some(
+                Cidr6::parse_network(one)
+                    .ok()
+                    .filter(|c| c6.covers(*c) && PREFIX_V6.contains(&c.prefix()))
+                    .ok_or_else(|| format!("IPv6 podCIDR {one:?} is invalid or outside {c6}"))?,
+            ),
+            (Some(_), many) => return Err(format!("podCIDRs {many:?}: more than one IPv6 range")),
+        };
+        Ok(PodCidrs { v4: Some(v4), v6 })
+    }
 }
 
 /// A host IP other nodes can send VXLAN to. 240.0.0.0/4 is reserved
@@ -106,17 +276,45 @@ fn valid_host_ip(ip: Ipv4Addr) -> bool {
         || ip.octets()[0] >= 240)
 }
 
-/// Validates one node on its own.
-pub fn parse_peer(node: &NodeView, cluster: Cidr) -> Result<Peer, Reject> {
-    let cidr_s = node
-        .pod_cidr
-        .as_deref()
-        .ok_or(Reject::Incomplete("no spec.podCIDR"))?;
+/// The IPv6 side of a node: None when it has none or the agent does no
+/// IPv6, an error when what it has cannot be programmed.
+pub fn parse_peer6(node: &NodeView, cluster6: Option<Cidr6>) -> Result<Option<Cidr6>, Reject> {
+    let Some(cluster6) = cluster6 else {
+        return Ok(None);
+    };
+    let t = node.pod_cidr_texts();
+    let s = match t.v6.as_slice() {
+        [] => return Ok(None),
+        [one] => *one,
+        many => return Err(Reject::BadPodCidr6(many.join(","))),
+    };
+    let c = Cidr6::parse_network(s)
+        .ok()
+        .filter(|c| PREFIX_V6.contains(&c.prefix()))
+        .ok_or_else(|| Reject::BadPodCidr6(s.to_string()))?;
+    if !cluster6.covers(c) {
+        return Err(Reject::OutsideClusterCidr6(s.to_string()));
+    }
+    Ok(Some(c))
+}
+
+/// Validates one node on its own: the peer with its IPv6 side if that is
+/// valid too. [`select_peers`] reports an invalid IPv6 side; here it is
+/// only left out.
+pub fn parse_peer(node: &NodeView, cluster: impl Into<ClusterCidrs>) -> Result<Peer, Reject> {
+    let cluster = cluster.into();
+    let texts = node.pod_cidr_texts();
+    let cidr_s = match texts.v4.as_slice() {
+        [] if texts.v6.is_empty() => return Err(Reject::Incomplete("no spec.podCIDR")),
+        [] => return Err(Reject::NoIpv4PodCidr(texts.v6.join(","))),
+        [one] => *one,
+        many => return Err(Reject::BadPodCidr(many.join(","))),
+    };
     let pod_cidr = Cidr::parse_network(cidr_s)
         .ok()
-        .filter(|c| (8..=30).contains(&c.prefix()))
+        .filter(|c| PREFIX_V4.contains(&c.prefix()))
         .ok_or_else(|| Reject::BadPodCidr(cidr_s.to_string()))?;
-    if !cluster.covers(pod_cidr) {
+    if !cluster.v4.covers(pod_cidr) {
         return Err(Reject::OutsideClusterCidr(cidr_s.to_string()));
     }
     let mac_s = node
@@ -142,47 +340,69 @@ pub fn parse_peer(node: &NodeView, cluster: Cidr) -> Result<Peer, Reject> {
     Ok(Peer {
         name: node.name.clone(),
         pod_cidr,
+        pod_cidr6: parse_peer6(node, cluster.v6).ok().flatten(),
         vtep_mac,
         host_ip,
     })
 }
 
-/// All peers to program, and the rejected nodes with reasons. `own_name`
-/// is skipped; nodes whose podCIDRs overlap ours or each other are all
-/// rejected, since none of them can be trusted to own the range.
-pub fn select_peers(
-    nodes: &[NodeView],
-    own_name: &str,
-    own_cidr: Option<Cidr>,
-    cluster: Cidr,
-) -> (Vec<Peer>, Vec<(String, Reject)>) {
-    let mut ok = Vec::new();
-    let mut rejected = Vec::new();
-    for n in nodes.iter().filter(|n| n.name != own_name) {
-        match parse_peer(n, cluster) {
-            Ok(p) => match own_cidr {
-                Some(own) if own.overlaps(p.pod_cidr) => {
-                    rejected.push((p.name.clone(), Reject::OverlapsOwn(p.pod_cidr.to_string())))
-                }
-                _ => ok.push(p),
-            },
-            Err(r) => rejected.push((n.name.clone(), r)),
-        }
-    }
-    // Overlaps between peers: sorted by start address, a range can only
-    // overlap the ones that start before it ends.
-    ok.sort_by(|a, b| a.pod_cidr.cmp(&b.pod_cidr).then(a.name.cmp(&b.name)));
-    let end = |c: Cidr| u32::from(c.last());
-    let mut bad = vec![false; ok.len()];
-    for i in 0..ok.len() {
-        for j in i + 1..ok.len() {
-            if u32::from(ok[j].pod_cidr.addr()) > end(ok[i].pod_cidr) {
+/// Which of `cidrs` overlap another of them, in their order. Sorted by
+/// start address, a range can only overlap the ones that start before it
+/// ends.
+fn overlapping<A: Family>(cidrs: &[mycni_common::net::Cidr<A>]) -> Vec<bool> {
+    let mut order: Vec<usize> = (0..cidrs.len()).collect();
+    order.sort_by_key(|&i| cidrs[i]);
+    let mut bad = vec![false; cidrs.len()];
+    for (k, &i) in order.iter().enumerate() {
+        let end = cidrs[i].last().bits();
+        for &j in &order[k + 1..] {
+            if cidrs[j].network().bits() > end {
                 break;
             }
             bad[i] = true;
             bad[j] = true;
         }
     }
+    bad
+}
+
+/// All peers to program, and the rejected nodes with reasons. `own_name`
+/// is skipped; nodes whose podCIDRs overlap ours or each other are all
+/// rejected, since none of them can be trusted to own the range. The same
+/// goes for IPv6 podCIDRs, but only for the peer's IPv6 side: such a peer
+/// is programmed without it and also listed, with a `*6` reason.
+pub fn select_peers(
+    nodes: &[NodeView],
+    own_name: &str,
+    own: impl Into<PodCidrs>,
+    cluster: impl Into<ClusterCidrs>,
+) -> (Vec<Peer>, Vec<(String, Reject)>) {
+    let (own, cluster) = (own.into(), cluster.into());
+    let mut ok = Vec::new();
+    let mut rejected = Vec::new();
+    for n in nodes.iter().filter(|n| n.name != own_name) {
+        match parse_peer(n, cluster) {
+            Ok(mut p) => match own.v4 {
+                Some(own) if own.overlaps(p.pod_cidr) => {
+                    rejected.push((p.name.clone(), Reject::OverlapsOwn(p.pod_cidr.to_string())))
+                }
+                _ => {
+                    if let Err(r) = parse_peer6(n, cluster.v6) {
+                        rejected.push((p.name.clone(), r));
+                    }
+                    if let (Some(own6), Some(c6)) = (own.v6, p.pod_cidr6)
+                        && own6.overlaps(c6)
+                    {
+                        p.pod_cidr6 = None;
+                        rejected.push((p.name.clone(), Reject::OverlapsOwn6(c6.to_string())));
+                    }
+                    ok.push(p)
+                }
+            },
+            Err(r) => rejected.push((n.name.clone(), r)),
+        }
+    }
+    let bad = overlapping(&ok.iter().map(|p| p.pod_cidr).collect::<Vec<_>>());
     // Two Nodes with one VTEP MAC: neither can be told apart in the FDB.
     let mut macs: BTreeMap<Mac, usize> = BTreeMap::new();
     for p in &ok {
@@ -199,6 +419,20 @@ pub fn select_peers(
             ));
         } else {
             peers.push(p);
+        }
+    }
+    // IPv6 overlaps among the peers that are programmed: a peer rejected
+    // as a whole claims nothing.
+    let v6: Vec<(usize, Cidr6)> = peers
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| Some((i, p.pod_cidr6?)))
+        .collect();
+    let bad6 = overlapping(&v6.iter().map(|(_, c)| *c).collect::<Vec<_>>());
+    for ((i, c), b) in v6.into_iter().zip(bad6) {
+        if b {
+            peers[i].pod_cidr6 = None;
+            rejected.push((peers[i].name.clone(), Reject::OverlapsPeer6(c.to_string())));
         }
     }
     peers.sort_by(|a, b| a.name.cmp(&b.name));
@@ -224,6 +458,7 @@ mod tests {
         NodeView {
             name: name.into(),
             pod_cidr: cidr.map(Into::into),
+            pod_cidrs: vec![],
             annotations,
         }
     }
@@ -471,5 +706,167 @@ mod tests {
                 ("f", "overlaps_peer")
             ]
         );
+    }
+
+    fn cluster2() -> ClusterCidrs {
+        ClusterCidrs {
+            v4: cluster(),
+            v6: Cidr6::parse_network("fd00:10:244::/56").ok(),
+        }
+    }
+
+    /// A peer with `spec.podCIDRs` (in the order given) and good annotations.
+    fn dual(name: &str, cidrs: &[&str], mac: u8) -> NodeView {
+        let mut n = view(
+            name,
+            None,
+            Some(&format!("02:00:00:00:00:{mac:02x}")),
+            Some(&format!("192.168.0.{mac}")),
+        );
+        n.pod_cidrs = cidrs.iter().map(|c| c.to_string()).collect();
+        n
+    }
+
+    #[test]
+    fn pod_cidrs_of_both_families_in_either_order() {
+        let v6 = Cidr6::parse_network("fd00:10:244:1::/64").ok();
+        for cidrs in [
+            ["10.244.1.0/24", "fd00:10:244:1::/64"],
+            ["fd00:10:244:1::/64", "10.244.1.0/24"],
+        ] {
+            let p = parse_peer(&dual("a", &cidrs, 1), cluster2()).unwrap();
+            assert_eq!(p.pod_cidr, Cidr::parse_network("10.244.1.0/24").unwrap());
+            assert_eq!(p.pod_cidr6, v6);
+            assert_eq!(p.gateway6(), Some("fd00:10:244:1::".parse().unwrap()));
+        }
+        // podCIDRs wins over podCIDR; podCIDR alone still works.
+        let mut n = dual("a", &["10.244.2.0/24"], 1);
+        n.pod_cidr = Some("10.244.9.0/24".into());
+        assert_eq!(
+            parse_peer(&n, cluster2()).unwrap().pod_cidr.to_string(),
+            "10.244.2.0/24"
+        );
+        n.pod_cidrs.clear();
+        assert_eq!(
+            parse_peer(&n, cluster2()).unwrap().pod_cidr.to_string(),
+            "10.244.9.0/24"
+        );
+        // Without an IPv6 cluster CIDR the agent does no IPv6: ignored.
+        let p = parse_peer(
+            &dual("a", &["10.244.1.0/24", "fd00:10:244:1::/64"], 1),
+            cluster(),
+        );
+        assert_eq!(p.unwrap().pod_cidr6, None);
+        let (peers, rejected) = select_peers(
+            &[dual("a", &["10.244.1.0/24", "fd00:10:244:1::/64"], 1)],
+            "me",
+            None,
+            cluster(),
+        );
+        assert_eq!((peers.len(), rejected.len()), (1, 0));
+    }
+
+    #[test]
+    fn a_bad_ipv6_side_is_rejected_alone_and_counted() {
+        let nodes = [
+            dual("bad6", &["10.244.1.0/24", "fd00:10:244:1::1/64"], 1),
+            dual("short", &["10.244.2.0/24", "fd00:10:244:2::/126"], 2),
+            dual("outside", &["10.244.3.0/24", "fd00:99::/64"], 3),
+            dual(
+                "two6",
+                &["10.244.4.0/24", "fd00:10:244:4::/64", "fd00:10:244:5::/64"],
+                4,
+            ),
+            dual("garbage6", &["10.244.5.0/24", "::💥/64"], 5),
+            dual("own6", &["10.244.6.0/24", "fd00:10:244::/64"], 6),
+            dual("x", &["10.244.7.0/24", "fd00:10:244:6::/63"], 7),
+            dual("y", &["10.244.8.0/24", "fd00:10:244:7::/64"], 8),
+            dual("good", &["10.244.9.0/24", "fd00:10:244:9::/64"], 9),
+            // Whole-peer rejections.
+            dual("v6only", &["fd00:10:244:a::/64"], 10),
+            dual("two4", &["10.244.11.0/24", "10.244.12.0/24"], 11),
+        ];
+        let own = PodCidrs {
+            v4: Cidr::parse_network("10.244.0.0/24").ok(),
+            v6: Cidr6::parse_network("fd00:10:244::/64").ok(),
+        };
+        let (peers, rejected) = select_peers(&nodes, "me", own, cluster2());
+        let programmed: Vec<(&str, bool)> = peers
+            .iter()
+            .map(|p| (p.name.as_str(), p.pod_cidr6.is_some()))
+            .collect();
+        assert_eq!(
+            programmed,
+            [
+                ("bad6", false),
+                ("garbage6", false),
+                ("good", true),
+                ("outside", false),
+                ("own6", false),
+                ("short", false),
+                ("two6", false),
+                ("x", false),
+                ("y", false),
+            ]
+        );
+        let mut rej: Vec<(&str, &str, bool)> = rejected
+            .iter()
+            .map(|(n, r)| (n.as_str(), r.reason(), r.ipv6_side_only()))
+            .collect();
+        rej.sort();
+        assert_eq!(
+            rej,
+            [
+                ("bad6", "bad_pod_cidr_v6", true),
+                ("garbage6", "bad_pod_cidr_v6", true),
+                ("outside", "outside_cluster_cidr_v6", true),
+                ("own6", "overlaps_own_v6", true),
+                ("short", "bad_pod_cidr_v6", true),
+                ("two4", "bad_pod_cidr", false),
+                ("two6", "bad_pod_cidr_v6", true),
+                ("v6only", "no_ipv4_pod_cidr", false),
+                ("x", "overlaps_peer_v6", true),
+                ("y", "overlaps_peer_v6", true),
+            ]
+        );
+        for (_, r) in &rejected {
+            assert!(!r.to_string().is_empty());
+        }
+        // The outcome does not depend on the order Nodes arrive in.
+        let mut rev = nodes.to_vec();
+        rev.reverse();
+        let (peers2, mut rejected2) = select_peers(&rev, "me", own, cluster2());
+        assert_eq!(peers, peers2);
+        let mut rejected = rejected;
+        rejected.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.reason().cmp(b.1.reason())));
+        rejected2.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.reason().cmp(b.1.reason())));
+        assert_eq!(rejected, rejected2);
+    }
+
+    #[test]
+    fn own_pod_cidrs() {
+        let own = |cidrs: &[&str]| dual("me", cidrs, 1).own_pod_cidrs(cluster2());
+        let v4 = Cidr::parse_network("10.244.1.0/24").ok();
+        let v6 = Cidr6::parse_network("fd00:10:244:1::/64").ok();
+        assert_eq!(
+            own(&["fd00:10:244:1::/64", "10.244.1.0/24"]),
+            Ok(PodCidrs { v4, v6 })
+        );
+        assert_eq!(own(&["10.244.1.0/24"]), Ok(PodCidrs { v4, v6: None }));
+        // No IPv6 cluster CIDR: the IPv6 range is ignored.
+        assert_eq!(
+            dual("me", &["10.244.1.0/24", "fd00:10:244:1::/64"], 1).own_pod_cidrs(cluster().into()),
+            Ok(PodCidrs { v4, v6: None })
+        );
+        for bad in [
+            &[][..],
+            &["fd00:10:244:1::/64"],
+            &["10.244.1.0/24", "10.244.2.0/24"],
+            &["10.244.1.0/24", "fd00:99::/64"],
+            &["10.244.1.0/24", "fd00:10:244:1::/64", "fd00:10:244:2::/64"],
+            &["10.245.1.0/24"],
+        ] {
+            assert!(own(bad).is_err(), "{bad:?}");
+        }
     }
 }

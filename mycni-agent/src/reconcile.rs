@@ -3,13 +3,20 @@
 //! add, replace or delete.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use crate::peers::{Cidr, Mac, Peer};
+use mycni_common::net::Family;
+
+use crate::peers::{Cidr, Cidr6, Mac, Peer};
 
 /// What the agent owns on `vxlan.1` for its peers. Routes are keyed by
 /// destination, neighbours by IP, FDB entries by MAC: one value each, so a
 /// changed MAC, host IP or podCIDR shows up as a replace or delete+add.
+///
+/// IPv6 has maps of its own rather than IPv4's holding `IpAddr`s: a route
+/// and its gateway are always of one family, which the types then keep,
+/// and IPv4 readers (the fast path's maps) need no family checks. Both
+/// families share the FDB: the underlay is IPv4, one VTEP MAC per peer.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OverlayState {
     /// podCIDR -> gateway: podCIDR.0 `onlink` via vxlan.1, or, for a peer
@@ -20,6 +27,44 @@ pub struct OverlayState {
     pub neighbours: BTreeMap<Ipv4Addr, Mac>,
     /// VTEP MAC -> host IP, permanent `self` FDB entry.
     pub fdb: BTreeMap<Mac, Ipv4Addr>,
+    /// IPv6 podCIDR -> the peer's IPv6 VTEP address (its podCIDR's first
+    /// address), `onlink` via vxlan.1, always: direct routing would need
+    /// the peer's IPv6 address on the underlay, which an IPv4 underlay
+    /// does not have.
+    pub routes6: BTreeMap<Cidr6, Ipv6Addr>,
+    /// IPv6 VTEP address -> VTEP MAC, permanent (the peer's one MAC).
+    pub neighbours6: BTreeMap<Ipv6Addr, Mac>,
+}
+
+/// A peer podCIDR as the kernel backs it, for the fast path's maps: a
+/// route through `vxlan.1` whose gateway has a neighbour whose MAC has an
+/// FDB entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Remote<A: Family> {
+    pub pod_cidr: mycni_common::net::Cidr<A>,
+    pub vtep_mac: Mac,
+    /// Where VXLAN to it goes (IPv4 underlay).
+    pub host_ip: Ipv4Addr,
+}
+
+impl OverlayState {
+    /// The IPv6 podCIDRs of peers as the kernel backs them (route, then
+    /// neighbour, then FDB entry): what the fast path may forward IPv6 to
+    /// itself, as it does for `routes` through vxlan.1.
+    pub fn remotes6(&self) -> Vec<Remote<Ipv6Addr>> {
+        self.routes6
+            .iter()
+            .filter_map(|(c, gw)| {
+                let mac = *self.neighbours6.get(gw)?;
+                let host = *self.fdb.get(&mac)?;
+                Some(Remote {
+                    pod_cidr: *c,
+                    vtep_mac: mac,
+                    host_ip: host,
+                })
+            })
+            .collect()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -27,19 +72,27 @@ pub enum Action {
     // Deletes sort first: a podCIDR moving between nodes must free the old
     // entries before the new ones claim them.
     DelRoute(Cidr),
+    DelRoute6(Cidr6),
     DelNeighbour(Ipv4Addr),
+    DelNeighbour6(Ipv6Addr),
     DelFdb(Mac),
     /// Add or replace (NLM_F_REPLACE semantics).
     SetFdb(Mac, Ipv4Addr),
     SetNeighbour(Ipv4Addr, Mac),
+    SetNeighbour6(Ipv6Addr, Mac),
     SetRoute(Cidr, Ipv4Addr),
+    SetRoute6(Cidr6, Ipv6Addr),
 }
 
 impl Action {
     pub fn is_delete(&self) -> bool {
         matches!(
             self,
-            Action::DelRoute(_) | Action::DelNeighbour(_) | Action::DelFdb(_)
+            Action::DelRoute(_)
+                | Action::DelRoute6(_)
+                | Action::DelNeighbour(_)
+                | Action::DelNeighbour6(_)
+                | Action::DelFdb(_)
         )
     }
 }
@@ -61,14 +114,19 @@ pub fn desired_direct(peers: &[Peer], direct: &[Cidr]) -> OverlayState {
             s.routes.insert(p.pod_cidr, p.gateway());
             s.neighbours.insert(p.gateway(), p.vtep_mac);
         }
+        if let Some(c6) = p.pod_cidr6 {
+            s.routes6.insert(c6, c6.network());
+            s.neighbours6.insert(c6.network(), p.vtep_mac);
+        }
         s.fdb.insert(p.vtep_mac, p.host_ip);
     }
     s
 }
 
-/// Whether a route of [`OverlayState::routes`] goes through `vxlan.1`
-/// (gateway podCIDR.0) rather than straight over the underlay.
-pub fn via_vxlan(cidr: Cidr, gw: Ipv4Addr) -> bool {
+/// Whether a route of [`OverlayState::routes`] (or `routes6`) goes
+/// through `vxlan.1` (gateway podCIDR.0) rather than straight over the
+/// underlay.
+pub fn via_vxlan<A: Family>(cidr: mycni_common::net::Cidr<A>, gw: A) -> bool {
     gw == cidr.network()
 }
 
@@ -117,6 +175,20 @@ pub fn diff(want: &OverlayState, have: &OverlayState) -> Vec<Action> {
         Action::SetFdb,
         &mut out,
     );
+    diff_map(
+        &want.routes6,
+        &have.routes6,
+        Action::DelRoute6,
+        Action::SetRoute6,
+        &mut out,
+    );
+    diff_map(
+        &want.neighbours6,
+        &have.neighbours6,
+        Action::DelNeighbour6,
+        Action::SetNeighbour6,
+        &mut out,
+    );
     out.sort();
     out
 }
@@ -144,6 +216,18 @@ pub fn apply(state: &mut OverlayState, actions: &[Action]) {
             Action::SetRoute(c, gw) => {
                 state.routes.insert(*c, *gw);
             }
+            Action::DelRoute6(c) => {
+                state.routes6.remove(c);
+            }
+            Action::DelNeighbour6(ip) => {
+                state.neighbours6.remove(ip);
+            }
+            Action::SetNeighbour6(ip, m) => {
+                state.neighbours6.insert(*ip, *m);
+            }
+            Action::SetRoute6(c, gw) => {
+                state.routes6.insert(*c, *gw);
+            }
         }
     }
 }
@@ -155,23 +239,31 @@ pub fn apply(state: &mut OverlayState, actions: &[Action]) {
 pub const NEXTHOP_ID_BASE: u32 = (mycni_common::contract::RTPROT_MYCNI_AGENT as u32) << 24;
 
 /// What a peer's nexthop holds: its gateway, through `vxlan.1` `onlink`
-/// (podCIDR.0) or straight over the underlay (the peer's host IP).
+/// (podCIDR.0) or straight over the underlay (the peer's host IP). The
+/// gateway is of the route's family: an IPv6 route's nexthop is an IPv6
+/// one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Hop {
-    pub gateway: Ipv4Addr,
+    pub gateway: IpAddr,
     /// Over the underlay device rather than `vxlan.1`.
     pub direct: bool,
 }
 
 impl Hop {
-    /// The hop of a route of [`OverlayState::routes`].
-    pub fn of_route(cidr: Cidr, gateway: Ipv4Addr) -> Self {
+    /// The hop of a route of [`OverlayState::routes`] or `routes6`.
+    pub fn of_route<A: Family + Into<IpAddr>>(
+        cidr: mycni_common::net::Cidr<A>,
+        gateway: A,
+    ) -> Self {
         Hop {
-            gateway,
+            gateway: gateway.into(),
             direct: !via_vxlan(cidr, gateway),
         }
     }
 }
+
+/// A route's destination in the nexthop table, of either family.
+pub type AnyCidr = mycni_common::net::Cidr<IpAddr>;
 
 /// What setting one peer route through its nexthop takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,7 +291,7 @@ pub struct NexthopPlan {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NexthopIds {
     /// podCIDR -> the ID of the agent's nexthop its route goes through.
-    routes: BTreeMap<Cidr, u32>,
+    routes: BTreeMap<AnyCidr, u32>,
     /// The agent's nexthops: ID -> what it holds (None: something the
     /// agent would not make, e.g. on a device since replaced).
     own: BTreeMap<u32, Option<Hop>>,
@@ -217,10 +309,10 @@ impl NexthopIds {
     /// nexthop (podCIDR, ID), in any order. A route through a nexthop that
     /// is not the agent's, or through one an earlier route claimed, gets
     /// no entry: setting it gives it a nexthop of its own.
-    pub fn new(
+    pub fn new<C: Into<AnyCidr>>(
         own: impl IntoIterator<Item = (u32, Option<Hop>)>,
         foreign: impl IntoIterator<Item = u32>,
-        routes: impl IntoIterator<Item = (Cidr, u32)>,
+        routes: impl IntoIterator<Item = (C, u32)>,
     ) -> Self {
         let own: BTreeMap<u32, Option<Hop>> = own.into_iter().collect();
         let mut t = NexthopIds {
@@ -235,7 +327,7 @@ impl NexthopIds {
         let mut claimed = BTreeSet::new();
         for (cidr, id) in routes {
             if t.own.contains_key(&id) && claimed.insert(id) {
-                t.routes.insert(cidr, id);
+                t.routes.insert(cidr.into(), id);
             }
         }
         t.unused = t
@@ -249,14 +341,15 @@ impl NexthopIds {
 
     /// What the route to `cidr` goes through, if it goes through one of
     /// the agent's nexthops: its ID and what it holds.
-    pub fn route(&self, cidr: Cidr) -> Option<(u32, Option<Hop>)> {
-        let id = *self.routes.get(&cidr)?;
+    pub fn route(&self, cidr: impl Into<AnyCidr>) -> Option<(u32, Option<Hop>)> {
+        let id = *self.routes.get(&cidr.into())?;
         Some((id, self.own.get(&id).copied().flatten()))
     }
 
     /// The ID for the route to `cidr` through `hop`, and what it takes;
     /// the table then holds it as done (a failed pass dumps again).
-    pub fn plan(&mut self, cidr: Cidr, hop: Hop) -> NexthopPlan {
+    pub fn plan(&mut self, cidr: impl Into<AnyCidr>, hop: Hop) -> NexthopPlan {
+        let cidr = cidr.into();
         let (id, set_route) = match self.routes.get(&cidr) {
             Some(id) => (*id, false),
             None => {
@@ -286,8 +379,8 @@ impl NexthopIds {
 
     /// Forgets the route to `cidr`; the ID of its nexthop, to delete, if
     /// it had one.
-    pub fn release(&mut self, cidr: Cidr) -> Option<u32> {
-        let id = self.routes.remove(&cidr)?;
+    pub fn release(&mut self, cidr: impl Into<AnyCidr>) -> Option<u32> {
+        let id = self.routes.remove(&cidr.into())?;
         self.own.remove(&id);
         self.next = self.next.min(id);
         Some(id)
@@ -327,6 +420,7 @@ mod tests {
         Peer {
             name: name.into(),
             pod_cidr: Cidr::parse_network(cidr).unwrap(),
+            pod_cidr6: None,
             vtep_mac: Mac([2, 0, 0, 0, 0, mac]),
             host_ip: Ipv4Addr::new(192, 168, 0, ip),
         }
@@ -513,7 +607,7 @@ mod tests {
     #[test]
     fn new_routes_get_the_lowest_ids_nobody_holds() {
         let base = NEXTHOP_ID_BASE;
-        let mut t = NexthopIds::new([(base + 1, Some(vx("10.244.9.0/24")))], [base], []);
+        let mut t = NexthopIds::new::<Cidr>([(base + 1, Some(vx("10.244.9.0/24")))], [base], []);
         let c = |i: u8| cidr(&format!("10.244.{i}.0/24"));
         let hop = |i: u8| vx(&format!("10.244.{i}.0/24"));
         // base is another program's, base + 1 the agent's (unused, other hop).
@@ -556,7 +650,7 @@ mod tests {
     #[test]
     fn a_route_deleted_under_its_nexthop_is_set_through_it_again() {
         let a = cidr("10.244.1.0/24");
-        let mut t = NexthopIds::new(
+        let mut t = NexthopIds::new::<Cidr>(
             [
                 (5, Some(vx("10.244.1.0/24"))),
                 (8, Some(vx("10.244.7.0/24"))),
@@ -574,5 +668,116 @@ mod tests {
         );
         assert_eq!(t.take_unused(), vec![8]);
         assert!(t.take_unused().is_empty());
+    }
+
+    fn peer6(name: &str, cidr: &str, cidr6: &str, mac: u8, ip: u8) -> Peer {
+        Peer {
+            pod_cidr6: Some(Cidr6::parse_network(cidr6).unwrap()),
+            ..peer(name, cidr, mac, ip)
+        }
+    }
+
+    fn c6(s: &str) -> Cidr6 {
+        Cidr6::parse_network(s).unwrap()
+    }
+
+    fn ip6(s: &str) -> Ipv6Addr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn ipv6_side_is_a_route_and_neighbour_over_the_same_fdb_entry() {
+        let lan = Cidr::parse_network("192.168.0.0/24").unwrap();
+        let p = peer6("a", "10.244.1.0/24", "fd00:10:244:1::/64", 1, 2);
+        let mac = Mac([2, 0, 0, 0, 0, 1]);
+        // Direct routing does not apply to IPv6: no IPv6 on the underlay.
+        for want in [
+            desired(std::slice::from_ref(&p)),
+            desired_direct(std::slice::from_ref(&p), &[lan]),
+        ] {
+            assert_eq!(want.routes6.len(), 1);
+            assert_eq!(
+                want.routes6[&c6("fd00:10:244:1::/64")],
+                ip6("fd00:10:244:1::")
+            );
+            assert!(via_vxlan(c6("fd00:10:244:1::/64"), ip6("fd00:10:244:1::")));
+            assert_eq!(want.neighbours6[&ip6("fd00:10:244:1::")], mac);
+            assert_eq!(want.fdb.len(), 1, "one FDB entry for both families");
+        }
+        let acts = diff(&desired(std::slice::from_ref(&p)), &OverlayState::default());
+        assert_eq!(
+            acts,
+            vec![
+                Action::SetFdb(mac, Ipv4Addr::new(192, 168, 0, 2)),
+                Action::SetNeighbour(Ipv4Addr::new(10, 244, 1, 0), mac),
+                Action::SetNeighbour6(ip6("fd00:10:244:1::"), mac),
+                Action::SetRoute(cidr("10.244.1.0/24"), Ipv4Addr::new(10, 244, 1, 0)),
+                Action::SetRoute6(c6("fd00:10:244:1::/64"), ip6("fd00:10:244:1::")),
+            ]
+        );
+        // What the fast path mirrors: only what the kernel backs whole.
+        let mut have = desired(std::slice::from_ref(&p));
+        assert_eq!(
+            have.remotes6(),
+            vec![Remote {
+                pod_cidr: c6("fd00:10:244:1::/64"),
+                vtep_mac: mac,
+                host_ip: Ipv4Addr::new(192, 168, 0, 2),
+            }]
+        );
+        have.neighbours6.clear();
+        assert!(have.remotes6().is_empty());
+    }
+
+    #[test]
+    fn a_node_gaining_and_losing_its_ipv6_podcidr() {
+        let v4 = desired(&[peer("a", "10.244.1.0/24", 1, 2)]);
+        let dual = desired(&[peer6("a", "10.244.1.0/24", "fd00:10:244:1::/64", 1, 2)]);
+        let gain = diff(&dual, &v4);
+        assert_eq!(
+            gain,
+            vec![
+                Action::SetNeighbour6(ip6("fd00:10:244:1::"), Mac([2, 0, 0, 0, 0, 1])),
+                Action::SetRoute6(c6("fd00:10:244:1::/64"), ip6("fd00:10:244:1::")),
+            ]
+        );
+        let lose = diff(&v4, &dual);
+        assert_eq!(
+            lose,
+            vec![
+                Action::DelRoute6(c6("fd00:10:244:1::/64")),
+                Action::DelNeighbour6(ip6("fd00:10:244:1::")),
+            ]
+        );
+        // A moved IPv6 podCIDR: old route and neighbour go first.
+        let moved = desired(&[peer6("a", "10.244.1.0/24", "fd00:10:244:9::/64", 1, 2)]);
+        let acts = diff(&moved, &dual);
+        assert!(acts[0].is_delete() && acts[1].is_delete());
+        let mut s = dual.clone();
+        apply(&mut s, &acts);
+        assert_eq!(s, moved);
+        // The deleted node takes both families along.
+        let gone = diff(&OverlayState::default(), &dual);
+        assert_eq!(gone.len(), 5);
+        assert!(gone.iter().all(Action::is_delete));
+    }
+
+    #[test]
+    fn ipv6_routes_share_the_nexthop_table() {
+        let a = c6("fd00:10:244:1::/64");
+        let hop = Hop::of_route(a, ip6("fd00:10:244:1::"));
+        assert!(!hop.direct);
+        assert_eq!(hop.gateway, IpAddr::V6(ip6("fd00:10:244:1::")));
+        let v4 = cidr("10.244.1.0/24");
+        let mut t = NexthopIds::new::<AnyCidr>([], [], []);
+        let p4 = t.plan(v4, vx("10.244.1.0/24"));
+        let p6 = t.plan(a, hop);
+        assert_ne!(p4.id, p6.id, "one nexthop per route, whatever its family");
+        assert!(p6.set_nexthop && p6.set_route);
+        assert_eq!(t.route(a), Some((p6.id, Some(hop))));
+        assert_eq!(t.release(a), Some(p6.id));
+        // A restarted agent reads the IPv6 route's nexthop back.
+        let t = NexthopIds::new([(p6.id, Some(hop))], [], [(AnyCidr::from(a), p6.id)]);
+        assert_eq!(t.route(a), Some((p6.id, Some(hop))));
     }
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use mycni_agent::agent::{self, Config};
 use mycni_agent::fastpath::Mode;
 use mycni_agent::kernel;
-use mycni_agent::peers::Cidr;
+use mycni_agent::peers::{Cidr, Cidr6, PodCidrs};
 use mycni_plugin::config::{DEFAULT_LOG_FILE, NetConf};
 use mycni_plugin::ipam::{self, Builtin};
 use mycni_plugin::version;
@@ -24,6 +24,7 @@ fn config(ipam_data_dir: Option<&str>, plugin_log_file: Option<&str>) -> Config 
         pod_namespace: None,
         kubeconfig: None,
         cluster_cidr: Cidr::parse_network("10.244.0.0/16").expect("valid"),
+        cluster_cidr6: None,
         iface: None,
         vxlan_name: "vx-test".into(),
         vni: 7,
@@ -107,6 +108,49 @@ fn the_plugin_reads_every_field_of_the_agents_conflist() {
         );
         assert_eq!(b.data_dir, Path::new("/var/lib/test-leases"));
     }
+}
+
+#[test]
+fn a_dual_stack_node_gives_the_plugins_ipam_both_podcidrs() {
+    let cfg = config(None, None);
+    let own = PodCidrs {
+        v4: Cidr::parse_network("10.244.7.0/24").ok(),
+        v6: Cidr6::parse_network("fd00:10:244:7::/64").ok(),
+    };
+    let text = serde_json::to_string(&agent::conflist(&cfg, own, 1450)).expect("serialises");
+    let list: Value = serde_json::from_str(&text).expect("JSON");
+    let mut p = list["plugins"][0].clone();
+    p["name"] = list["name"].clone();
+    p["cniVersion"] = list["cniVersion"].clone();
+    let conf = NetConf::parse(&serde_json::to_vec(&p).expect("serialises")).expect("parses");
+    let b = Builtin::from_conf(conf.ipam.as_ref().expect("ipam")).expect("the IPAM takes both");
+    let nets: Vec<String> = b
+        .sets
+        .iter()
+        .flat_map(|s| {
+            s.ranges
+                .iter()
+                .map(|r| format!("{}/{}", r.network, r.prefix))
+        })
+        .collect();
+    // IPv4 first: the primary family, as the overlay's.
+    assert_eq!(nets, ["10.244.7.0/24", "fd00:10:244:7::/64"]);
+    // One podCIDR: the very bytes of the single-stack conflist.
+    let single = PodCidrs { v6: None, ..own };
+    assert_eq!(
+        serde_json::to_string_pretty(&agent::conflist(&cfg, single, 1450)).expect("json"),
+        serde_json::to_string_pretty(&agent::conflist(
+            &cfg,
+            Cidr::parse_network("10.244.7.0/24").expect("valid"),
+            1450
+        ))
+        .expect("json")
+    );
+    assert!(
+        !serde_json::to_string(&agent::conflist(&cfg, single, 1450))
+            .expect("json")
+            .contains("ranges")
+    );
 }
 
 #[test]

@@ -3,21 +3,25 @@
 //! else does to the kernel in between, one pass brings the kernel to
 //! exactly what a fresh start computes from the final Nodes; the result
 //! does not depend on the order Nodes are listed in; and every programmed
-//! podCIDR leads to the host of the Node that owns it.
+//! podCIDR, of either family, leads to the host of the Node that owns it.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use mycni_agent::peers::{
-    ANNOTATION_HOST_IP, ANNOTATION_VTEP_MAC, Cidr, Mac, NodeView, parse_peer, select_peers,
+    ANNOTATION_HOST_IP, ANNOTATION_VTEP_MAC, Cidr, Cidr6, ClusterCidrs, Mac, NodeView, PodCidrs,
+    parse_peer, select_peers,
 };
 use mycni_agent::reconcile::{OverlayState, apply, desired, diff};
 use proptest::prelude::*;
 
 const OWN: &str = "node-0";
 
-fn cluster() -> Cidr {
-    Cidr::parse_network("10.244.0.0/16").expect("valid")
+fn cluster() -> ClusterCidrs {
+    ClusterCidrs {
+        v4: Cidr::parse_network("10.244.0.0/16").expect("valid"),
+        v6: Cidr6::parse_network("fd00:10:244::/56").ok(),
+    }
 }
 
 /// Small pools so that collisions (same podCIDR, same MAC, overlapping
@@ -37,13 +41,21 @@ fn node_strategy() -> impl Strategy<Value = NodeView> {
         1 => Just(Some("zz".to_string())),
         1 => Just(None),
     ];
+    let cidr6 = prop_oneof![
+        4 => (1u8..7).prop_map(|i| Some(format!("fd00:10:244:{i}::/64"))),
+        1 => Just(Some("fd00:10:244:2::/63".to_string())),
+        1 => Just(Some("fd00:10:244::/64".to_string())),
+        1 => Just(Some("fd00:99::/64".to_string())),
+        1 => Just(Some("fd00::zz/64".to_string())),
+        3 => Just(None),
+    ];
     let ip = prop_oneof![
         6 => (1u8..7).prop_map(|i| Some(format!("192.168.0.{i}"))),
         1 => Just(Some("0.0.0.0".to_string())),
         1 => Just(Some("not-an-ip".to_string())),
         1 => Just(None),
     ];
-    (name, cidr, mac, ip).prop_map(|(name, pod_cidr, mac, ip)| {
+    (name, cidr, cidr6, mac, ip).prop_map(|(name, pod_cidr, cidr6, mac, ip)| {
         let mut annotations = BTreeMap::new();
         if let Some(m) = mac {
             annotations.insert(ANNOTATION_VTEP_MAC.to_string(), m);
@@ -51,9 +63,18 @@ fn node_strategy() -> impl Strategy<Value = NodeView> {
         if let Some(i) = ip {
             annotations.insert(ANNOTATION_HOST_IP.to_string(), i);
         }
+        // A dual-stack Node lists both in podCIDRs (IPv6 first half the
+        // time); a single-stack one has podCIDR alone, as older ones do.
+        let pod_cidrs = match (&pod_cidr, cidr6) {
+            (Some(c4), Some(c6)) if c4.len() % 2 == 0 => vec![c6, c4.clone()],
+            (Some(c4), Some(c6)) => vec![c4.clone(), c6],
+            (None, Some(c6)) => vec![c6],
+            (_, None) => vec![],
+        };
         NodeView {
             name,
             pod_cidr,
+            pod_cidrs,
             annotations,
         }
     })
@@ -68,9 +89,15 @@ fn snapshot() -> impl Strategy<Value = Vec<NodeView>> {
     })
 }
 
+fn own() -> PodCidrs {
+    PodCidrs {
+        v4: Cidr::parse_network("10.244.0.0/24").ok(),
+        v6: Cidr6::parse_network("fd00:10:244::/64").ok(),
+    }
+}
+
 fn want(nodes: &[NodeView]) -> OverlayState {
-    let own = Cidr::parse_network("10.244.0.0/24").ok();
-    desired(&select_peers(nodes, OWN, own, cluster()).0)
+    desired(&select_peers(nodes, OWN, own(), cluster()).0)
 }
 
 /// Someone else's hand on the kernel: entries deleted, bogus ones added.
@@ -92,6 +119,12 @@ fn apply_drift(k: &mut OverlayState, (dels, adds): &(Vec<usize>, Vec<(u8, u8)>))
         if let Some(m) = k.fdb.keys().nth(d % 3).copied() {
             k.fdb.remove(&m);
         }
+        if let Some(c) = k.routes6.keys().nth(d % 4).copied() {
+            k.routes6.remove(&c);
+        }
+        if let Some(ip) = k.neighbours6.keys().nth(d % 6).copied() {
+            k.neighbours6.remove(&ip);
+        }
     }
     for (a, b) in adds {
         let c = Cidr::parse_network(&format!("10.99.{a}.0/24")).expect("valid");
@@ -100,6 +133,9 @@ fn apply_drift(k: &mut OverlayState, (dels, adds): &(Vec<usize>, Vec<(u8, u8)>))
             .insert(Ipv4Addr::new(10, 98, *a, *b), Mac([2, 0, 0, 0, *a, *b]));
         k.fdb
             .insert(Mac([2, 1, 0, 0, *a, *b]), Ipv4Addr::new(172, 16, *a, *b));
+        let gw6 = Ipv6Addr::new(0xfd99, u16::from(*a), 0, 0, 0, 0, 0, 0);
+        k.routes6.insert(Cidr6::new(gw6, 64).expect("valid"), gw6);
+        k.neighbours6.insert(gw6, Mac([2, 2, 0, 0, *a, *b]));
     }
 }
 
@@ -159,6 +195,29 @@ proptest! {
             prop_assert_eq!(owners.len(), 1, "{} claimed by {:?}", cidr, owners);
             let owner_ip = owners.first().copied();
             prop_assert_eq!(host.copied(), owner_ip, "traffic for {} would go to another host", cidr);
+        }
+        let whole: Vec<String> = select_peers(&nodes, OWN, own(), cluster())
+            .1
+            .into_iter()
+            .filter(|(_, r)| !r.ipv6_side_only())
+            .map(|(n, _)| n)
+            .collect();
+        for (cidr, gw) in &w.routes6 {
+            let mac = w.neighbours6.get(gw);
+            prop_assert!(mac.is_some(), "route {} via {} has no neighbour", cidr, gw);
+            let host = mac.and_then(|m| w.fdb.get(m));
+            let owners: Vec<Ipv4Addr> = nodes
+                .iter()
+                .filter(|n| n.name != OWN)
+                .filter_map(|n| parse_peer(n, cluster()).ok())
+                // A Node rejected as a whole (its IPv4 range or MAC
+                // contested) claims nothing.
+                .filter(|p| !whole.contains(&p.name))
+                .filter(|p| p.pod_cidr6 == Some(*cidr))
+                .map(|p| p.host_ip)
+                .collect();
+            prop_assert_eq!(owners.len(), 1, "{} claimed by {:?}", cidr, owners);
+            prop_assert_eq!(host.copied(), owners.first().copied(), "traffic for {} would go to another host", cidr);
         }
     }
 }

@@ -31,7 +31,7 @@ use crate::fastpath::FastPath;
 use crate::kernel::{Kernel, VxlanSpec};
 use crate::kwatch::{Expected, Signals, Watched};
 use crate::metrics::{Liveness, Metrics, NetlinkOp, netlink_timed};
-use crate::peers::{ANNOTATION_HOST_IP, Cidr, NodeView, select_peers};
+use crate::peers::{ANNOTATION_HOST_IP, Cidr, ClusterCidrs, NodeView, PodCidrs, select_peers};
 use crate::reconcile::{self, OverlayState};
 use crate::underlay_filter::UnderlayFilter;
 
@@ -46,8 +46,8 @@ struct Loop {
     kernel: Kernel,
     vx: VxlanSpec,
     own_name: String,
-    own_cidr: Cidr,
-    cluster: Cidr,
+    own: PodCidrs,
+    cluster: ClusterCidrs,
     metrics: Arc<Metrics>,
     last_desired: Option<OverlayState>,
     /// What the kernel held after the last good pass. Event passes diff
@@ -124,8 +124,7 @@ impl Loop {
     async fn pass(&mut self, nodes: &[Arc<Node>], full: bool, read_pods: bool) -> Result<()> {
         let _timer = self.metrics.reconcile_started();
         let views: Vec<NodeView> = nodes.iter().map(|n| node_view(n)).collect();
-        let (peers, rejected) =
-            select_peers(&views, &self.own_name, Some(self.own_cidr), self.cluster);
+        let (peers, rejected) = select_peers(&views, &self.own_name, self.own, self.cluster);
         let want = reconcile::desired_direct(&peers, &self.direct);
         self.publish_expected(&want);
         let (index, recreated) =
@@ -268,6 +267,7 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
         nodes,
         node_name,
         own_cidr,
+        own_cidr6,
         kernel,
         vx,
         underlay_subnets,
@@ -292,8 +292,11 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
         kernel,
         vx,
         own_name: node_name.clone(),
-        own_cidr,
-        cluster: cfg.cluster_cidr,
+        own: PodCidrs {
+            v4: Some(own_cidr),
+            v6: own_cidr6,
+        },
+        cluster: cfg.clusters(),
         metrics: metrics.clone(),
         last_desired: None,
         kernel_cache: None,
@@ -347,7 +350,7 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
         if run_pass {
             let events = metrics.take_node_events();
             let snapshot = reader.state();
-            ensure_pod_cidr_unchanged(&snapshot, &node_name, own_cidr)?;
+            ensure_pod_cidr_unchanged(&snapshot, &node_name, lp.own, lp.cluster)?;
             let result = lp.pass(&snapshot, full, full || why == Why::Pods).await;
             if result.is_ok() {
                 events.applied();
@@ -356,7 +359,7 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
                 Ok(()) if !handed_over || !cfg.cni_conf_dir.join(CONFLIST_NAME).exists() => {
                     // The conflist goes out only once the overlay is up and peers
                     // are programmed: the runtime starts pods as soon as it sees it.
-                    let conf = conflist(cfg, own_cidr, lp.vx.mtu);
+                    let conf = conflist(cfg, lp.own, lp.vx.mtu);
                     write_atomic(
                         &cfg.cni_conf_dir.join(CONFLIST_NAME),
                         serde_json::to_string_pretty(&conf)?.as_bytes(),
@@ -507,19 +510,26 @@ async fn watch_nodes(client: kube::Client, metrics: Arc<Metrics>) -> (Store<Node
     (reader, changed)
 }
 
-/// Pods, the conflist and vxlan.1's address all derive from the podCIDR:
-/// a new one means starting over (the DaemonSet restarts the agent), rather
-/// than half-adopting it.
-fn ensure_pod_cidr_unchanged(snapshot: &[Arc<Node>], node_name: &str, own: Cidr) -> Result<()> {
+/// Pods, the conflist and vxlan.1's addresses all derive from the
+/// podCIDRs: a new one (of either family, an IPv6 one added or removed
+/// included) means starting over (the DaemonSet restarts the agent),
+/// rather than half-adopting it.
+fn ensure_pod_cidr_unchanged(
+    snapshot: &[Arc<Node>],
+    node_name: &str,
+    own: PodCidrs,
+    cluster: ClusterCidrs,
+) -> Result<()> {
     if let Some(n) = snapshot
         .iter()
         .find(|n| n.metadata.name.as_deref() == Some(node_name))
     {
-        let now = n.spec.as_ref().and_then(|s| s.pod_cidr.as_deref());
-        if now.and_then(|c| Cidr::parse_network(c).ok()) != Some(own) {
+        let view = node_view(n);
+        let now = view.own_pod_cidrs(cluster);
+        if now.as_ref().ok() != Some(&own) {
             bail!(
-                "this Node's podCIDR changed from {own} to {}; exiting so the agent restarts with it",
-                now.unwrap_or("none")
+                "this Node's podCIDRs changed from {own:?} to {:?}; exiting so the agent restarts with them",
+                now.map_or_else(|e| e, |c| format!("{c:?}"))
             );
         }
     }

@@ -15,7 +15,7 @@ use super::{Config, RunOptions, VXLAN_OVERHEAD, kube_client, resolve_node_name, 
 use crate::fastpath::FastPath;
 use crate::kernel::{Kernel, Underlay, VxlanSpec};
 use crate::metrics::Metrics;
-use crate::peers::{ANNOTATION_HOST_IP, ANNOTATION_VTEP_MAC, Cidr, Mac};
+use crate::peers::{ANNOTATION_HOST_IP, ANNOTATION_VTEP_MAC, Cidr, Mac, PodCidrs};
 use crate::underlay_filter::UnderlayFilter;
 
 /// What start-up produced, handed to the loop as a whole.
@@ -24,6 +24,9 @@ pub(super) struct Started {
     pub(super) nodes: Api<Node>,
     pub(super) node_name: String,
     pub(super) own_cidr: Cidr,
+    /// The IPv6 podCIDR, on a dual-stack node of a cluster the agent does
+    /// IPv6 in.
+    pub(super) own_cidr6: Option<crate::peers::Cidr6>,
     pub(super) kernel: Kernel,
     /// `vxlan.1` as brought up; the loop moves it when the underlay moves.
     pub(super) vx: VxlanSpec,
@@ -50,7 +53,12 @@ pub(super) async fn start(
     .await;
     let nodes: Api<Node> = Api::all(client.clone());
     metrics.set_not_ready(format!("waiting for Node {node_name} to have spec.podCIDR"));
-    let own_cidr = wait_for_pod_cidr(cfg, &nodes, &node_name, metrics).await;
+    let own = wait_for_pod_cidr(cfg, &nodes, &node_name, metrics).await;
+    let (own_cidr, own_cidr6) = (own.0, own.1);
+    if let (Some(c6), None) = (own_cidr6, cfg.cluster_cidr6) {
+        // Not reachable (own_pod_cidrs ignores IPv6 then); said for clarity.
+        tracing::warn!(pod_cidr6 = %c6, "no IPv6 cluster CIDR: IPv6 is off");
+    }
 
     // Before vxlan.1 can exist: a fresh node accepts no VXLAN until its
     // first pass knows the peers; a restarted one keeps its peer set.
@@ -65,12 +73,16 @@ pub(super) async fn start(
             )
         })?;
     let mtu = overlay_mtu(opts.mtu, &underlay)?;
-    let vx = bring_up_vxlan(cfg, &kernel, &underlay, mtu, &node_name, own_cidr).await?;
+    let vx = bring_up_vxlan(cfg, &kernel, &underlay, mtu, &node_name, own).await?;
     let fast = load_programs(cfg, metrics)?;
     set_sysctl(&cfg.proc_sys, "net.ipv4.ip_forward", "1")?;
+    if own_cidr6.is_some() {
+        set_sysctl(&cfg.proc_sys, "net.ipv6.conf.all.forwarding", "1")?;
+        warn_ra_ignored(&cfg.proc_sys, &underlay.name);
+    }
     warn_loose_rp_filter(&cfg.proc_sys);
     if cfg.masquerade {
-        crate::masq::install(cfg.cluster_cidr).context("installing masquerade rules")?;
+        crate::masq::install(cfg.clusters()).context("installing masquerade rules")?;
     }
     announce(&nodes, &node_name, vx.mac, &underlay).await;
     Ok(Started {
@@ -78,6 +90,7 @@ pub(super) async fn start(
         nodes,
         node_name,
         own_cidr,
+        own_cidr6,
         kernel,
         vx,
         underlay_subnets: underlay.subnets,
@@ -86,34 +99,41 @@ pub(super) async fn start(
     })
 }
 
-/// The podCIDR comes from kube-controller-manager; until then there is
-/// nothing to do but wait and say so.
+/// The podCIDRs come from kube-controller-manager; until then there is
+/// nothing to do but wait and say so. The IPv4 one is required; the IPv6
+/// one is taken when the agent does IPv6 (an IPv6 cluster CIDR is set),
+/// and when it is there but bad the node waits as for a bad IPv4 one:
+/// going ahead without it would leave pods without IPv6 on a node the
+/// cluster takes for dual-stack.
 async fn wait_for_pod_cidr(
     cfg: &Config,
     nodes: &Api<Node>,
     node_name: &str,
     metrics: &Metrics,
-) -> Cidr {
+) -> (Cidr, Option<crate::peers::Cidr6>) {
     loop {
         match nodes.get_opt(node_name).await {
-            Ok(Some(n)) => match n
-                .spec
-                .as_ref()
-                .and_then(|s| s.pod_cidr.as_deref())
-                .map(|c| (c, Cidr::parse_network(c).ok()))
-            {
-                Some((_, Some(c))) if cfg.cluster_cidr.covers(c) => return c,
-                Some((raw, _)) => {
-                    tracing::error!(node = %node_name, pod_cidr = raw, cluster_cidr = %cfg.cluster_cidr, "own podCIDR is invalid or outside the cluster CIDR");
-                    metrics.set_not_ready(format!(
-                        "own podCIDR {raw:?} is invalid or outside {}",
-                        cfg.cluster_cidr
-                    ));
+            Ok(Some(n)) => {
+                let view = super::node_view(&n);
+                let texts = view.pod_cidr_texts();
+                if texts.v4.is_empty() && texts.v6.is_empty() {
+                    tracing::info!(node = %node_name, "waiting for spec.podCIDR (kube-controller-manager --allocate-node-cidrs)");
+                } else {
+                    match view.own_pod_cidrs(cfg.clusters()) {
+                        Ok(PodCidrs { v4: Some(v4), v6 }) => {
+                            if v6.is_none() && !texts.v6.is_empty() {
+                                tracing::warn!(node = %node_name, pod_cidrs = ?texts.v6, "this node has an IPv6 podCIDR, but no IPv6 cluster CIDR is set (cluster-cidr): IPv6 is off");
+                            }
+                            return (v4, v6);
+                        }
+                        Ok(_) => {}
+                        Err(why) => {
+                            tracing::error!(node = %node_name, cluster_cidr = %cfg.cluster_cidr, cluster_cidr6 = ?cfg.cluster_cidr6, "own podCIDRs: {why}");
+                            metrics.set_not_ready(format!("own podCIDRs: {why}"));
+                        }
+                    }
                 }
-                None => {
-                    tracing::info!(node = %node_name, "waiting for spec.podCIDR (kube-controller-manager --allocate-node-cidrs)")
-                }
-            },
+            }
             Ok(None) => tracing::warn!(node = %node_name, "own Node object not found; retrying"),
             Err(e) => tracing::warn!(error = %e, "cannot read own Node; retrying"),
         }
@@ -128,7 +148,7 @@ async fn bring_up_vxlan(
     underlay: &Underlay,
     mtu: u32,
     node_name: &str,
-    own_cidr: Cidr,
+    (own_cidr, own_cidr6): (Cidr, Option<crate::peers::Cidr6>),
 ) -> Result<VxlanSpec> {
     let existing_mac = kernel.link(&cfg.vxlan_name).await?.map(|l| l.mac);
     let mac = vtep_mac(&cfg.data_dir, existing_mac.as_deref())?;
@@ -141,8 +161,9 @@ async fn bring_up_vxlan(
         mtu,
         mac,
         address: own_cidr.network(),
+        address6: own_cidr6.map(|c| c.network()),
     };
-    tracing::info!(node = %node_name, pod_cidr = %own_cidr, underlay = %underlay.name, host_ip = %underlay.ip, vtep_mac = %mac, mtu = vx.mtu, "bringing the overlay up");
+    tracing::info!(node = %node_name, pod_cidr = %own_cidr, pod_cidr6 = ?own_cidr6, underlay = %underlay.name, host_ip = %underlay.ip, vtep_mac = %mac, mtu = vx.mtu, "bringing the overlay up");
     kernel.ensure_vxlan(&vx).await?;
     Ok(vx)
 }
@@ -234,6 +255,20 @@ fn warn_loose_rp_filter(proc_sys: &Path) {
     if std::fs::read_to_string(&p).is_ok_and(|v| v.trim() == "2") {
         tracing::warn!(
             "net.ipv4.conf.all.rp_filter is 2 (loose): pods can send from other pods' addresses on this node; set it to 0 or 1 so the plugin's per-veth strict filter applies"
+        );
+    }
+}
+
+/// With forwarding on, the kernel ignores router advertisements on an
+/// interface whose `accept_ra` is 1 (the rule for routers): a node that
+/// takes its own IPv6 default route from them would lose it when it
+/// expires. Setting 2 is the host's call; say so.
+fn warn_ra_ignored(proc_sys: &Path, underlay: &str) {
+    let p = proc_sys.join(format!("net/ipv6/conf/{underlay}/accept_ra"));
+    if std::fs::read_to_string(&p).is_ok_and(|v| v.trim() == "1") {
+        tracing::warn!(
+            underlay,
+            "IPv6 forwarding is on, so {underlay} now ignores router advertisements (accept_ra 1); set net.ipv6.conf.{underlay}.accept_ra=2 if the node takes its IPv6 routes from them"
         );
     }
 }

@@ -59,10 +59,11 @@ impl NetlinkOp {
     /// The request that applies `a`.
     pub fn of(a: &Action) -> Self {
         match a {
-            Action::SetRoute(..) => NetlinkOp::RouteSet,
-            Action::DelRoute(_) => NetlinkOp::RouteDel,
-            Action::SetNeighbour(..) => NetlinkOp::NeighbourSet,
-            Action::DelNeighbour(_) => NetlinkOp::NeighbourDel,
+            // One histogram per kind of request, for both families.
+            Action::SetRoute(..) | Action::SetRoute6(..) => NetlinkOp::RouteSet,
+            Action::DelRoute(_) | Action::DelRoute6(_) => NetlinkOp::RouteDel,
+            Action::SetNeighbour(..) | Action::SetNeighbour6(..) => NetlinkOp::NeighbourSet,
+            Action::DelNeighbour(_) | Action::DelNeighbour6(_) => NetlinkOp::NeighbourDel,
             Action::SetFdb(..) => NetlinkOp::FdbSet,
             Action::DelFdb(_) => NetlinkOp::FdbDel,
         }

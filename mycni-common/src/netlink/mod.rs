@@ -44,7 +44,7 @@ mod routes;
 pub use addresses::Ipv6Address;
 pub use error::{Cause, Error, Result};
 pub use links::{Link, VxlanConfig, VxlanInfo};
-pub use neighbours::{FdbEntry, Neighbour};
+pub use neighbours::{FdbEntry, Neighbour, Neighbour6};
 pub use nexthops::{Nexthop, NexthopEvents, NexthopMessage, RTNLGRP_NEXTHOP, nexthop_events};
 pub use routes::{NexthopRoute, Route, RouteFamily};
 

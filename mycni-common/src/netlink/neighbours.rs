@@ -2,7 +2,7 @@
 //! RTM_NEWNEIGH messages, in the AF_INET, AF_INET6 and AF_BRIDGE families.
 
 use std::format;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::prelude::rust_2024::*;
 
 use netlink_packet_route::neighbour::{
@@ -17,6 +17,13 @@ use crate::net::Mac;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Neighbour {
     pub ip: Ipv4Addr,
+    pub mac: Mac,
+}
+
+/// An IPv6 neighbour (NDP) entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Neighbour6 {
+    pub ip: Ipv6Addr,
     pub mac: Mac,
 }
 
@@ -120,8 +127,45 @@ impl Netlink {
 
     /// The permanent IPv4 neighbours on link `index`.
     pub async fn permanent_neighbours(&self, index: u32) -> Result<Vec<Neighbour>> {
+        let msgs = self
+            .permanent_neighbour_messages(AddressFamily::Inet, index)
+            .await?;
+        Ok(msgs
+            .iter()
+            .filter_map(|m| match neighbour_ip_mac(m) {
+                (Some(ip), Some(mac)) => Some(Neighbour { ip, mac }),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// The permanent IPv6 neighbours on link `index`.
+    pub async fn permanent_ipv6_neighbours(&self, index: u32) -> Result<Vec<Neighbour6>> {
+        let msgs = self
+            .permanent_neighbour_messages(AddressFamily::Inet6, index)
+            .await?;
+        Ok(msgs
+            .iter()
+            .filter_map(|m| {
+                let ip = m.attributes.iter().find_map(|a| match a {
+                    NeighbourAttribute::Destination(NeighbourAddress::Inet6(d)) => Some(*d),
+                    _ => None,
+                })?;
+                Some(Neighbour6 {
+                    ip,
+                    mac: neighbour_ip_mac(m).1?,
+                })
+            })
+            .collect())
+    }
+
+    async fn permanent_neighbour_messages(
+        &self,
+        family: AddressFamily,
+        index: u32,
+    ) -> Result<Vec<NeighbourMessage>> {
         // Dumps filter by attribute, not by the header's ifindex.
-        let mut req = neighbour_message(AddressFamily::Inet, 0);
+        let mut req = neighbour_message(family, 0);
         req.attributes.push(NeighbourAttribute::IfIndex(index));
         let msgs = self
             .dump(
@@ -134,12 +178,13 @@ impl Netlink {
             let RouteNetlinkMessage::NewNeighbour(m) = m else {
                 continue;
             };
-            if m.header.ifindex != index || !is_permanent(m.header.state) {
+            if m.header.ifindex != index
+                || m.header.family != family
+                || !is_permanent(m.header.state)
+            {
                 continue;
             }
-            if let (Some(ip), Some(mac)) = neighbour_ip_mac(&m) {
-                out.push(Neighbour { ip, mac });
-            }
+            out.push(m);
         }
         Ok(out)
     }

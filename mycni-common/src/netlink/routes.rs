@@ -240,15 +240,30 @@ impl Netlink {
         &self,
         protocol: u8,
     ) -> Result<Vec<(Route, Option<u32>)>> {
+        self.routes_with_nexthops(protocol).await
+    }
+
+    /// [`Netlink::routes_with_nexthops_by_protocol`] for IPv6 routes.
+    pub async fn ipv6_routes_with_nexthops_by_protocol(
+        &self,
+        protocol: u8,
+    ) -> Result<Vec<(Route<Ipv6Addr>, Option<u32>)>> {
+        self.routes_with_nexthops(protocol).await
+    }
+
+    async fn routes_with_nexthops<A: RouteFamily>(
+        &self,
+        protocol: u8,
+    ) -> Result<Vec<(Route<A>, Option<u32>)>> {
         let mut req = RouteMessage::default();
-        req.header.address_family = AddressFamily::Inet;
+        req.header.address_family = A::address_family();
         req.header.protocol = RouteProtocol::from(protocol);
         let op = format!("listing routes of protocol {protocol}");
         let msgs = self.dump(&op, RouteNetlinkMessage::GetRoute(req)).await?;
         Ok(msgs
             .iter()
             .filter_map(|m| match m {
-                RouteNetlinkMessage::NewRoute(r) => Some((route_from::<Ipv4Addr>(r)?, nhid_of(r))),
+                RouteNetlinkMessage::NewRoute(r) => Some((route_from::<A>(r)?, nhid_of(r))),
                 _ => None,
             })
             .filter(|(r, _)| r.protocol == protocol)

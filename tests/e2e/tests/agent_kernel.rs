@@ -13,6 +13,7 @@ fn peer(name: &str, cidr: &str, mac: u8, ip: u8) -> Peer {
     Peer {
         name: name.into(),
         pod_cidr: Cidr::parse_network(cidr).expect("test CIDR"),
+        pod_cidr6: None,
         vtep_mac: Mac([2, 0, 0, 0, 0, mac]),
         host_ip: Ipv4Addr::new(192, 168, 55, ip),
     }
@@ -36,6 +37,7 @@ fn in_node<T: Send>(ns: &NetNs, f: impl AsyncFnOnce(Kernel, VxlanSpec) -> T + Se
                 mtu: u.mtu - 50,
                 mac: Mac([2, 0xaa, 0, 0, 0, 1]),
                 address: Ipv4Addr::new(10, 244, 0, 0),
+                address6: None,
             };
             f(k, spec).await
         })

@@ -6,7 +6,7 @@
 use std::net::Ipv4Addr;
 
 use mycni_agent::kernel::{Kernel, PeerRoutes, VxlanSpec};
-use mycni_agent::peers::{Cidr, Mac, Peer};
+use mycni_agent::peers::{Cidr, Cidr6, Mac, Peer};
 use mycni_agent::reconcile::{self, NEXTHOP_ID_BASE, OverlayState};
 use mycni_testkit::NetNs;
 
@@ -14,6 +14,7 @@ fn peer(name: &str, cidr: &str, mac: u8, ip: u8) -> Peer {
     Peer {
         name: name.into(),
         pod_cidr: Cidr::parse_network(cidr).expect("test CIDR"),
+        pod_cidr6: None,
         vtep_mac: Mac([2, 0, 0, 0, 0, mac]),
         host_ip: Ipv4Addr::new(192, 168, 55, ip),
     }
@@ -63,6 +64,7 @@ fn in_node<T: Send>(
                 mtu: u.mtu - 50,
                 mac: Mac([2, 0xaa, 0, 0, 0, 1]),
                 address: Ipv4Addr::new(10, 244, 0, 0),
+                address6: None,
             };
             f(k, spec, u.index).await
         })
@@ -281,4 +283,92 @@ fn another_programs_nexthops_are_neither_taken_nor_touched() {
         all.contains(&format!("id {base} via 10.9.9.9 dev vxlan.1")),
         "{all}"
     );
+}
+
+fn routes6(ns: &NetNs) -> String {
+    ns.exec("ip", &["-6", "route", "show", "proto", "110"])
+        .expect("ip -6 route")
+}
+
+fn neighbours6(ns: &NetNs) -> String {
+    ns.exec("ip", &["-6", "neigh", "show", "dev", "vxlan.1"])
+        .expect("ip -6 neigh")
+}
+
+/// Two dual-stack peers: their IPv6 podCIDRs next to the IPv4 ones.
+fn two_dual() -> OverlayState {
+    let dual = |name: &str, cidr: &str, cidr6: &str, mac: u8, ip: u8| Peer {
+        pod_cidr6: Some(Cidr6::parse_network(cidr6).expect("test CIDR")),
+        ..peer(name, cidr, mac, ip)
+    };
+    reconcile::desired(&[
+        dual("a", "10.244.1.0/24", "fd00:10:244:1::/64", 1, 2),
+        dual("b", "10.244.2.0/24", "fd00:10:244:2::/64", 2, 3),
+    ])
+}
+
+/// IPv6 peers over the same vxlan.1 and FDB entries, in both route modes:
+/// the node's own IPv6 VTEP address, a route and a permanent neighbour per
+/// peer, read back as made (a second pass does nothing), moved from one
+/// mode to the other, and all gone with the peers.
+#[test]
+fn ipv6_peers_get_a_route_and_neighbour_in_either_mode() {
+    let ns = node();
+    let want = two_dual();
+    let own6: std::net::Ipv6Addr = "fd00:10:244::".parse().expect("ip");
+    for onlink in [true, false] {
+        in_node(&ns, onlink, async |k, spec, _| {
+            let spec = VxlanSpec {
+                address6: Some(own6),
+                ..spec
+            };
+            let (vx, _) = k.ensure_vxlan(&spec).await.unwrap();
+            let first = pass(&k, vx, 0, &want).await;
+            // Fresh: 2 FDB + 2x2 neighbours + 2x2 routes; after the other
+            // mode: the 4 routes move.
+            assert_eq!(first, if onlink { 10 } else { 4 });
+            assert_eq!(pass(&k, vx, 0, &want).await, 0, "read back as made");
+        });
+        let r = routes6(&ns);
+        for (dst, gw) in [
+            ("fd00:10:244:1::/64", "fd00:10:244:1::"),
+            ("fd00:10:244:2::/64", "fd00:10:244:2::"),
+        ] {
+            let line = r.lines().find(|l| l.starts_with(dst)).unwrap_or_default();
+            assert!(
+                line.contains(&format!("via {gw} dev vxlan.1")) && line.contains("onlink"),
+                "{r}"
+            );
+            assert_eq!(line.contains("nhid"), !onlink, "{r}");
+        }
+        let n = neighbours6(&ns);
+        assert!(
+            n.contains("fd00:10:244:1:: lladdr 02:00:00:00:00:01 PERMANENT")
+                && n.contains("fd00:10:244:2:: lladdr 02:00:00:00:00:02 PERMANENT"),
+            "{n}"
+        );
+    }
+    let nh = nexthops(&ns);
+    assert!(
+        nh.lines()
+            .filter(|l| l.contains("via fd00:10:244:"))
+            .count()
+            == 2,
+        "one IPv6 nexthop per IPv6 route: {nh}"
+    );
+    let addr = ns
+        .exec("ip", &["-6", "addr", "show", "dev", "vxlan.1"])
+        .expect("ip addr");
+    assert!(addr.contains("fd00:10:244::/128"), "{addr}");
+    in_node(&ns, false, async |k, spec, _| {
+        let (vx, _) = k.ensure_vxlan(&spec).await.unwrap();
+        assert_eq!(pass(&k, vx, 0, &OverlayState::default()).await, 10);
+    });
+    assert!(routes6(&ns).trim().is_empty(), "{}", routes6(&ns));
+    assert!(
+        !neighbours6(&ns).contains("PERMANENT"),
+        "{}",
+        neighbours6(&ns)
+    );
+    assert!(nexthops(&ns).trim().is_empty(), "{}", nexthops(&ns));
 }
