@@ -26,11 +26,9 @@ use mycni_common::{
 
 use crate::ebpf::{self, Datapath, DatapathError, Prog};
 use crate::kernel::{PodEndpoint, PodEndpoints, VxlanSpec};
-use crate::peers::Mac;
 
-type Cidr6 = mycni_common::net::Cidr<Ipv6Addr>;
 use crate::metrics::Metrics;
-use crate::reconcile::{self, OverlayState};
+use crate::reconcile::{self, OverlayState, Remote};
 
 /// `--datapath`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -266,7 +264,7 @@ impl FastPath {
             }
             self.remote_written = Some(remote);
         }
-        let remote6 = remote6_map(remotes6(overlay));
+        let remote6 = remote6_map(overlay.remotes6());
         if full || self.remote6_written.as_ref() != Some(&remote6) {
             let st = ebpf::sync_remote6(&pin, &remote6)?;
             if full && self.remote6_written.as_ref() == Some(&remote6) && st.set + st.removed > 0 {
@@ -402,26 +400,20 @@ fn local_map<A: Ord + Copy>(pods: &BTreeMap<A, PodEndpoint>) -> BTreeMap<A, Loca
         .collect()
 }
 
-/// The IPv6 podCIDRs the kernel backs on `vxlan.1` (route, neighbour, FDB
-/// entry), each with its peer's VTEP MAC and IPv4 host: what the agent's
-/// overlay state says of IPv6 peers.
-fn remotes6(_overlay: &OverlayState) -> Vec<(Cidr6, Mac, Ipv4Addr)> {
-    vec![]
-}
-
-/// `mycni_remote6` from the IPv6 podCIDRs the kernel backs. Never direct:
+/// `mycni_remote6` from the IPv6 podCIDRs the kernel backs on `vxlan.1`
+/// (route, neighbour, FDB entry: `OverlayState::remotes6`). Never direct:
 /// an IPv4 underlay carries IPv6 only encapsulated.
-fn remote6_map(remotes: Vec<(Cidr6, Mac, Ipv4Addr)>) -> BTreeMap<(Ipv6Addr, u8), RemoteNode> {
+fn remote6_map(remotes: Vec<Remote<Ipv6Addr>>) -> BTreeMap<(Ipv6Addr, u8), RemoteNode> {
     remotes
         .into_iter()
-        .map(|(cidr, mac, host)| {
+        .map(|r| {
             (
-                (cidr.addr(), cidr.prefix()),
+                (r.pod_cidr.addr(), r.pod_cidr.prefix()),
                 RemoteNode {
-                    vtep_mac: mac.0,
+                    vtep_mac: r.vtep_mac.0,
                     flags: 0,
                     _pad: 0,
-                    host_ip: u32::from_ne_bytes(host.octets()),
+                    host_ip: u32::from_ne_bytes(r.host_ip.octets()),
                 },
             )
         })
