@@ -1,0 +1,284 @@
+//! The real `mycni-agent` binary, told the cluster's IPv6 range, in a lab
+//! node namespace against the API fixture: a peer Node's IPv6 podCIDR
+//! (from `spec.podCIDRs`) becomes a route and a permanent neighbour on
+//! vxlan.1 and goes again with it, a bad one rejects the peer's IPv6 side
+//! only and is counted, and IPv6 drift is repaired from the kernel's
+//! notifications, long before the periodic pass.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::Node;
+use mycni_apiserver::node;
+use mycni_lab::Lab;
+
+mod common;
+
+/// The lab's IPv4 range, with the IPv6 range next to it.
+const CLUSTER: &str = "10.244.0.0/16,fd00:10:244::/56";
+
+fn wait_until(
+    what: &str,
+    timeout: Duration,
+    mut f: impl FnMut() -> Result<bool>,
+) -> Result<Duration> {
+    let start = Instant::now();
+    let mut last = None;
+    while start.elapsed() < timeout {
+        match f() {
+            Ok(true) => return Ok(start.elapsed()),
+            Ok(false) => {}
+            Err(e) => last = Some(e),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    bail!("{what}: not within {timeout:?} (last error: {last:?})")
+}
+
+/// `spec.podCIDRs` as given, and `spec.podCIDR` its first, as the API
+/// keeps them (it resets podCIDRs to a podCIDR that is not its first).
+/// The real API allows this change only from none; the fixture's direct
+/// update stands for a Node deleted and made again.
+fn set_pod_cidrs(n: &mut Node, cidrs: &[&str]) {
+    let spec = n.spec.get_or_insert_default();
+    spec.pod_cidr = cidrs.first().map(|c| c.to_string());
+    spec.pod_cidrs = Some(cidrs.iter().map(|c| c.to_string()).collect());
+}
+
+/// A peer Node with `spec.podCIDRs` as given and its annotations.
+fn peer_node(name: &str, cidrs: &[&str], mac: &str, ip: &str) -> Node {
+    let mut n = node(name, None);
+    set_pod_cidrs(&mut n, cidrs);
+    let ann: BTreeMap<String, String> = [
+        ("mycni.dev/vtep-mac".to_string(), mac.to_string()),
+        ("mycni.dev/host-ip".to_string(), ip.to_string()),
+    ]
+    .into();
+    n.metadata.annotations = Some(ann);
+    n
+}
+
+fn ip(l: &Lab, args: &[&str]) -> Result<String> {
+    let ns = l.spec.node_name(1);
+    let mut a = vec!["-n", ns.as_str()];
+    a.extend_from_slice(args);
+    mycni_testkit::sh("ip", &a)
+}
+
+/// The agent's IPv6 routes on lab node 1, without nexthop IDs.
+fn routes6(l: &Lab) -> Result<String> {
+    Ok(ip(l, &["-6", "route", "show", "proto", "110"])?
+        .lines()
+        .map(|line| {
+            let mut out = Vec::new();
+            let mut words = line.split_whitespace();
+            while let Some(w) = words.next() {
+                if w == "nhid" {
+                    words.next();
+                } else {
+                    out.push(w);
+                }
+            }
+            out.join(" ") + "\n"
+        })
+        .collect())
+}
+
+fn neighbours6(l: &Lab) -> Result<String> {
+    ip(l, &["-6", "neigh", "show", "dev", "vxlan.1"])
+}
+
+/// The IPv6 side of a peer as the agent programs it: route and neighbour.
+fn ipv6_side(l: &Lab, cidr: &str, vtep: &str, mac: &str) -> Result<bool> {
+    Ok(
+        routes6(l)?.contains(&format!("{cidr} via {vtep} dev vxlan.1"))
+            && neighbours6(l)?.contains(&format!("{vtep} lladdr {mac} PERMANENT")),
+    )
+}
+
+#[test]
+fn a_nodes_ipv6_podcidr_comes_and_goes_with_its_route_and_neighbour() -> Result<()> {
+    let t = common::lab_with(1, 0, &["--cluster-cidr", CLUSTER])?;
+    let l = &t.0;
+    let api = l.api.as_ref().context("api")?;
+    let mac = "02:00:00:00:20:01";
+    api.create_node(peer_node(
+        "peer-a",
+        &["10.244.20.0/24"],
+        mac,
+        "192.168.77.120",
+    ))?;
+    let v4 = || -> Result<bool> {
+        Ok(ip(l, &["route", "show", "proto", "110"])?.contains("10.244.20.0/24"))
+    };
+    wait_until("the IPv4 side programmed", Duration::from_secs(5), v4)?;
+    assert!(routes6(l)?.trim().is_empty(), "{}", routes6(l)?);
+    // The Node gains an IPv6 podCIDR (IPv6 first: either order is valid).
+    api.update_node("peer-a", |n| {
+        set_pod_cidrs(n, &["fd00:10:244:20::/64", "10.244.20.0/24"])
+    })?;
+    wait_until("the IPv6 side programmed", Duration::from_secs(5), || {
+        ipv6_side(l, "fd00:10:244:20::/64", "fd00:10:244:20::", mac)
+    })?;
+    // One FDB entry serves both families.
+    let fdb = mycni_testkit::sh(
+        "bridge",
+        &["-n", &l.spec.node_name(1), "fdb", "show", "dev", "vxlan.1"],
+    )?;
+    assert_eq!(fdb.matches(mac).count(), 1, "{fdb}");
+    // ... and loses it: route and neighbour go, the IPv4 side stays.
+    api.update_node("peer-a", |n| set_pod_cidrs(n, &["10.244.20.0/24"]))?;
+    wait_until("the IPv6 side removed", Duration::from_secs(5), || {
+        Ok(routes6(l)?.trim().is_empty() && !neighbours6(l)?.contains("fd00:10:244:20::"))
+    })?;
+    assert!(v4()?, "the IPv4 side went too");
+    // Back, then the Node deleted: everything goes.
+    api.update_node("peer-a", |n| {
+        set_pod_cidrs(n, &["10.244.20.0/24", "fd00:10:244:20::/64"])
+    })?;
+    wait_until("the IPv6 side back", Duration::from_secs(5), || {
+        ipv6_side(l, "fd00:10:244:20::/64", "fd00:10:244:20::", mac)
+    })?;
+    api.delete_node("peer-a")?;
+    wait_until(
+        "the deleted Node's state removed",
+        Duration::from_secs(5),
+        || Ok(routes6(l)?.trim().is_empty() && !neighbours6(l)?.contains("PERMANENT") && !v4()?),
+    )?;
+    Ok(())
+}
+
+#[test]
+fn a_bad_ipv6_podcidr_rejects_the_peers_ipv6_side_and_is_counted() -> Result<()> {
+    let t = common::lab_with(1, 0, &["--cluster-cidr", CLUSTER])?;
+    let l = &t.0;
+    let api = l.api.as_ref().context("api")?;
+    // What the API lets through: its validation takes any CIDR (host
+    // bits too) and one per family, but knows no cluster range, sizes or
+    // other Nodes.
+    for (name, cidr6, n) in [
+        ("host-bits", "fd00:10:244:31::1/64", 31),
+        ("outside", "fd00:99:0:32::/64", 32),
+        ("tiny", "fd00:10:244:33::/126", 33),
+        ("good", "fd00:10:244:34::/64", 34),
+    ] {
+        api.create_node(peer_node(
+            name,
+            &[&format!("10.244.{n}.0/24"), cidr6],
+            &format!("02:00:00:00:{n}:01"),
+            &format!("192.168.77.{}", 100 + n),
+        ))
+        .with_context(|| name.to_string())?;
+    }
+    wait_until(
+        "the good IPv6 side programmed",
+        Duration::from_secs(5),
+        || {
+            ipv6_side(
+                l,
+                "fd00:10:244:34::/64",
+                "fd00:10:244:34::",
+                "02:00:00:00:34:01",
+            )
+        },
+    )?;
+    // Every IPv4 side is programmed; no other IPv6 side is.
+    let v4 = ip(l, &["route", "show", "proto", "110"])?;
+    for n in 31..=34 {
+        assert!(v4.contains(&format!("10.244.{n}.0/24")), "{v4}");
+    }
+    let r6 = routes6(l)?;
+    assert_eq!(r6.lines().count(), 1, "{r6}");
+    let n6 = neighbours6(l)?;
+    assert_eq!(n6.matches("PERMANENT").count(), 1, "{n6}");
+    let m = l.metrics(1)?;
+    for (reason, count) in [("bad_pod_cidr_v6", 2), ("outside_cluster_cidr_v6", 1)] {
+        assert!(
+            m.contains(&format!(
+                "mycni_rejected_peers{{reason=\"{reason}\"}} {count}"
+            )),
+            "no {count} {reason} in {m}"
+        );
+    }
+    assert!(m.contains("mycni_peers_programmed 4"), "{m}");
+    Ok(())
+}
+
+/// With the periodic pass a minute away, an IPv6 route or neighbour
+/// deleted or changed under the agent is back within seconds: the kernel's
+/// notification disagrees with what the agent last wrote (`kwatch`).
+#[test]
+fn ipv6_drift_is_repaired_from_notifications() -> Result<()> {
+    let t = common::lab_with(1, 0, &["--cluster-cidr", CLUSTER, "--resync", "60s"])?;
+    let l = &t.0;
+    let api = l.api.as_ref().context("api")?;
+    let mac = "02:00:00:00:50:01";
+    api.create_node(peer_node(
+        "peer-d",
+        &["10.244.50.0/24", "fd00:10:244:50::/64"],
+        mac,
+        "192.168.77.150",
+    ))?;
+    let whole = || ipv6_side(l, "fd00:10:244:50::/64", "fd00:10:244:50::", mac);
+    wait_until("programmed", Duration::from_secs(5), whole)?;
+    let ns = l.spec.node_name(1);
+    let uses_nexthops = !ip(l, &["-6", "nexthop", "show", "dev", "vxlan.1"])
+        .unwrap_or_default()
+        .trim()
+        .is_empty();
+    let words = |s: &str| -> Vec<String> { s.split_whitespace().map(String::from).collect() };
+    let mut faults: Vec<(&str, Vec<String>)> = vec![
+        (
+            "IPv6 route deleted",
+            words("-6 route del fd00:10:244:50::/64 proto 110"),
+        ),
+        (
+            "IPv6 route replaced with another gateway",
+            words(
+                "-6 route replace fd00:10:244:50::/64 via fd00:10:244:51:: dev vxlan.1 onlink proto 110",
+            ),
+        ),
+        (
+            "IPv6 neighbour deleted",
+            words("-6 neigh del fd00:10:244:50:: dev vxlan.1"),
+        ),
+        (
+            "IPv6 neighbour replaced with another MAC",
+            words(
+                "-6 neigh replace fd00:10:244:50:: lladdr 02:00:00:00:66:66 dev vxlan.1 nud permanent",
+            ),
+        ),
+    ];
+    if uses_nexthops {
+        // Deleting a nexthop takes its routes along, with no route
+        // notification: kwatch hears of it from the nexthop group.
+        let nh = ip(l, &["-6", "nexthop", "show", "dev", "vxlan.1"])?;
+        let id = nh.split_whitespace().nth(1).context("no IPv6 nexthop id")?;
+        faults.push((
+            "IPv6 nexthop deleted (and its route with it)",
+            words(&format!("nexthop del id {id}")),
+        ));
+    }
+    let repaired = || -> Result<u64> {
+        let m = l.metrics(1)?;
+        m.lines()
+            .find_map(|x| x.strip_prefix("mycni_kernel_drift_repaired_total "))
+            .and_then(|v| v.trim().parse().ok())
+            .context("no drift counter")
+    };
+    for (what, args) in &faults {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let before = repaired()?;
+        ip(l, &args).with_context(|| what.to_string())?;
+        // The agent's repair is faster than a look: its counter says it
+        // found something to repair.
+        let took = wait_until(what, Duration::from_secs(10), || {
+            Ok(repaired()? > before && whole()?)
+        })?;
+        eprintln!("{what}: repaired in {took:?} ({ns})");
+        // Far from the 60 s resync: the notification did it.
+        assert!(took < Duration::from_secs(10), "{what}: {took:?}");
+    }
+    Ok(())
+}
