@@ -11,7 +11,7 @@ use mycni_testkit::sh;
 use serde_json::Value;
 
 use super::{IPERF_PORT, Options, SOCKPERF_PORT, UDP_LEN, UDP_OMIT};
-use crate::check_interrupted;
+use crate::{VXLAN_DEV, check_interrupted};
 
 /// A process started in a namespace; killed and reaped on drop.
 pub(super) struct Proc {
@@ -129,9 +129,17 @@ pub(super) struct Sample {
     pub(super) p50_us: f64,
     pub(super) p99_us: f64,
     pub(super) stream_gbps: f64,
-    /// UDP 64-byte datagrams per second the receiver got, thousands.
+    /// UDP 64-byte datagrams per second the receiving program got,
+    /// thousands (iperf3's own figure).
     pub(super) udp_kpps: f64,
     pub(super) udp_loss_pct: f64,
+    /// UDP datagrams per second the path delivered to the receiver's UDP
+    /// layer (read or dropped on a full socket), thousands.
+    pub(super) udp_delivered_kpps: f64,
+    /// UDP datagrams delivered per CPU-second the measure's own tasks
+    /// (both iperf3 ends and ksoftirqd) ran, thousands: the per-packet
+    /// cost of the path, whatever share of the CPU the tools got.
+    pub(super) udp_kpps_per_cpu: f64,
 }
 
 /// Client namespace -> server namespace and address.
@@ -184,7 +192,11 @@ pub(super) fn measure(pair: &Pair, o: &Options, logs: &Path) -> Result<Sample> {
     let mut s = Sample::default();
     (s.p50_us, s.p99_us) = latency(pair, o.seconds, &pin, logs)?;
     s.stream_gbps = stream(pair, o.seconds, &pin, logs)?;
-    (s.udp_kpps, s.udp_loss_pct) = small_packets(pair, o.seconds, &pin, logs)?;
+    let udp = small_packets(pair, o.seconds, &pin, logs)?;
+    s.udp_kpps = udp.received_kpps;
+    s.udp_loss_pct = udp.loss_pct;
+    s.udp_delivered_kpps = udp.delivered_kpps;
+    s.udp_kpps_per_cpu = udp.kpps_per_cpu;
     Ok(s)
 }
 
@@ -293,20 +305,72 @@ fn stream(pair: &Pair, seconds: u64, pin: &[String], logs: &Path) -> Result<f64>
         / 1e9)
 }
 
-/// Small packets: UDP, 64-byte payload, unlimited send rate; what the
-/// receiver got (sum_received counts received bytes), thousands of
-/// datagrams per second, and the loss in percent.
-fn small_packets(pair: &Pair, seconds: u64, pin: &[String], logs: &Path) -> Result<(f64, f64)> {
+/// The small-packet figures of one run.
+pub(super) struct Udp {
+    pub(super) received_kpps: f64,
+    pub(super) loss_pct: f64,
+    pub(super) delivered_kpps: f64,
+    pub(super) kpps_per_cpu: f64,
+}
+
+/// Small packets: UDP, 64-byte payload, unlimited send rate.
+///
+/// The receiving program's rate alone (what iperf3 reports) swings by run
+/// when both ends share one CPU: how the scheduler splits that CPU between
+/// sender and receiver decides how many datagrams the receiver reads before
+/// its socket overflows, and the datapath's work for the ones dropped there
+/// is done all the same (runs of one build moved by 1.4x with the same CPU
+/// time spent). So this also reads, over a window inside the measured
+/// seconds, the datagrams that reached the receiver's UDP layer (its
+/// netns's InDatagrams + RcvbufErrors) and the CPU time the measure's own
+/// tasks ran (scheduler run time of both iperf3 processes and of ksoftirqd,
+/// where the packets' softirq work runs when it is not in theirs): their
+/// ratio is the path's cost per packet, which does not depend on who else
+/// used the CPU.
+fn small_packets(pair: &Pair, seconds: u64, pin: &[String], logs: &Path) -> Result<Udp> {
+    check_interrupted()?;
     let len = UDP_LEN.to_string();
     let omit = UDP_OMIT.to_string();
-    let v = iperf(
-        pair,
-        seconds,
-        pin,
-        &["-u", "-l", &len, "-b", "0", "-O", &omit],
-        logs,
-        "udp",
+    let ip = pair.ip.to_string();
+    let secs = seconds.to_string();
+    let port = IPERF_PORT.to_string();
+    let srv = server(
+        &pair.server,
+        &argv(pin, &["iperf3", "-s", "-1", "-p", &port]),
+        IPERF_PORT,
+        &logs.join("iperf-udp-server.log"),
     )?;
+    let client = Proc::spawn(
+        &pair.client,
+        &argv(
+            pin,
+            &[
+                "iperf3",
+                "-c",
+                &ip,
+                "-p",
+                &port,
+                "-t",
+                &secs,
+                "-J",
+                "--connect-timeout",
+                "3000",
+                "-u",
+                "-l",
+                &len,
+                "-b",
+                "0",
+                "-O",
+                &omit,
+            ],
+        ),
+        &logs.join("iperf-udp-client.log"),
+    )?;
+    let window = udp_window(&client, &srv, seconds, pin_cpu(pin));
+    let out = client.finish(limit(seconds))?;
+    srv.finish(Duration::from_secs(5))?;
+    let (delivered_kpps, kpps_per_cpu) = window?;
+    let v = iperf_json(&out)?;
     let rx = &v["end"]["sum_received"];
     let bytes = rx["bytes"]
         .as_f64()
@@ -323,7 +387,143 @@ fn small_packets(pair: &Pair, seconds: u64, pin: &[String], logs: &Path) -> Resu
     } else {
         0.0
     };
-    Ok((bytes / UDP_LEN as f64 / secs / 1e3, loss))
+    Ok(Udp {
+        received_kpps: bytes / UDP_LEN as f64 / secs / 1e3,
+        loss_pct: loss,
+        delivered_kpps,
+        kpps_per_cpu,
+    })
+}
+
+/// The CPU in a `taskset -c CPU` prefix.
+fn pin_cpu(pin: &[String]) -> Option<usize> {
+    match pin {
+        [t, c, cpu] if t == "taskset" && c == "-c" => cpu.parse().ok(),
+        _ => None,
+    }
+}
+
+/// What the UDP window reads at each end.
+struct UdpMark {
+    at: Instant,
+    /// The server netns's UDP InDatagrams + RcvbufErrors.
+    delivered: u64,
+    /// Scheduler run time of the measure's tasks, nanoseconds.
+    cpu_ns: u64,
+}
+
+/// Delivered kpps and kpps per CPU-second over a window that starts after
+/// the omitted seconds (and the client's start-up) and ends before the
+/// client stops sending.
+fn udp_window(client: &Proc, srv: &Proc, seconds: u64, cpu: Option<usize>) -> Result<(f64, f64)> {
+    let start = Instant::now();
+    let lead = Duration::from_secs(UDP_OMIT) + Duration::from_millis(300);
+    let span = Duration::from_millis((seconds * 1000).saturating_sub(500).max(500));
+    let softirqd = ksoftirqd(cpu);
+    let pids = [client.child.id(), srv.child.id()];
+    let server = srv.child.id();
+    sleep_until(start + lead)?;
+    let a = udp_mark(server, &pids, &softirqd)?;
+    sleep_until(a.at + span)?;
+    let b = udp_mark(server, &pids, &softirqd)?;
+    // The client must still have been sending: a window that ran past its
+    // end would count idle time.
+    if std::fs::metadata(format!("/proc/{}", client.child.id())).is_err() {
+        bail!("the UDP client ended inside the measuring window");
+    }
+    let packets = b.delivered.saturating_sub(a.delivered) as f64;
+    let secs = (b.at - a.at).as_secs_f64();
+    let cpu_s = b.cpu_ns.saturating_sub(a.cpu_ns) as f64 / 1e9;
+    if packets == 0.0 || cpu_s == 0.0 {
+        bail!("no UDP datagram reached the server during the measuring window");
+    }
+    Ok((packets / secs / 1e3, packets / cpu_s / 1e3))
+}
+
+fn sleep_until(t: Instant) -> Result<()> {
+    while Instant::now() < t {
+        check_interrupted()?;
+        std::thread::sleep((t - Instant::now()).min(Duration::from_millis(50)));
+    }
+    Ok(())
+}
+
+fn udp_mark(server: u32, pids: &[u32], softirqd: &[u32]) -> Result<UdpMark> {
+    let snmp = std::fs::read_to_string(format!("/proc/{server}/net/snmp"))
+        .context("reading the UDP server's /proc/PID/net/snmp")?;
+    let dev = std::fs::read_to_string(format!("/proc/{server}/net/dev"))
+        .context("reading the UDP server's /proc/PID/net/dev")?;
+    // A VXLAN datagram the kernel decapsulates counts as an InDatagram of
+    // the namespace that holds the VXLAN socket: the overlay column's
+    // server is that namespace, and would count every datagram twice.
+    let delivered = udp_delivered(&snmp)
+        .context("no Udp InDatagrams/RcvbufErrors in snmp")?
+        .saturating_sub(rx_packets(&dev, VXLAN_DEV).unwrap_or(0));
+    let mut cpu_ns = 0;
+    for pid in pids.iter().chain(softirqd) {
+        cpu_ns +=
+            run_time_ns(*pid).with_context(|| format!("reading the run time of process {pid}"))?;
+    }
+    Ok(UdpMark {
+        at: Instant::now(),
+        delivered,
+        cpu_ns,
+    })
+}
+
+/// InDatagrams + RcvbufErrors from /proc/net/snmp: the datagrams that made
+/// it through the path to a socket, read or not.
+pub(super) fn udp_delivered(snmp: &str) -> Option<u64> {
+    let mut rows = snmp.lines().filter(|l| l.starts_with("Udp:"));
+    let names: Vec<&str> = rows.next()?.split_whitespace().collect();
+    let values: Vec<&str> = rows.next()?.split_whitespace().collect();
+    let get = |name: &str| -> Option<u64> {
+        let i = names.iter().position(|n| *n == name)?;
+        values.get(i)?.parse().ok()
+    };
+    Some(get("InDatagrams")? + get("RcvbufErrors")?)
+}
+
+/// Received packets of `ifname` in /proc/net/dev.
+pub(super) fn rx_packets(dev: &str, ifname: &str) -> Option<u64> {
+    dev.lines().find_map(|l| {
+        let (name, rest) = l.split_once(':')?;
+        (name.trim() == ifname).then(|| rest.split_whitespace().nth(1)?.parse().ok())?
+    })
+}
+
+/// Sum of the scheduler run time (schedstat's first field) of every
+/// thread of `pid`.
+fn run_time_ns(pid: u32) -> Result<u64> {
+    let mut ns = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let stat = std::fs::read_to_string(task?.path().join("schedstat"))?;
+        ns += stat
+            .split_whitespace()
+            .next()
+            .and_then(|f| f.parse::<u64>().ok())
+            .context("schedstat without a run time")?;
+    }
+    Ok(ns)
+}
+
+/// ksoftirqd of `cpu`, or of every CPU when the tools are not pinned.
+fn ksoftirqd(cpu: Option<usize>) -> Vec<u32> {
+    let want = cpu.map(|c| format!("ksoftirqd/{c}"));
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
+    dir.filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            let comm = comm.trim();
+            match &want {
+                Some(w) => comm == w,
+                None => comm.starts_with("ksoftirqd/"),
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -336,5 +536,26 @@ mod tests {
         assert_eq!(sockperf_percentile(out, "50.000").expect("p50"), 52.928);
         assert_eq!(sockperf_percentile(out, "99.000").expect("p99"), 413.916);
         assert!(sockperf_percentile(out, "90.000").is_err());
+    }
+
+    #[test]
+    fn udp_delivered_counts_read_and_overflowed() {
+        let snmp = "Udp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors\n\
+                    Udp: 100 3 7 5 7 0\n\
+                    UdpLite: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors\n\
+                    UdpLite: 1 0 0 0 0 0\n";
+        assert_eq!(udp_delivered(snmp), Some(107));
+        assert_eq!(udp_delivered("Ip: 1 2\nIp: 3 4\n"), None);
+        assert_eq!(
+            pin_cpu(&["taskset".into(), "-c".into(), "1".into()]),
+            Some(1)
+        );
+        assert_eq!(pin_cpu(&[]), None);
+        let dev = "Inter-|   Receive                            |  Transmit\n \
+                   face |bytes    packets errs drop fifo frame compressed multicast|bytes\n    \
+                   lo:       0       0    0    0    0     0          0         0        0\n\
+                   vxlan.1: 6400     100    0    0    0     0          0         0        0\n";
+        assert_eq!(rx_packets(dev, "vxlan.1"), Some(100));
+        assert_eq!(rx_packets(dev, "eth0"), None);
     }
 }
