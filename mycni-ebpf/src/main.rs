@@ -21,6 +21,14 @@
 //! never do, so conntrack sees every connection open and close. Forwarded
 //! packets get their TTL decremented and IP checksum fixed, like a router.
 //!
+//! IPv4 and IPv6 take the same paths by the same rules; IPv6 pods are keyed
+//! in maps of their own (`mycni_local6`, `mycni_remote6`) and reach other
+//! nodes over the same IPv4 underlay, the outer headers exactly those of an
+//! IPv4 inner packet. Only the fixed IPv6 header directly followed by TCP
+//! or UDP is fast-pathed: extension headers, neighbour discovery, link-local
+//! and multicast traffic stay with the kernel. Direct routing carries IPv4
+//! only (an IPv4 underlay cannot carry IPv6 unencapsulated).
+//!
 //! Every packet a program sees is counted exactly once in `mycni_counters`,
 //! under the path it took or the reason it was left to the kernel. Anything
 //! the program is not sure about returns `TCX_NEXT`, untouched, so the
