@@ -3,6 +3,7 @@
 //! the programs, sets the sysctls and the masquerade rules, and announces the
 //! VTEP on its Node. [`Started`] is all of it the loop goes on with.
 
+use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,7 +73,7 @@ pub(super) async fn start(
                 "finding the underlay --iface {how} (ConfigMap mycni-config key `underlay`, env MYCNI_IFACE)"
             )
         })?;
-    let mtu = overlay_mtu(opts.mtu, &underlay)?;
+    let mtu = overlay_mtu(opts.mtu, &underlay, own_cidr6.is_some())?;
     let vx = bring_up_vxlan(cfg, &kernel, &underlay, mtu, &node_name, own).await?;
     let fast = load_programs(cfg, metrics)?;
     set_sysctl(&cfg.proc_sys, "net.ipv4.ip_forward", "1")?;
@@ -163,25 +164,71 @@ async fn bring_up_vxlan(
         address: own_cidr.network(),
         address6: own_cidr6.map(|c| c.network()),
     };
+    if own_cidr6.is_some() {
+        // A host whose `default.disable_ipv6` is 1 makes every new device
+        // so, and the kernel then refuses the VTEP's IPv6 address: bring
+        // the device up without it, turn IPv6 on for it alone, then add it.
+        kernel
+            .ensure_vxlan(&VxlanSpec {
+                address6: None,
+                ..vx.clone()
+            })
+            .await?;
+        // A path, not `set_sysctl`'s dotted key: the device name has a dot.
+        let p = cfg
+            .proc_sys
+            .join(format!("net/ipv6/conf/{}/disable_ipv6", cfg.vxlan_name));
+        if std::fs::read_to_string(&p).is_ok_and(|v| v.trim() != "0") {
+            std::fs::write(&p, "0").with_context(|| format!("writing 0 to {}", p.display()))?;
+        }
+    }
     tracing::info!(node = %node_name, pod_cidr = %own_cidr, pod_cidr6 = ?own_cidr6, underlay = %underlay.name, host_ip = %underlay.ip, vtep_mac = %mac, mtu = vx.mtu, "bringing the overlay up");
     kernel.ensure_vxlan(&vx).await?;
     Ok(vx)
 }
 
+/// What VXLAN adds around a pod's packet over an IPv6 underlay: the outer
+/// IPv6 header is 20 bytes longer than IPv4's (40 + 8 UDP + 8 VXLAN + 14
+/// inner Ethernet), as flannel and Linux's own VXLAN MTU rules count.
+pub const VXLAN6_OVERHEAD: u32 = VXLAN_OVERHEAD + 20;
+
+/// The smallest MTU a link may have and carry IPv6 (RFC 8200): below it
+/// the kernel takes IPv6 off the device, the VTEP's /128 with it.
+const IPV6_MIN_MTU: u32 = 1280;
+
+/// VXLAN's overhead over an underlay whose outer header is `local`'s
+/// family.
+pub fn vxlan_overhead(local: IpAddr) -> u32 {
+    match local {
+        IpAddr::V4(_) => VXLAN_OVERHEAD,
+        IpAddr::V6(_) => VXLAN6_OVERHEAD,
+    }
+}
+
 /// The MTU of vxlan.1 and the pods: the override, if the underlay can carry
 /// it with VXLAN around it (a larger one would have the underlay drop or
-/// fragment every full-size packet), else the most it can carry.
-fn overlay_mtu(want: Option<u32>, underlay: &Underlay) -> Result<u32> {
-    let most = underlay.mtu.saturating_sub(VXLAN_OVERHEAD);
-    match want {
-        None => Ok(most),
-        Some(m) if m <= most => Ok(m),
+/// fragment every full-size packet), else the most it can carry. Pods with
+/// IPv6 (`ipv6`) need at least 1280.
+fn overlay_mtu(want: Option<u32>, underlay: &Underlay, ipv6: bool) -> Result<u32> {
+    let overhead = vxlan_overhead(IpAddr::V4(underlay.ip));
+    let most = underlay.mtu.saturating_sub(overhead);
+    let mtu = match want {
+        None => most,
+        Some(m) if m <= most => m,
         Some(m) => anyhow::bail!(
-            "--mtu {m} (ConfigMap mycni-config key `mtu`, env MYCNI_MTU) is above what the underlay {} carries with VXLAN: at most {most} ({} less {VXLAN_OVERHEAD})",
+            "--mtu {m} (ConfigMap mycni-config key `mtu`, env MYCNI_MTU) is above what the underlay {} carries with VXLAN: at most {most} ({} less {overhead})",
             underlay.name,
             underlay.mtu
         ),
+    };
+    if ipv6 && mtu < IPV6_MIN_MTU {
+        anyhow::bail!(
+            "the overlay MTU {mtu} (underlay {} with {} less {overhead}, or `mtu`) is below IPv6's minimum of {IPV6_MIN_MTU}: pods could not have IPv6",
+            underlay.name,
+            underlay.mtu
+        );
     }
+    Ok(mtu)
 }
 
 /// The eBPF fast path, from `--ebpf-object` or the embedded object; it
@@ -319,14 +366,26 @@ mod tests {
             mtu: 1500,
             subnets: vec![],
         };
-        assert_eq!(overlay_mtu(None, &u).ok(), Some(1450));
-        assert_eq!(overlay_mtu(Some(1400), &u).ok(), Some(1400));
-        assert_eq!(overlay_mtu(Some(1450), &u).ok(), Some(1450));
-        let e = overlay_mtu(Some(1451), &u).map_err(|e| e.to_string());
+        assert_eq!(overlay_mtu(None, &u, false).ok(), Some(1450));
+        assert_eq!(overlay_mtu(Some(1400), &u, false).ok(), Some(1400));
+        assert_eq!(overlay_mtu(Some(1450), &u, true).ok(), Some(1450));
+        let e = overlay_mtu(Some(1451), &u, false).map_err(|e| e.to_string());
         let e = e.expect_err("1451 over a 1500 underlay");
         assert!(
             e.contains("`mtu`") && e.contains("eth0") && e.contains("1450"),
             "{e}"
         );
+        // IPv6 pods need 1280; IPv4 ones make do with less.
+        assert_eq!(overlay_mtu(Some(1279), &u, false).ok(), Some(1279));
+        let e = overlay_mtu(Some(1279), &u, true).map_err(|e| e.to_string());
+        assert!(e.expect_err("1279 with IPv6").contains("1280"));
+        let small = Underlay { mtu: 1300, ..u };
+        assert!(overlay_mtu(None, &small, true).is_err(), "1250 with IPv6");
+    }
+
+    #[test]
+    fn an_ipv6_underlay_costs_20_bytes_more() {
+        assert_eq!(vxlan_overhead("192.168.1.2".parse().expect("ip")), 50);
+        assert_eq!(vxlan_overhead("2001:db8::2".parse().expect("ip")), 70);
     }
 }
