@@ -296,7 +296,7 @@ fn without_config_everything_is_left_to_the_kernel() -> Result<()> {
 }
 
 /// xorshift64*: reproducible noise without a dependency.
-pub(crate) struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
     pub(crate) fn next(&mut self) -> u64 {
