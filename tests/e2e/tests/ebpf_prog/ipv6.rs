@@ -401,7 +401,26 @@ fn ipv6_established_takes_the_fast_path_and_the_rest_stays_with_the_kernel() -> 
         dp.iif.set(Some(102));
         let r = fast6(dp, "tcp6 B->A from B's veth", POD, &as_b, DpPath::FastLocal, TO_A);
         dp.iif.set(None);
-        r
+        r?;
+
+        // An IPv6 podCIDR marked direct (the agent marks none: the IPv4
+        // underlay cannot carry IPv6 unencapsulated) is left to the kernel.
+        let direct: BTreeMap<(Ipv6Addr, u8), RemoteNode> = remote6_map()
+            .into_iter()
+            .map(|(k, v)| {
+                (
+                    k,
+                    RemoteNode {
+                        flags: mycni_common::REMOTE_DIRECT,
+                        ..v
+                    },
+                )
+            })
+            .collect();
+        sync_remote6(dp.pin, &direct)?;
+        dp.kernel("tcp6 A->R, peer marked direct", POD, &ar, DpPath::KernelDirectFib)?;
+        sync_remote6(dp.pin, &remote6_map())?;
+        Ok(())
     })
 }
 
