@@ -81,12 +81,26 @@ fn the_ipv6_maps_mirror_the_kernels_peers_and_pods() -> Result<()> {
     wait_until("the peer's IPv6 podCIDR in mycni_remote6", || {
         Ok(remote6(&pin)? == want)
     })?;
+    let node_ns = l.spec.node_name(1);
+    let inspect = || -> Result<String> {
+        let bpffs = l.spec.bpffs().join("node1");
+        common::ns_sh(
+            &node_ns,
+            &l.spec.bins.agent.to_string_lossy(),
+            &["inspect", "--bpffs", &bpffs.to_string_lossy()],
+        )
+    };
+    let shown = inspect()?;
+    ensure!(
+        shown.contains(&format!("fd00:10:244:20::/64 -> VTEP {mac}  host {host}"))
+            && shown.contains("1 IPv6"),
+        "inspect lacks the IPv6 peer:\n{shown}"
+    );
     // Its IPv6 side goes, the map entry with it.
     api.update_node("peer-a", |n| set_pod_cidrs(n, &["10.244.20.0/24"]))?;
     wait_until("mycni_remote6 emptied", || Ok(remote6(&pin)?.is_empty()))?;
 
     // A pod as the plugin makes an IPv6 one, on node 1.
-    let node_ns = l.spec.node_name(1);
     let pod = NetNs::new("p6")?;
     let veth = "mycnitest6a";
     sh(
@@ -151,6 +165,11 @@ fn the_ipv6_maps_mirror_the_kernels_peers_and_pods() -> Result<()> {
     wait_until("the from-pod program on its veth", || {
         Ok(pinned_links(&pin)?.contains(&(Prog::FromPod, ifindex)))
     })?;
+    let shown = inspect()?;
+    ensure!(
+        shown.contains(&format!("{pod_ip}")) && shown.contains(&format!("pod MAC {pod_mac}")),
+        "inspect lacks the IPv6 pod:\n{shown}"
+    );
     sh(
         "ip",
         &["-n", &node_ns, "-6", "route", "del", &route, "dev", veth],
