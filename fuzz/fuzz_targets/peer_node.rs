@@ -4,7 +4,10 @@
 //! Input: fields separated by 0xff bytes (never part of UTF-8, so a field
 //! can hold any string, newlines and spaces included), each read as lossy
 //! UTF-8: the cluster CIDR, this node's podCIDR, then per peer Node its
-//! podCIDR, VTEP MAC and host IP. An empty field is an absent one.
+//! podCIDR, VTEP MAC and host IP. An empty field is an absent one. A
+//! podCIDR field with a `,` is `spec.podCIDRs` (dual-stack: the IPv6
+//! cluster CIDR is fd00:10:244::/56, this node's IPv6 podCIDR its first
+//! /64).
 #![no_main]
 
 use std::collections::BTreeMap;
@@ -12,7 +15,8 @@ use std::net::Ipv4Addr;
 
 use libfuzzer_sys::fuzz_target;
 use mycni_fuzz::peers::{
-    ANNOTATION_HOST_IP, ANNOTATION_VTEP_MAC, Cidr, Mac, NodeView, Peer, parse_peer, select_peers,
+    ANNOTATION_HOST_IP, ANNOTATION_VTEP_MAC, Cidr, Cidr6, ClusterCidrs, Mac, NodeView, Peer,
+    PodCidrs, parse_peer, select_peers,
 };
 
 const OWN: &str = "n0";
@@ -43,7 +47,7 @@ fn check_mac(s: &str) {
     }
 }
 
-fn check_peer(p: &Peer, node: &NodeView, cluster: Cidr) {
+fn check_peer(p: &Peer, node: &NodeView, cluster: ClusterCidrs) {
     assert_eq!(p.name, node.name);
     let m = p.vtep_mac.0;
     assert!(
@@ -61,12 +65,16 @@ fn check_peer(p: &Peer, node: &NodeView, cluster: Cidr) {
         "host IP {ip}"
     );
     assert!((8..=30).contains(&p.pod_cidr.prefix()));
-    assert!(cluster.covers(p.pod_cidr));
+    assert!(cluster.v4.covers(p.pod_cidr));
     assert_eq!(p.gateway(), p.pod_cidr.addr());
-    assert_eq!(
-        node.pod_cidr.as_deref(),
-        Some(p.pod_cidr.to_string().as_str())
-    );
+    let texts = node.pod_cidr_texts();
+    assert_eq!(texts.v4, [p.pod_cidr.to_string().as_str()]);
+    if let Some(c6) = p.pod_cidr6 {
+        assert!(cluster.v6.is_some_and(|c| c.covers(c6)), "{c6}");
+        assert!((16..=124).contains(&c6.prefix()));
+        assert_eq!(p.gateway6(), Some(c6.addr()));
+        assert_eq!(texts.v6, [c6.to_string().as_str()]);
+    }
 }
 
 fn rejected_set(r: &[(String, mycni_fuzz::peers::Reject)]) -> Vec<(String, String)> {
@@ -88,11 +96,18 @@ fuzz_target!(|data: &[u8]| {
         check_mac(f);
         check_mac(f.trim());
     }
-    let cluster = fields
+    let v4 = fields
         .first()
         .and_then(|f| check_cidr(f))
         .unwrap_or_else(default_cluster);
-    let own = fields.get(1).and_then(|f| check_cidr(f));
+    let cluster = ClusterCidrs {
+        v4,
+        v6: Cidr6::parse_network("fd00:10:244::/56").ok(),
+    };
+    let own = PodCidrs {
+        v4: fields.get(1).and_then(|f| check_cidr(f)),
+        v6: Cidr6::parse_network("fd00:10:244::/64").ok(),
+    };
     let present = |f: Option<&String>| f.filter(|s| !s.is_empty()).cloned();
     let nodes: Vec<NodeView> = fields
         .get(2..)
@@ -107,10 +122,15 @@ fuzz_target!(|data: &[u8]| {
             if let Some(ip) = present(c.get(2)) {
                 annotations.insert(ANNOTATION_HOST_IP.to_string(), ip);
             }
+            let pod_cidr = present(c.first());
+            let pod_cidrs: Vec<String> = match &pod_cidr {
+                Some(l) if l.contains(',') => l.split(',').map(String::from).collect(),
+                _ => Vec::new(),
+            };
             NodeView {
                 name: format!("n{i}"),
-                pod_cidr: present(c.first()),
-                pod_cidrs: Vec::new(),
+                pod_cidr: pod_cidrs.first().cloned().or(pod_cidr),
+                pod_cidrs,
                 annotations,
             }
         })
@@ -122,27 +142,43 @@ fuzz_target!(|data: &[u8]| {
     }
 
     let (peers, rejected) = select_peers(&nodes, OWN, own, cluster);
-    // Every other Node is either programmed or rejected, once.
+    // Every other Node is either programmed or rejected as a whole, once;
+    // a programmed one may have its IPv6 side rejected, once.
+    let (v6_side, whole): (Vec<_>, Vec<_>) = rejected.iter().partition(|(_, r)| r.ipv6_side_only());
     assert_eq!(
-        peers.len() + rejected.len(),
+        peers.len() + whole.len(),
         nodes.iter().filter(|n| n.name != OWN).count()
     );
+    for (n, r) in &v6_side {
+        let p = peers.iter().find(|p| &p.name == n);
+        assert!(p.is_some_and(|p| p.pod_cidr6.is_none()), "{n}: {r}");
+        assert_eq!(v6_side.iter().filter(|(m, _)| m == n).count(), 1, "{n}");
+    }
     let mut names: Vec<&str> = peers
         .iter()
         .map(|p| p.name.as_str())
-        .chain(rejected.iter().map(|(n, _)| n.as_str()))
+        .chain(whole.iter().map(|(n, _)| n.as_str()))
         .collect();
     names.sort_unstable();
     names.dedup();
-    assert_eq!(names.len(), peers.len() + rejected.len());
+    assert_eq!(names.len(), peers.len() + whole.len());
     assert!(!names.contains(&OWN));
     assert!(peers.windows(2).all(|w| w[0].name < w[1].name));
     for (i, p) in peers.iter().enumerate() {
         let node = nodes.iter().find(|n| n.name == p.name);
         let node = node.unwrap_or_else(|| panic!("peer {} is no Node", p.name));
-        assert_eq!(parse_peer(node, cluster).as_ref(), Ok(p));
-        if let Some(own) = own {
+        let parsed = parse_peer(node, cluster);
+        // The IPv6 side may be dropped for overlaps, which only the whole
+        // set shows.
+        assert_eq!(
+            parsed.as_ref().map(|q| Peer { pod_cidr6: p.pod_cidr6, ..q.clone() }),
+            Ok(p.clone())
+        );
+        if let Some(own) = own.v4 {
             assert!(!own.overlaps(p.pod_cidr), "{} overlaps ours", p.pod_cidr);
+        }
+        if let (Some(own6), Some(c6)) = (own.v6, p.pod_cidr6) {
+            assert!(!own6.overlaps(c6), "{c6} overlaps ours");
         }
         for q in &peers[i + 1..] {
             assert!(
@@ -156,6 +192,9 @@ fuzz_target!(|data: &[u8]| {
                 "{} and {} share a MAC",
                 p.name, q.name
             );
+            if let (Some(a), Some(b)) = (p.pod_cidr6, q.pod_cidr6) {
+                assert!(!a.overlaps(b), "{a} / {b}");
+            }
         }
     }
     // The outcome does not depend on the order Nodes arrive in.

@@ -12,6 +12,23 @@
 //! the first dump, and logged. Either way the overlay state is podCIDR ->
 //! gateway: the nexthops are this adapter's business, their IDs kept in
 //! `reconcile::NexthopIds`.
+//!
+//! Dual-stack: IPv6 pods cross the same `vxlan.1` over the same IPv4
+//! underlay (`podCIDRv6 via <its first address> onlink`, a permanent IPv6
+//! neighbour to the peer's one VTEP MAC, whose one FDB entry serves both
+//! families), as flannel's IPv6-over-IPv4 does. An IPv6 *underlay* (nodes
+//! with IPv6 host addresses only) is not done. When it is, it gets a
+//! VXLAN device of its own (flannel's `flannel-v6.1` next to
+//! `flannel.1`), not `vxlan.1` over whichever family the host has: a
+//! VXLAN device outside metadata mode opens a socket of one family (that
+//! of its `local`/`group`) and drops FDB destinations of the other, so
+//! one device cannot reach peers of both underlay families, and a cluster
+//! whose nodes differ in underlay family needs both. It also leaves
+//! `vxlan.1`, its FDB and the fast path's IPv4 encapsulation unchanged on
+//! every IPv4 node. Its MTU is the underlay's less 70
+//! (`startup::VXLAN6_OVERHEAD`), and peers would announce it with their
+//! own annotations (host IPv6 address, that device's VTEP MAC), as
+//! flannel's `public-ip-v6` / `backend-v6-data`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};

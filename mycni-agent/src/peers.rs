@@ -378,7 +378,9 @@ pub fn select_peers(
     cluster: impl Into<ClusterCidrs>,
 ) -> (Vec<Peer>, Vec<(String, Reject)>) {
     let (own, cluster) = (own.into(), cluster.into());
-    let mut ok = Vec::new();
+    // Each with why its IPv6 side is left out, reported only if the peer
+    // is programmed: a Node rejected as a whole has one reason.
+    let mut ok: Vec<(Peer, Option<Reject>)> = Vec::new();
     let mut rejected = Vec::new();
     for n in nodes.iter().filter(|n| n.name != own_name) {
         match parse_peer(n, cluster) {
@@ -387,29 +389,27 @@ pub fn select_peers(
                     rejected.push((p.name.clone(), Reject::OverlapsOwn(p.pod_cidr.to_string())))
                 }
                 _ => {
-                    if let Err(r) = parse_peer6(n, cluster.v6) {
-                        rejected.push((p.name.clone(), r));
-                    }
+                    let mut why6 = parse_peer6(n, cluster.v6).err();
                     if let (Some(own6), Some(c6)) = (own.v6, p.pod_cidr6)
                         && own6.overlaps(c6)
                     {
                         p.pod_cidr6 = None;
-                        rejected.push((p.name.clone(), Reject::OverlapsOwn6(c6.to_string())));
+                        why6 = Some(Reject::OverlapsOwn6(c6.to_string()));
                     }
-                    ok.push(p)
+                    ok.push((p, why6))
                 }
             },
             Err(r) => rejected.push((n.name.clone(), r)),
         }
     }
-    let bad = overlapping(&ok.iter().map(|p| p.pod_cidr).collect::<Vec<_>>());
+    let bad = overlapping(&ok.iter().map(|(p, _)| p.pod_cidr).collect::<Vec<_>>());
     // Two Nodes with one VTEP MAC: neither can be told apart in the FDB.
     let mut macs: BTreeMap<Mac, usize> = BTreeMap::new();
-    for p in &ok {
+    for (p, _) in &ok {
         *macs.entry(p.vtep_mac).or_default() += 1;
     }
     let mut peers = Vec::with_capacity(ok.len());
-    for (p, b) in ok.into_iter().zip(bad) {
+    for ((p, why6), b) in ok.into_iter().zip(bad) {
         if b {
             rejected.push((p.name.clone(), Reject::OverlapsPeer(p.pod_cidr.to_string())));
         } else if macs.get(&p.vtep_mac).copied().unwrap_or(0) > 1 {
@@ -418,6 +418,9 @@ pub fn select_peers(
                 Reject::DuplicateVtepMac(p.vtep_mac.to_string()),
             ));
         } else {
+            if let Some(r) = why6 {
+                rejected.push((p.name.clone(), r));
+            }
             peers.push(p);
         }
     }
@@ -841,6 +844,20 @@ mod tests {
         rejected.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.reason().cmp(b.1.reason())));
         rejected2.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.reason().cmp(b.1.reason())));
         assert_eq!(rejected, rejected2);
+    }
+
+    #[test]
+    fn a_node_rejected_whole_has_one_reason() {
+        // Found by the peer_node fuzz target: a bad IPv6 side was reported
+        // for a Node then rejected as a whole (here: a shared VTEP MAC).
+        let nodes = [
+            dual("a", &["10.244.1.0/24", "fd00:10:244:1::1/64"], 1),
+            dual("b", &["10.244.2.0/24"], 1),
+        ];
+        let (peers, rejected) = select_peers(&nodes, "me", None, cluster2());
+        assert!(peers.is_empty());
+        let reasons: Vec<&str> = rejected.iter().map(|(_, r)| r.reason()).collect();
+        assert_eq!(reasons, ["duplicate_vtep_mac", "duplicate_vtep_mac"]);
     }
 
     #[test]

@@ -141,7 +141,9 @@ impl Loop {
         let mut by_reason: BTreeMap<&'static str, u64> = BTreeMap::new();
         for (name, why) in &rejected {
             *by_reason.entry(why.reason()).or_default() += 1;
-            if !matches!(why, crate::peers::Reject::Incomplete(_)) {
+            if why.ipv6_side_only() {
+                tracing::warn!(node = %name, reason = why.reason(), "programming node without its IPv6 side: {why}");
+            } else if !matches!(why, crate::peers::Reject::Incomplete(_)) {
                 tracing::warn!(node = %name, reason = why.reason(), "not programming node: {why}");
             } else {
                 tracing::debug!(node = %name, "not programming node yet: {why}");
