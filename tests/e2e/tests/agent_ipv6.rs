@@ -280,5 +280,101 @@ fn ipv6_drift_is_repaired_from_notifications() -> Result<()> {
         // Far from the 60 s resync: the notification did it.
         assert!(took < Duration::from_secs(10), "{what}: {took:?}");
     }
+    // The repairs' own IPv6 writes notify too, and must wake nothing.
+    let runs = || -> Result<u64> {
+        let m = l.metrics(1)?;
+        m.lines()
+            .find_map(|x| x.strip_prefix("mycni_reconcile_runs_total "))
+            .and_then(|v| v.trim().parse().ok())
+            .context("no mycni_reconcile_runs_total")
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let before = runs()?;
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(runs()?, before, "passes kept running with nothing to do");
+    Ok(())
+}
+
+/// Two lab nodes made dual-stack (their agents restarted, as the DaemonSet
+/// does when a Node's podCIDRs change): each one's conflist gives the
+/// plugin both ranges, vxlan.1 carries the IPv6 VTEP address, forwarding
+/// is on, and IPv6 crosses the overlay (over the IPv4 underlay) from one
+/// node's VTEP to the other's.
+#[test]
+fn dual_stack_nodes_reach_each_other_over_ipv6() -> Result<()> {
+    let t = common::lab_with(2, 0, &["--cluster-cidr", CLUSTER])?;
+    let l = &t.0;
+    let api = l.api.as_ref().context("api")?;
+    for i in 1..=2 {
+        let (v4, v6) = (format!("10.244.{i}.0/24"), format!("fd00:10:244:{i}::/64"));
+        api.update_node(&l.spec.node_name(i), |n| set_pod_cidrs(n, &[&v4, &v6]))?;
+    }
+    for i in 1..=2 {
+        l.restart_agent(i)?;
+    }
+    // The agents that saw their podCIDRs change exited, leaving their
+    // ready marker: the new conflist is what says the restart is through.
+    let want =
+        serde_json::json!([[{"subnet": "10.244.1.0/24"}], [{"subnet": "fd00:10:244:1::/64"}]]);
+    let conflist = l.spec.node_dir(1).join("net.d/00-mycni.conflist");
+    wait_until("the dual-stack conflist", Duration::from_secs(30), || {
+        let conf: serde_json::Value = serde_json::from_slice(&std::fs::read(&conflist)?)?;
+        Ok(conf["plugins"][0]["ipam"]["ranges"] == want)
+    })?;
+    let addr = ip(l, &["-6", "addr", "show", "dev", "vxlan.1"])?;
+    assert!(addr.contains("fd00:10:244:1::/128"), "{addr}");
+    let ns = l.spec.node_name(1);
+    let fwd = mycni_testkit::sh(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &ns,
+            "sysctl",
+            "-n",
+            "net.ipv6.conf.all.forwarding",
+        ],
+    )?;
+    assert_eq!(fwd.trim(), "1");
+    wait_until(
+        "node 2's IPv6 side on node 1",
+        Duration::from_secs(10),
+        || Ok(routes6(l)?.contains("fd00:10:244:2::/64 via fd00:10:244:2:: dev vxlan.1")),
+    )?;
+    // And the way back: node 1's IPv6 side on node 2.
+    let ns2 = l.spec.node_name(2);
+    wait_until(
+        "node 1's IPv6 side on node 2",
+        Duration::from_secs(10),
+        || {
+            Ok(
+                mycni_testkit::sh("ip", &["-n", &ns2, "-6", "route", "show", "proto", "110"])?
+                    .contains("fd00:10:244:1::/64"),
+            )
+        },
+    )?;
+    eprintln!(
+        "node 1: {}\nnode 2: {}",
+        mycni_testkit::sh("ip", &["-n", &ns, "-6", "route"])?,
+        mycni_testkit::sh("ip", &["-n", &ns2, "-6", "route"])?
+    );
+    let ping = mycni_testkit::sh(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &ns,
+            "ping",
+            "-6",
+            "-c",
+            "3",
+            "-i",
+            "0.2",
+            "-W",
+            "2",
+            "fd00:10:244:2::",
+        ],
+    )?;
+    assert!(ping.contains(" 0% packet loss"), "{ping}");
     Ok(())
 }
