@@ -428,14 +428,21 @@ impl Drop for ApiServer {
 
 /// A minimal Node: a name and, if given, `spec.podCIDR` (and `podCIDRs`).
 pub fn node(name: &str, pod_cidr: Option<&str>) -> Node {
+    node_with_cidrs(name, pod_cidr.as_slice())
+}
+
+/// A minimal Node with `spec.podCIDRs` as given (a dual-stack Node has one
+/// per family) and `spec.podCIDR` their first, as the API keeps them; no
+/// spec when `pod_cidrs` is empty.
+pub fn node_with_cidrs(name: &str, pod_cidrs: &[&str]) -> Node {
     Node {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
             ..ObjectMeta::default()
         },
-        spec: pod_cidr.map(|c| NodeSpec {
-            pod_cidr: Some(c.to_string()),
-            pod_cidrs: Some(vec![c.to_string()]),
+        spec: pod_cidrs.first().map(|first| NodeSpec {
+            pod_cidr: Some(first.to_string()),
+            pod_cidrs: Some(pod_cidrs.iter().map(|c| c.to_string()).collect()),
             ..NodeSpec::default()
         }),
         status: None,

@@ -1,7 +1,7 @@
-//! The lab end to end: 3 nodes x 2 pods made by the real agent and plugin,
-//! every agent on the fast path it was asked for, every pod and node
-//! reaches every pod by ping, TCP and a bulk echo, most pod-to-pod packets
-//! take the fast path, and a TCP stream between pods on different nodes
+//! The lab end to end: 3 nodes x 2 dual-stack pods made by the real agent
+//! and plugin, every agent on the fast path it was asked for, every pod and
+//! node reaches every pod by ping, TCP and a bulk echo over IPv4 and IPv6,
+//! most pod-to-pod packets of each family take the fast path, and a TCP stream between pods on different nodes
 //! survives restarting the agents on both ends with no reset.
 
 use std::net::SocketAddr;
@@ -10,14 +10,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use mycni_lab::{ECHO_PORT, PathShare};
+use mycni_lab::{ECHO_PORT, IpFamily, Stack};
 
 mod common;
 
 #[test]
 fn three_nodes_two_pods_all_reachable_and_streams_survive_agent_restarts() -> Result<()> {
     let t0 = Instant::now();
-    let t = common::lab(3, 2)?;
+    let t = common::lab_stack(3, 2, Stack::Dual, &[])?;
     eprintln!("lab up in {} ms", t0.elapsed().as_millis());
     let l = &t.0;
     // The agents' default: an agent built without the eBPF object, or whose
@@ -31,13 +31,17 @@ fn three_nodes_two_pods_all_reachable_and_streams_survive_agent_restarts() -> Re
         l.datapath_report(&run)
     );
     assert_eq!(run.failed, 0, "unreachable pairs:\n{table}");
+    assert_eq!(run.families, [IpFamily::V4, IpFamily::V6]);
     // Each pod-to-pod cell's echo is mostly fast-pathed; its ping, SYNs and
     // FINs are not, which keeps the share well short of 100% (about 80%
-    // here). A share near 0 means the programs forward nothing.
-    for i in 1..=3 {
-        let share = PathShare::between(&run.counters[0][i - 1], &run.counters[1][i - 1]);
-        let fast = share.fast_pct().unwrap_or(0.0);
-        assert!(fast >= 30.0, "node{i}: {}", share.describe());
+    // here, in each family). A share near 0 means the programs forward
+    // nothing of that family.
+    for f in [IpFamily::V4, IpFamily::V6] {
+        for i in 1..=3 {
+            let share = run.share(i, f, true).context("no counters")?;
+            let fast = share.fast_pct().unwrap_or(0.0);
+            assert!(fast >= 30.0, "node{i} {f}: {}", share.describe());
+        }
     }
 
     let pods = l.pods()?;

@@ -1,42 +1,108 @@
-//! The connectivity matrix and the per-node datapath report after it.
+//! The connectivity matrix, one table per address family the pods have,
+//! and the per-node datapath report after it, with each family's fast share.
 
 use std::fmt::Write as _;
+use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result};
 
 use crate::daemon::ns_exec;
 use crate::{
-    Counters, ECHO_PORT, Lab, MATRIX_BULK_BYTES, NodeDatapath, PROBE_BULK_FAILED, PathShare,
-    check_interrupted, describe_node, pod_label,
+    Counters, ECHO_PORT, IpFamily, Lab, MATRIX_BULK_BYTES, NodeDatapath, PROBE_BULK_FAILED,
+    PathShare, check_interrupted, describe_node, pod_label,
 };
 
-/// A matrix's table, its failed cells and, when counted, every node's
-/// counters before it, after its pod rows and after its node rows.
+/// A matrix's tables, one per address family, its failed cells and, when
+/// counted, every node's counters before it and after each family's pod
+/// rows and node rows. The programs count paths, not families, so each
+/// family's cells run in intervals of their own and its fast share comes
+/// from the counters around them.
 #[derive(Debug, Default)]
 pub struct MatrixRun {
+    /// Every family's table under a line naming it.
     pub table: String,
     pub failed: usize,
+    /// The families in the order they ran.
+    pub families: Vec<IpFamily>,
+    /// Snapshots of every node's counters: `[0]` before the matrix, then
+    /// for the `k`-th family `[2k+1]` after its pod rows and `[2k+2]` after
+    /// its node rows (so `[0]..[1]` is the first family's pod rows).
     pub counters: Vec<Vec<Counters>>,
 }
 
+/// One family's cells in a [`MatrixRun`].
+#[derive(Debug, Default)]
+pub struct FamilyRun {
+    pub table: String,
+    pub failed: usize,
+}
+
+impl MatrixRun {
+    /// Node `i`'s fast share over family `f`'s pod rows (`pod_rows`) or all
+    /// its rows; None without counters for it.
+    pub fn share(&self, i: usize, f: IpFamily, pod_rows: bool) -> Option<PathShare> {
+        let k = self.families.iter().position(|x| *x == f)?;
+        let snap = |n: usize| self.counters.get(n).and_then(|c| c.get(i.checked_sub(1)?));
+        let before = snap(2 * k)?;
+        let after = snap(2 * k + if pod_rows { 1 } else { 2 })?;
+        Some(PathShare::between(before, after))
+    }
+}
+
 impl Lab {
+    /// The families the lab's pods have addresses of: every pod's IPv4
+    /// one, and IPv6 when every pod has one too (a dual-stack lab).
+    pub fn families(&self) -> Result<Vec<IpFamily>> {
+        let pods = self.pods()?;
+        let mut f = vec![IpFamily::V4];
+        if !pods.is_empty() && pods.iter().all(|p| p.ip6.is_some()) {
+            f.push(IpFamily::V6);
+        }
+        Ok(f)
+    }
+
     /// Connectivity matrix: every pod and node to every pod, by ping, a TCP
-    /// round trip and a bulk echo over the same connection. Returns the
-    /// printable table and the number of failed cells.
+    /// round trip and a bulk echo over the same connection, for each family
+    /// the pods have. Returns the printable tables and the number of failed
+    /// cells.
     pub fn matrix(&self) -> Result<(String, usize)> {
         let run = self.run_matrix(false)?;
         Ok((run.table, run.failed))
     }
 
-    /// [`Lab::matrix`], with every node's counters read before it, after
-    /// the pod rows and after the node rows, so the pod-to-pod cells get a
-    /// fast share of their own (see [`Lab::datapath_report`]).
+    /// [`Lab::matrix`], with every node's counters read before it and
+    /// after each family's pod rows and node rows, so the pod-to-pod cells
+    /// of each family get a fast share of their own (see
+    /// [`Lab::datapath_report`]).
     pub fn matrix_counted(&self) -> Result<MatrixRun> {
         self.run_matrix(true)
     }
 
     fn run_matrix(&self, counted: bool) -> Result<MatrixRun> {
+        let mut run = MatrixRun {
+            families: self.families()?,
+            ..MatrixRun::default()
+        };
+        if counted {
+            run.counters.push(self.all_counters());
+        }
+        for f in run.families.clone() {
+            let part = self.family_matrix(f, counted.then_some(&mut run.counters))?;
+            let _ = writeln!(run.table, "{f}:");
+            run.table.push_str(&part.table);
+            run.failed += part.failed;
+        }
+        Ok(run)
+    }
+
+    /// One family's table; with `counters`, every node's counters are
+    /// pushed after its pod rows and after its node rows.
+    fn family_matrix(
+        &self,
+        f: IpFamily,
+        mut counters: Option<&mut Vec<Vec<Counters>>>,
+    ) -> Result<FamilyRun> {
         const CELL: usize = 16;
         let pods = self.pods()?;
         let pod_rows: Vec<(String, String)> =
@@ -44,7 +110,7 @@ impl Lab {
         let node_rows: Vec<(String, String)> = (1..=self.spec.nodes)
             .map(|i| (format!("node{i}"), self.spec.node_name(i)))
             .collect();
-        let mut run = MatrixRun::default();
+        let mut run = FamilyRun::default();
         let _ = write!(run.table, "{:<8}", "from\\to");
         for p in &pods {
             let _ = write!(run.table, "{:>CELL$}", pod_label(p));
@@ -52,9 +118,10 @@ impl Lab {
         run.table.push('\n');
         let lab = self.spec.bins.lab.to_string_lossy();
         let bulk = MATRIX_BULK_BYTES.to_string();
-        if counted {
-            run.counters.push(self.all_counters());
-        }
+        let ping_family = match f {
+            IpFamily::V4 => "-4",
+            IpFamily::V6 => "-6",
+        };
         for rows in [&pod_rows, &node_rows] {
             for (label, ns) in rows {
                 check_interrupted()?;
@@ -64,9 +131,19 @@ impl Lab {
                         let _ = write!(run.table, "{:>CELL$}", "-");
                         continue;
                     }
-                    let ping =
-                        ns_exec(ns, "ping", &["-c", "1", "-W", "1", &p.ip.to_string()]).is_ok();
-                    let target = format!("{}:{ECHO_PORT}", p.ip);
+                    let Some(addr) = p.addr(f) else {
+                        // families() only lists what every pod has.
+                        let _ = write!(run.table, "{:>CELL$}", "no address");
+                        run.failed += 1;
+                        continue;
+                    };
+                    let ping = ns_exec(
+                        ns,
+                        "ping",
+                        &[ping_family, "-c", "1", "-W", "1", &addr.to_string()],
+                    )
+                    .is_ok();
+                    let target = SocketAddr::from((addr, ECHO_PORT)).to_string();
                     let probe = Command::new("ip")
                         .args(["netns", "exec", ns, &lab, "tcp-probe", &target])
                         .args(["--bulk", &bulk])
@@ -89,8 +166,8 @@ impl Lab {
                 }
                 run.table.push('\n');
             }
-            if counted {
-                run.counters.push(self.all_counters());
+            if let Some(c) = counters.as_deref_mut() {
+                c.push(self.all_counters());
             }
         }
         Ok(run)
@@ -108,11 +185,10 @@ impl Lab {
              ones that still crossed vxlan.1. Pings and each connection's SYN and FIN take the \
              kernel path by design; each cell's {} KB echo is what the fast path can take. \
              Node rows add the nodes' own addresses, which are no pod's and stay on the kernel \
-             path.\n",
+             path. The programs count paths, not families: each family's cells ran in an \
+             interval of their own, and its share is read around them.\n",
             MATRIX_BULK_BYTES / 1024
         );
-        let empty = Counters::new();
-        let snap = |k: usize, i: usize| run.counters.get(k).and_then(|c| c.get(i - 1));
         for i in 1..=self.spec.nodes {
             // The routes, not the agent's encapsulation mode, say whether
             // peers are reached through VXLAN at all (`--direct-routing`).
@@ -130,22 +206,45 @@ impl Lab {
                 Ok(d) => describe_node(&d, &routes),
                 Err(e) => format!("unknown ({e:#})"),
             };
-            let share = |from: usize, to: usize| {
-                PathShare::between(
-                    snap(from, i).unwrap_or(&empty),
-                    snap(to, i).unwrap_or(&empty),
-                )
-            };
-            let pods = share(0, 1);
-            let all = share(0, 2);
-            let _ = writeln!(
-                out,
-                "  {}: {d}\n    pod rows: {}\n    all rows: {}",
-                self.spec.node_name(i),
-                pods.describe(),
-                all.describe()
-            );
+            let _ = writeln!(out, "  {}: {d}", self.spec.node_name(i));
+            for f in &run.families {
+                let describe = |pod_rows| {
+                    run.share(i, *f, pod_rows)
+                        .map_or_else(|| "not counted".to_string(), |s| s.describe())
+                };
+                let _ = writeln!(
+                    out,
+                    "    {f} pod rows: {}\n    {f} all rows: {}",
+                    describe(true),
+                    describe(false)
+                );
+            }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_familys_share_comes_from_its_own_interval() {
+        let c = |n: u64| -> Vec<Counters> { vec![[("fast_encap".to_string(), n)].into()] };
+        // Before, IPv4 pods, IPv4 nodes, IPv6 pods, IPv6 nodes.
+        let run = MatrixRun {
+            families: vec![IpFamily::V4, IpFamily::V6],
+            counters: vec![c(0), c(10), c(15), c(115), c(135)],
+            ..MatrixRun::default()
+        };
+        let fast = |f, pods| run.share(1, f, pods).map(|s| s.fast);
+        assert_eq!(fast(IpFamily::V4, true), Some(10));
+        assert_eq!(fast(IpFamily::V4, false), Some(15));
+        assert_eq!(fast(IpFamily::V6, true), Some(100));
+        assert_eq!(fast(IpFamily::V6, false), Some(120));
+        // No node 2, no node 0, no counters: no share.
+        assert_eq!(run.share(2, IpFamily::V4, true), None);
+        assert_eq!(run.share(0, IpFamily::V4, true), None);
+        assert_eq!(MatrixRun::default().share(1, IpFamily::V4, true), None);
     }
 }

@@ -2,9 +2,9 @@
 //! (the echo server, the probes the matrix sends it).
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
@@ -12,7 +12,7 @@ use serde_json::Value;
 use mycni_testkit::sh;
 
 use crate::daemon::{ns_exec, spawn_daemon};
-use crate::{ECHO_PORT, Lab, Pod};
+use crate::{ECHO_PORT, IpFamily, Lab, Pod};
 
 impl Lab {
     /// The runtime's part: plugin ADD with the network from the agent's conflist.
@@ -28,11 +28,28 @@ impl Lab {
             &format!("/run/netns/{ns}"),
             &format!("pod{j}"),
         )?;
-        let ip: Ipv4Addr = result["ips"][0]["address"]
-            .as_str()
-            .and_then(|a| a.split('/').next())
-            .and_then(|a| a.parse().ok())
-            .with_context(|| format!("no IP in ADD result {result}"))?;
+        let addrs: Vec<IpAddr> = result["ips"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|ip| ip["address"].as_str()?.split('/').next()?.parse().ok())
+            .collect();
+        let ip = addrs
+            .iter()
+            .find_map(|a| match a {
+                IpAddr::V4(a) => Some(*a),
+                IpAddr::V6(_) => None,
+            })
+            .with_context(|| format!("no IPv4 address in ADD result {result}"))?;
+        let ip6 = addrs.iter().find_map(|a| match a {
+            IpAddr::V6(a) => Some(*a),
+            IpAddr::V4(_) => None,
+        });
+        // A dual-stack lab whose pod got one family would test half of it
+        // and call that green.
+        if s.stack.has(IpFamily::V6) && ip6.is_none() {
+            bail!("no IPv6 address in ADD result {result}, though node {i} has an IPv6 podCIDR");
+        }
         let pod_dir = s.node_dir(i).join(format!("pod{j}"));
         std::fs::create_dir_all(&pod_dir)?;
         spawn_daemon(
@@ -47,6 +64,7 @@ impl Lab {
             index: j,
             ns,
             ip,
+            ip6,
         })
     }
 
@@ -128,17 +146,24 @@ impl Lab {
                     index: p["index"].as_u64().context("index")? as usize,
                     ns: p["ns"].as_str().context("ns")?.to_string(),
                     ip: p["ip"].as_str().context("ip")?.parse()?,
+                    ip6: p["ip6"].as_str().map(str::parse).transpose()?,
                 })
             })
             .collect()
     }
 }
 
-/// `mycni-lab echo-server PORT`: echoes every connection, forever.
+/// `mycni-lab echo-server PORT`: echoes every connection, forever, over
+/// both families: an IPv6 socket on `::` takes IPv4 too (as v4-mapped
+/// addresses, with the default `bindv6only=0`), so one listener serves a
+/// dual-stack pod; where IPv6 is off, an IPv4 one.
 pub fn echo_server(port: u16) -> Result<()> {
-    let l = std::net::TcpListener::bind(("0.0.0.0", port))?;
+    let l = TcpListener::bind((Ipv6Addr::UNSPECIFIED, port))
+        .or_else(|_| TcpListener::bind(("0.0.0.0", port)))?;
     for conn in l.incoming() {
         let Ok(mut c) = conn else { continue };
+        // One small message in flight at a time (`tcp-rr`): no batching.
+        let _ = c.set_nodelay(true);
         std::thread::spawn(move || {
             let mut buf = [0u8; 65536];
             while let Ok(n) = c.read(&mut buf) {
@@ -185,6 +210,58 @@ pub fn tcp_probe(addr: &str, bulk: usize) -> std::result::Result<(), ProbeError>
         echo_bulk(c, bulk).map_err(ProbeError::Bulk)?;
     }
     Ok(())
+}
+
+/// `mycni-lab tcp-rr ADDR --seconds N --size B`: TCP request/response
+/// against an echo server for `seconds`, one `size`-byte message in flight,
+/// as `sockperf ping-pong --tcp` does (the bench's IPv6 latency, which
+/// sockperf 3.7 cannot measure). Returns one-way (RTT/2) p50 and p99 in
+/// microseconds and the number of round trips.
+pub fn tcp_rr(addr: &str, seconds: u64, size: usize) -> Result<(f64, f64, usize)> {
+    let addr: SocketAddr = addr.parse()?;
+    let mut c = TcpStream::connect_timeout(&addr, Duration::from_secs(3))?;
+    c.set_nodelay(true)?;
+    c.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let msg = vec![0x5au8; size.max(1)];
+    let mut buf = vec![0u8; msg.len()];
+    let mut rtts: Vec<Duration> = Vec::new();
+    let end = Instant::now() + Duration::from_secs(seconds);
+    while Instant::now() < end {
+        let t = Instant::now();
+        c.write_all(&msg)?;
+        c.read_exact(&mut buf).context("tcp-rr: no echo")?;
+        rtts.push(t.elapsed());
+    }
+    if rtts.is_empty() {
+        bail!("tcp-rr: no round trip in {seconds} s");
+    }
+    rtts.sort_unstable();
+    let one_way = |q: f64| {
+        let k = ((rtts.len() as f64 * q).ceil() as usize).clamp(1, rtts.len()) - 1;
+        rtts[k].as_secs_f64() * 1e6 / 2.0
+    };
+    Ok((one_way(0.50), one_way(0.99), rtts.len()))
+}
+
+/// What `mycni-lab tcp-rr` prints.
+pub fn format_tcp_rr(p50: f64, p99: f64, n: usize) -> String {
+    format!("tcp-rr one-way p50 {p50:.3} us p99 {p99:.3} us over {n} round trips")
+}
+
+/// p50 and p99 back from [`format_tcp_rr`]'s line in a tool's output.
+pub fn parse_tcp_rr(out: &str) -> Result<(f64, f64)> {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("tcp-rr one-way"))
+        .with_context(|| format!("no tcp-rr line in {out:?}"))?;
+    let after = |key: &str| -> Result<f64> {
+        let rest = line
+            .split_once(key)
+            .with_context(|| format!("no {key:?} in {line:?}"))?
+            .1;
+        Ok(rest.split_whitespace().next().unwrap_or_default().parse()?)
+    };
+    Ok((after(" p50 ")?, after(" p99 ")?))
 }
 
 /// Byte `i` of a bulk echo: a pattern that is not periodic in any power of
@@ -264,6 +341,16 @@ fn highest_version(conflist: &Value) -> Option<String> {
 #[cfg(test)]
 mod version_tests {
     use super::*;
+
+    #[test]
+    fn tcp_rr_lines_parse_back() {
+        let line = format_tcp_rr(12.25, 30.5, 1000);
+        assert_eq!(
+            parse_tcp_rr(&format!("x\n{line}\n")).ok(),
+            Some((12.25, 30.5))
+        );
+        assert!(parse_tcp_rr("sockperf: nothing").is_err());
+    }
 
     #[test]
     fn picks_the_highest_listed_version() {

@@ -8,15 +8,20 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-use mycni_apiserver::{ApiServer, node};
+use mycni_apiserver::{ApiServer, node_with_cidrs};
 use mycni_testkit::{in_netns, sh};
 
 use crate::daemon::{ns_exec, spawn_daemon, stop_pidfile};
-use crate::{API_ADDR, API_PORT, Lab, METRICS_PORT, Spec, check_interrupted, node_ip, wait_for};
+use crate::{
+    API_ADDR, API_PORT, IpFamily, Lab, METRICS_PORT, Spec, check_interrupted, node_ip, wait_for,
+};
 
 impl Lab {
     /// Builds the whole lab. On failure, whatever was made is torn down.
     pub fn up(spec: Spec) -> Result<Lab> {
+        if let Some(why) = spec.stack.unsupported() {
+            bail!("{why}");
+        }
         if spec.root.join("state").exists() {
             bail!(
                 "a lab is already up at {} (run `cargo xtask lab down`)",
@@ -73,10 +78,9 @@ impl Lab {
                 ApiServer::start(SocketAddr::from((API_ADDR, API_PORT)))
             })??;
             for i in 1..=self.spec.nodes {
-                api.create_node(node(
-                    &self.spec.node_name(i),
-                    Some(&format!("10.244.{i}.0/24")),
-                ))?;
+                let cidrs = self.spec.stack.pod_cidrs(i);
+                let cidrs: Vec<&str> = cidrs.iter().map(String::as_str).collect();
+                api.create_node(node_with_cidrs(&self.spec.node_name(i), &cidrs))?;
             }
             api.write_kubeconfig(&self.spec.kubeconfig())?;
             self.api = Some(api);
@@ -102,12 +106,24 @@ impl Lab {
         for i in 1..=s.nodes {
             let ns = s.node_name(i);
             wait_for(
-                &format!("{ns} to program its {} peers", s.nodes - 1),
+                &format!(
+                    "{ns} to program its {} peers ({})",
+                    s.nodes - 1,
+                    s.stack
+                        .families()
+                        .iter()
+                        .map(|f| f.label())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
                 Duration::from_secs(30),
                 || {
-                    sh("ip", &["-n", &ns, "route", "show", "proto", "110"])
-                        .map(|r| r.lines().count() == s.nodes - 1)
-                        .unwrap_or(false)
+                    s.stack.families().iter().all(|f| {
+                        let family = if *f == IpFamily::V6 { "-6" } else { "-4" };
+                        sh("ip", &[family, "-n", &ns, "route", "show", "proto", "110"])
+                            .map(|r| r.lines().count() == s.nodes - 1)
+                            .unwrap_or(false)
+                    })
                 },
             )?;
         }
@@ -119,9 +135,11 @@ impl Lab {
             }
         }
         // With the fast path on, up also means every pod's veth is attached
-        // (the agent picks new pods up on its next full pass).
+        // (the agent picks new pods up on its next full pass). The gauge
+        // counts mycni_local and mycni_local6: one entry per pod and family.
+        let entries = s.pods * s.stack.families().len();
         for i in 1..=s.nodes {
-            let want = format!("mycni_datapath_entries{{map=\"local\"}} {}", s.pods);
+            let want = format!("mycni_datapath_entries{{map=\"local\"}} {entries}");
             wait_for(
                 &format!("{} to attach its pods", s.node_name(i)),
                 Duration::from_secs(30),
@@ -137,7 +155,10 @@ impl Lab {
         }
         let listing: Vec<Value> = pods
             .iter()
-            .map(|p| json!({"node": p.node, "index": p.index, "ns": p.ns, "ip": p.ip.to_string()}))
+            .map(|p| {
+                json!({"node": p.node, "index": p.index, "ns": p.ns, "ip": p.ip.to_string(),
+                       "ip6": p.ip6.map(|a| a.to_string())})
+            })
             .collect();
         std::fs::write(s.pods_file(), serde_json::to_vec_pretty(&listing)?)?;
         Ok(())
@@ -154,7 +175,11 @@ impl Lab {
         ];
         for i in 1..=s.nodes {
             api_args.push("--node".into());
-            api_args.push(format!("{}=10.244.{i}.0/24", s.node_name(i)));
+            api_args.push(format!(
+                "{}={}",
+                s.node_name(i),
+                s.stack.pod_cidrs(i).join(",")
+            ));
         }
         spawn_daemon(
             &u,
@@ -256,6 +281,10 @@ impl Lab {
                 .to_string_lossy()
                 .into_owned(),
         ];
+        // The agent refuses a flag given twice: a test's own range wins.
+        if !s.agent_args.iter().any(|a| a.starts_with("--cluster-cidr")) {
+            args.extend(["--cluster-cidr".into(), s.stack.cluster_cidr()]);
+        }
         args.extend(s.agent_args.iter().cloned());
         spawn_daemon(
             &s.node_name(i),
@@ -332,10 +361,11 @@ impl Lab {
         }
         for p in self.pods().unwrap_or_default() {
             out.push_str(&format!(
-                "  pod {} on {}: {}\n",
+                "  pod {} on {}: {}{}\n",
                 p.ns,
                 s.node_name(p.node),
-                p.ip
+                p.ip,
+                p.ip6.map(|a| format!(" {a}")).unwrap_or_default()
             ));
         }
         Ok(out)

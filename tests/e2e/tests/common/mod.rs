@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use mycni_e2e::bins;
-use mycni_lab::{Lab, Spec};
+use mycni_lab::{Lab, Spec, Stack};
 use mycni_testkit::{in_netns, unique};
 
 /// A lab that is torn down when the test ends, pass or fail.
@@ -33,6 +33,16 @@ pub fn lab(nodes: usize, pods: usize) -> Result<TestLab> {
 /// [`lab`], with extra arguments for every agent; a `--resync` among them
 /// replaces the 1 s (the agent refuses a flag given twice).
 pub fn lab_with(nodes: usize, pods: usize, agent_args: &[&str]) -> Result<TestLab> {
+    lab_stack(nodes, pods, Stack::Ipv4Only, agent_args)
+}
+
+/// [`lab_with`] with the Nodes' podCIDRs of `stack`'s families (the tests
+/// above keep the IPv4-only lab they were written for).
+#[allow(
+    dead_code,
+    reason = "not every test binary that includes common uses it"
+)]
+pub fn lab_stack(nodes: usize, pods: usize, stack: Stack, agent_args: &[&str]) -> Result<TestLab> {
     let b = bins();
     mycni_e2e::missing(&[&b.agent, &b.plugin, &b.lab, &b.apiserver])?;
     let prefix = unique("mycni-t-lab");
@@ -50,6 +60,7 @@ pub fn lab_with(nodes: usize, pods: usize, agent_args: &[&str]) -> Result<TestLa
             .map(|a| a.to_string())
             .collect(),
         in_process_api: true,
+        stack,
     })?))
 }
 

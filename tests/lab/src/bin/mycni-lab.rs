@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
-use mycni_lab::{self as lab, Bins, Lab, Spec, labbench, soak};
+use mycni_lab::{self as lab, Bins, Lab, Spec, Stack, labbench, soak};
 
 /// `cargo xtask lab` and `cargo xtask soak` hand their arguments to this
 /// binary as they are: the flags below are the only declaration of them, and
@@ -58,6 +58,15 @@ struct UpArgs {
     /// without VXLAN: the agents' `--direct-routing`.
     #[arg(long, global = true, default_value_t = false, action = clap::ArgAction::Set)]
     direct_routing: bool,
+    /// Give the Nodes IPv4 podCIDRs only (the lab is dual-stack by
+    /// default: `spec.podCIDRs` of 10.244.<i>.0/24 and fd00:10:244:<i>::/64,
+    /// and pods with an address of each).
+    #[arg(long, global = true, conflicts_with = "ipv6_only")]
+    ipv4_only: bool,
+    /// IPv6 podCIDRs only: refused, with the reason, while mycni-agent
+    /// does not support IPv6-only Nodes.
+    #[arg(long, global = true)]
+    ipv6_only: bool,
     /// Extra agent arguments, e.g. `--agent-arg=--resync --agent-arg=1s`.
     #[arg(long, global = true, allow_hyphen_values = true)]
     agent_arg: Vec<String>,
@@ -143,6 +152,16 @@ enum Cmd {
     },
     #[command(hide = true)]
     HttpGet { addr: String, path: String },
+    /// TCP request/response latency against an echo server (the bench's
+    /// IPv6 latency).
+    #[command(hide = true)]
+    TcpRr {
+        addr: String,
+        #[arg(long, default_value_t = 3)]
+        seconds: u64,
+        #[arg(long, default_value_t = 64)]
+        size: usize,
+    },
 }
 
 fn bins(cli: &Cli) -> Result<Bins> {
@@ -191,6 +210,7 @@ fn watch_soak_interrupts(bins: Bins, root: &std::path::Path) {
             bins,
             agent_args: vec![],
             in_process_api: false,
+            stack: Stack::Ipv4Only,
         })
         .down();
         if let Ok(list) = mycni_testkit::sh("ip", &["netns", "list"]) {
@@ -217,7 +237,21 @@ fn spec(cli: &Cli, agent_args: Vec<String>) -> Result<Spec> {
         bins: bins(cli)?,
         agent_args,
         in_process_api: false,
+        stack: stack(cli)?,
     })
+}
+
+/// The families `--ipv4-only` / `--ipv6-only` narrow the lab to.
+fn stack(cli: &Cli) -> Result<Stack> {
+    let s = match (cli.up.ipv4_only, cli.up.ipv6_only) {
+        (true, _) => Stack::Ipv4Only,
+        (false, true) => Stack::Ipv6Only,
+        (false, false) => Stack::Dual,
+    };
+    if let Some(why) = s.unsupported() {
+        bail!("--ipv6-only: {why}");
+    }
+    Ok(s)
 }
 
 /// `up`: the lab, with every agent on the datapath and routing asked for.
@@ -260,7 +294,19 @@ fn up(cli: &Cli) -> Result<()> {
         lab.down();
         return Err(e.context("lab up failed; the lab was removed"));
     }
-    println!("lab up: {} nodes x {} pods", cli.nodes, cli.pods);
+    let families: Vec<&str> = lab
+        .spec
+        .stack
+        .families()
+        .iter()
+        .map(|f| f.label())
+        .collect();
+    println!(
+        "lab up: {} nodes x {} pods, {}",
+        cli.nodes,
+        cli.pods,
+        families.join(" and ")
+    );
     print!("{}", lab.status()?);
     if u.prometheus {
         println!(
@@ -280,15 +326,20 @@ fn test(cli: &Cli) -> Result<()> {
     let t0 = std::time::Instant::now();
     let run = lab.matrix_counted()?;
     let took = t0.elapsed();
+    let families: Vec<&str> = run.families.iter().map(|f| f.label()).collect();
     println!(
-        "connectivity (ping / TCP round trip / {} KB echo over that connection), rows = source, columns = destination pod:",
+        "connectivity over {} (ping / TCP round trip / {} KB echo over that connection, per family), rows = source, columns = destination pod:",
+        families.join(" and "),
         lab::MATRIX_BULK_BYTES / 1024
     );
     print!("{}", run.table);
     let pods: Vec<String> = lab
         .pods()?
         .iter()
-        .map(|p| format!("{} {}", lab::pod_label(p), p.ip))
+        .map(|p| {
+            let ip6 = p.ip6.map(|a| format!(" {a}")).unwrap_or_default();
+            format!("{} {}{ip6}", lab::pod_label(p), p.ip)
+        })
         .collect();
     println!("pods: {}", pods.join(", "));
     println!("matrix took {:.1} s", took.as_secs_f64());
@@ -381,6 +432,15 @@ fn main() -> Result<()> {
                 std::process::exit(lab::PROBE_BULK_FAILED);
             }
         },
+        Some(Cmd::TcpRr {
+            addr,
+            seconds,
+            size,
+        }) => {
+            let (p50, p99, n) = lab::tcp_rr(addr, *seconds, *size)?;
+            println!("{}", lab::format_tcp_rr(p50, p99, n));
+            Ok(())
+        }
         Some(Cmd::HttpGet { addr, path }) => {
             println!("{}", lab::http_get(addr, path)?);
             Ok(())

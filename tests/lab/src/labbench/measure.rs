@@ -1,7 +1,7 @@
 //! One measurement of one path: sockperf's TCP ping-pong, an iperf3 TCP
 //! stream and 64-byte UDP, in the path's namespaces.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -146,7 +146,7 @@ pub(super) struct Sample {
 pub(super) struct Pair {
     pub(super) client: String,
     pub(super) server: String,
-    pub(super) ip: Ipv4Addr,
+    pub(super) ip: IpAddr,
 }
 
 pub(super) fn sockperf_percentile(out: &str, p: &str) -> Result<f64> {
@@ -214,8 +214,14 @@ fn limit(seconds: u64) -> Duration {
 }
 
 /// TCP ping-pong with 64-byte messages: one-way p50 and p99, microseconds.
+/// sockperf for IPv4; for IPv6, `mycni-lab tcp-rr` against `mycni-lab
+/// echo-server`, because sockperf 3.7 (Debian 12's) refuses an IPv6
+/// address (`'-i' Invalid address: ::1`).
 fn latency(pair: &Pair, seconds: u64, pin: &[String], logs: &Path) -> Result<(f64, f64)> {
     check_interrupted()?;
+    if pair.ip.is_ipv6() {
+        return latency_rr(pair, seconds, pin, logs);
+    }
     let ip = pair.ip.to_string();
     let secs = seconds.to_string();
     let sp = SOCKPERF_PORT.to_string();
@@ -251,6 +257,35 @@ fn latency(pair: &Pair, seconds: u64, pin: &[String], logs: &Path) -> Result<(f6
         sockperf_percentile(&out, "50.000")?,
         sockperf_percentile(&out, "99.000")?,
     ))
+}
+
+/// [`latency`] with the lab's own tools, the same shape as sockperf's:
+/// one connection, 64-byte messages, one in flight, TCP_NODELAY, both ends
+/// pinned alike, one-way = RTT/2.
+fn latency_rr(pair: &Pair, seconds: u64, pin: &[String], logs: &Path) -> Result<(f64, f64)> {
+    // The bench runs inside mycni-lab, which is also the tool.
+    let lab = std::env::current_exe().context("the path of mycni-lab")?;
+    let lab = lab.to_string_lossy();
+    let port = SOCKPERF_PORT.to_string();
+    let srv = server(
+        &pair.server,
+        &argv(pin, &[&lab, "echo-server", &port]),
+        SOCKPERF_PORT,
+        &logs.join("tcp-rr-server.log"),
+    )?;
+    let target = std::net::SocketAddr::from((pair.ip, SOCKPERF_PORT)).to_string();
+    let secs = seconds.to_string();
+    let out = Proc::spawn(
+        &pair.client,
+        &argv(
+            pin,
+            &[&lab, "tcp-rr", &target, "--seconds", &secs, "--size", "64"],
+        ),
+        &logs.join("tcp-rr-client.log"),
+    )?
+    .finish(limit(seconds))?;
+    drop(srv);
+    crate::parse_tcp_rr(&out)
 }
 
 /// An iperf3 server for one test on `pair`, then its client with `extra`
@@ -366,7 +401,7 @@ fn small_packets(pair: &Pair, seconds: u64, pin: &[String], logs: &Path) -> Resu
         ),
         &logs.join("iperf-udp-client.log"),
     )?;
-    let window = udp_window(&client, &srv, seconds, pin_cpu(pin));
+    let window = udp_window(&client, &srv, seconds, pin_cpu(pin), pair.ip.is_ipv6());
     let out = client.finish(limit(seconds))?;
     srv.finish(Duration::from_secs(5))?;
     let (delivered_kpps, kpps_per_cpu) = window?;
@@ -415,7 +450,13 @@ struct UdpMark {
 /// Delivered kpps and kpps per CPU-second over a window that starts after
 /// the omitted seconds (and the client's start-up) and ends before the
 /// client stops sending.
-fn udp_window(client: &Proc, srv: &Proc, seconds: u64, cpu: Option<usize>) -> Result<(f64, f64)> {
+fn udp_window(
+    client: &Proc,
+    srv: &Proc,
+    seconds: u64,
+    cpu: Option<usize>,
+    ipv6: bool,
+) -> Result<(f64, f64)> {
     let start = Instant::now();
     let lead = Duration::from_secs(UDP_OMIT) + Duration::from_millis(300);
     let span = Duration::from_millis((seconds * 1000).saturating_sub(500).max(500));
@@ -423,9 +464,9 @@ fn udp_window(client: &Proc, srv: &Proc, seconds: u64, cpu: Option<usize>) -> Re
     let pids = [client.child.id(), srv.child.id()];
     let server = srv.child.id();
     sleep_until(start + lead)?;
-    let a = udp_mark(server, &pids, &softirqd)?;
+    let a = udp_mark(server, &pids, &softirqd, ipv6)?;
     sleep_until(a.at + span)?;
-    let b = udp_mark(server, &pids, &softirqd)?;
+    let b = udp_mark(server, &pids, &softirqd, ipv6)?;
     // The client must still have been sending: a window that ran past its
     // end would count idle time.
     if std::fs::metadata(format!("/proc/{}", client.child.id())).is_err() {
@@ -448,16 +489,22 @@ fn sleep_until(t: Instant) -> Result<()> {
     Ok(())
 }
 
-fn udp_mark(server: u32, pids: &[u32], softirqd: &[u32]) -> Result<UdpMark> {
-    let snmp = std::fs::read_to_string(format!("/proc/{server}/net/snmp"))
-        .context("reading the UDP server's /proc/PID/net/snmp")?;
+fn udp_mark(server: u32, pids: &[u32], softirqd: &[u32], ipv6: bool) -> Result<UdpMark> {
+    // IPv6 datagrams count in the UDP6 MIB (snmp6), never in snmp's Udp.
+    let (file, parse): (&str, fn(&str) -> Option<u64>) = if ipv6 {
+        ("snmp6", udp6_delivered)
+    } else {
+        ("snmp", udp_delivered)
+    };
+    let snmp = std::fs::read_to_string(format!("/proc/{server}/net/{file}"))
+        .with_context(|| format!("reading the UDP server's /proc/PID/net/{file}"))?;
     let dev = std::fs::read_to_string(format!("/proc/{server}/net/dev"))
         .context("reading the UDP server's /proc/PID/net/dev")?;
     // A VXLAN datagram the kernel decapsulates counts as an InDatagram of
     // the namespace that holds the VXLAN socket: the overlay column's
     // server is that namespace, and would count every datagram twice.
-    let delivered = udp_delivered(&snmp)
-        .context("no Udp InDatagrams/RcvbufErrors in snmp")?
+    let delivered = parse(&snmp)
+        .with_context(|| format!("no UDP InDatagrams/RcvbufErrors in {file}"))?
         .saturating_sub(rx_packets(&dev, VXLAN_DEV).unwrap_or(0));
     let mut cpu_ns = 0;
     for pid in pids.iter().chain(softirqd) {
@@ -482,6 +529,18 @@ pub(super) fn udp_delivered(snmp: &str) -> Option<u64> {
         values.get(i)?.parse().ok()
     };
     Some(get("InDatagrams")? + get("RcvbufErrors")?)
+}
+
+/// Udp6InDatagrams + Udp6RcvbufErrors from /proc/net/snmp6 (one `name
+/// value` per line): [`udp_delivered`] for IPv6.
+pub(super) fn udp6_delivered(snmp6: &str) -> Option<u64> {
+    let get = |name: &str| -> Option<u64> {
+        snmp6.lines().find_map(|l| {
+            let mut w = l.split_whitespace();
+            (w.next()? == name).then(|| w.next()?.parse().ok())?
+        })
+    };
+    Some(get("Udp6InDatagrams")? + get("Udp6RcvbufErrors")?)
 }
 
 /// Received packets of `ifname` in /proc/net/dev.
@@ -557,5 +616,18 @@ mod tests {
                    vxlan.1: 6400     100    0    0    0     0          0         0        0\n";
         assert_eq!(rx_packets(dev, "vxlan.1"), Some(100));
         assert_eq!(rx_packets(dev, "eth0"), None);
+    }
+
+    #[test]
+    fn udp6_delivered_counts_read_and_overflowed() {
+        let snmp6 = "Ip6InReceives                   \t5000\n\
+                     Udp6InDatagrams                 \t200\n\
+                     Udp6NoPorts                     \t1\n\
+                     Udp6RcvbufErrors                \t30\n\
+                     UdpLite6InDatagrams             \t9\n";
+        assert_eq!(udp6_delivered(snmp6), Some(230));
+        // IPv4's file has no UDP6 counters, and the reverse.
+        assert_eq!(udp6_delivered("Udp: InDatagrams\nUdp: 5\n"), None);
+        assert_eq!(udp_delivered(snmp6), None);
     }
 }

@@ -1,6 +1,6 @@
 //! `cargo xtask lab bench`: the datapath benchmarks side by side, in one run.
 //!
-//! Eight variants, node1 -> node2:
+//! Ten variants, node1 -> node2:
 //! - `direct veth`: two namespaces joined by one veth pair (MTU 1450, like
 //!   the pods), the physical limit of this machine;
 //! - `underlay (node->node)`: node1's namespace -> node2's host address
@@ -20,6 +20,11 @@
 //! - `fast path (tc encap)`: the same with `--tc-encap true` (the programs
 //!   encapsulate and send out of the underlay themselves, and decapsulate
 //!   at the underlay's ingress: vxlan.1 is skipped both ways; datapath v2);
+//! - `kernel path, IPv6` and `fast path (tc encap), IPv6`: the kernel and
+//!   tc-encap fast paths between the same pods over their IPv6 addresses
+//!   (the lab is dual-stack; IPv6 inside VXLAN over the IPv4 underlay),
+//!   without rules; their latency is `mycni-lab tcp-rr`'s, because
+//!   sockperf 3.7 (Debian 12's) takes no IPv6 address;
 //! - `kernel path, direct routing` and `fast path, direct routing`: the
 //!   kernel and tc-encap fast paths with `--direct-routing true`: the nodes
 //!   share one underlay subnet, so each routes the other's podCIDR straight
@@ -62,7 +67,8 @@ use anyhow::{Context, Result, bail};
 use mycni_testkit::sh;
 
 use crate::{
-    Bins, Counters, Lab, PathShare, Spec, VXLAN_DEV, catch_interrupts, check_interrupted, node_ip,
+    Bins, Counters, IpFamily, Lab, PathShare, Spec, Stack, VXLAN_DEV, catch_interrupts,
+    check_interrupted, node_ip,
 };
 use measure::{Pair, Sample, measure};
 use report::render;
@@ -171,6 +177,8 @@ pub fn run(bins: Bins, o: &Options) -> Result<()> {
         bins,
         agent_args: vec!["--datapath".into(), "kernel".into()],
         in_process_api: false,
+        // Dual-stack for the IPv6 columns.
+        stack: Stack::Dual,
     };
     // Leftovers of an interrupted bench (its own prefix and root only).
     if spec.root.join("state").exists() {
@@ -227,19 +235,26 @@ fn measure_all(mut lab: BenchLab, o: &Options, logs: &Path) -> Result<Results> {
     let lab_pair = Pair {
         client: src.ns.clone(),
         server: dst.ns.clone(),
-        ip: dst.ip,
+        ip: dst.ip.into(),
+    };
+    let lab_pair6 = Pair {
+        client: src.ns.clone(),
+        server: dst.ns.clone(),
+        ip: dst
+            .addr(IpFamily::V6)
+            .context("the pod on node 2 has no IPv6 address: the bench's lab is dual-stack")?,
     };
     let veth_pair = Pair {
         client: VETH_A.into(),
         server: VETH_B.into(),
-        ip: VETH_B_IP,
+        ip: VETH_B_IP.into(),
     };
     let spec = lab.0.spec.clone();
     let (node1, node2) = (spec.node_name(1), spec.node_name(2));
     let underlay_pair = Pair {
         client: node1.clone(),
         server: node2.clone(),
-        ip: node_ip(2),
+        ip: node_ip(2).into(),
     };
     // The server binds to node2's VTEP address: read it off vxlan.1, and
     // make sure it is the one the agent derives from node2's podCIDR.
@@ -258,7 +273,7 @@ fn measure_all(mut lab: BenchLab, o: &Options, logs: &Path) -> Result<Results> {
     let overlay_pair = Pair {
         client: node1.clone(),
         server: node2.clone(),
-        ip: vtep,
+        ip: vtep.into(),
     };
     let nodes: Vec<String> = (1..=spec.nodes).map(|i| spec.node_name(i)).collect();
     let rulesets = [
@@ -272,7 +287,13 @@ fn measure_all(mut lab: BenchLab, o: &Options, logs: &Path) -> Result<Results> {
     // neighbour entries and the first run's column would otherwise carry
     // costs no later run pays.
     eprintln!("bench: warming up");
-    for pair in [&veth_pair, &underlay_pair, &overlay_pair, &lab_pair] {
+    for pair in [
+        &veth_pair,
+        &underlay_pair,
+        &overlay_pair,
+        &lab_pair,
+        &lab_pair6,
+    ] {
         measure::warm_up(pair, o, logs)?;
     }
     for run in 0..o.runs {
@@ -281,6 +302,7 @@ fn measure_all(mut lab: BenchLab, o: &Options, logs: &Path) -> Result<Results> {
                 Variant::Direct => &veth_pair,
                 Variant::Underlay => &underlay_pair,
                 Variant::Overlay => &overlay_pair,
+                _ if v.family() == IpFamily::V6 => &lab_pair6,
                 _ => &lab_pair,
             };
             if let Some(agents) = v.agents()
@@ -295,8 +317,9 @@ fn measure_all(mut lab: BenchLab, o: &Options, logs: &Path) -> Result<Results> {
                 // Both ways: the replies take node2's route.
                 _ if v.pod_to_pod() => {
                     let dev = if v.is_direct() { "eth0" } else { VXLAN_DEV };
-                    check_route(&node1, dst.ip, dev)?;
-                    check_route(&node2, src.ip, dev)?;
+                    let (f, missing) = (v.family(), || format!("no {} address", v.family()));
+                    check_route(&node1, dst.addr(f).with_context(missing)?, dev)?;
+                    check_route(&node2, src.addr(f).with_context(missing)?, dev)?;
                 }
                 _ => {}
             }

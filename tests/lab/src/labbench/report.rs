@@ -53,6 +53,9 @@ impl Measure {
             Measure::UdpPerCpu => "UDP 64 B per CPU-s (kpps)",
         }
     }
+    pub(super) fn latency(self) -> bool {
+        matches!(self, Measure::P50 | Measure::P99)
+    }
     pub(super) fn get(self, s: &Sample) -> f64 {
         match self {
             Measure::P50 => s.p50_us,
@@ -272,7 +275,11 @@ pub(super) fn render(
     let _ = writeln!(w, "Pinning: {pin}.\n");
     let _ = writeln!(
         w,
-        "- latency: `sockperf ping-pong --tcp -m 64`, one-way = RTT/2 (sockperf's default, no `--full-rtt`);\n\
+        "- latency: `sockperf ping-pong --tcp -m 64`, one-way = RTT/2 (sockperf's default, no `--full-rtt`); \
+         the IPv6 columns' with `mycni-lab tcp-rr` against `mycni-lab echo-server` (the same \
+         shape: one connection, 64-byte messages, one in flight, TCP_NODELAY, RTT/2), because \
+         sockperf 3.7 takes no IPv6 address, so their latency compares with each other, not \
+         with the IPv4 columns';\n\
          - stream: `iperf3 -c` one TCP flow, receiver's Gbit/s;\n\
          - small packets: `iperf3 -u -l 64 -b 0 -O {UDP_OMIT}`, without the first {UDP_OMIT} s \
          (conntrack assures a UDP flow, which lets it onto the fast path, after 2 s of two-way \
@@ -301,6 +308,8 @@ pub(super) fn render(
         "via vxlan.1/kernel",
         "fast direct/underlay (p50 <= 1.10; stream, UDP >= 0.90)",
         "fast direct/kernel direct (stream >= 1.1, UDP >= 1.3)",
+        "IPv6 fast/kernel (stream >= 1.1, UDP >= 1.3)",
+        "IPv6/IPv4 fast (tc encap)",
     ];
     let head: Vec<&str> = cols.iter().map(|v| v.label()).chain(ratio_cols).collect();
     let _ = writeln!(w, "| measure | node rules | {} |", head.join(" | "));
@@ -346,6 +355,22 @@ pub(super) fn render(
                     &runs(Variant::KernelDirect, rules),
                     m.kernel_target(),
                 ),
+                ratio_runs(
+                    &runs(Variant::Fast6, rules),
+                    &runs(Variant::Kernel6, rules),
+                    m.kernel_target(),
+                ),
+                // The IPv6 latency comes from another tool (tcp-rr, not
+                // sockperf): a ratio across families would mix the two.
+                if m.latency() {
+                    "-".into()
+                } else {
+                    ratio_runs(
+                        &runs(Variant::Fast6, rules),
+                        &runs(Variant::Fast, rules),
+                        None,
+                    )
+                },
             ]);
             let _ = writeln!(
                 w,
@@ -383,7 +408,16 @@ pub(super) fn render(
     }
     let _ = writeln!(
         w,
-        "\nThe direct veth and the underlay forward no pod traffic and run without rules: a value \
+        "\nThe IPv6 columns measure the same two pods over their IPv6 addresses (IPv6 inside \
+         VXLAN over the IPv4 underlay: the kernel's vxlan.1, or the programs' tc encap), \
+         without rules (the rulesets are IPv4 iptables, which IPv6 never walks); their UDP \
+         *delivered* figure reads the server's UDP6 counters (snmp6). IPv6/IPv4 fast divides \
+         the IPv6 fast column by the IPv4 one: the cost of the family alone (40-byte header, \
+         70 bytes of overhead inside the same 1450-byte MTU).\n"
+    );
+    let _ = writeln!(
+        w,
+        "The direct veth and the underlay forward no pod traffic and run without rules: a value \
          in parentheses repeats that baseline, which fast/underlay divides by. The overlay and \
          the fast path via vxlan.1 run without rules only (-). Ratios are of medians; in \
          parentheses, the min–max of the same ratio run by run (each run measures both \
@@ -551,6 +585,8 @@ mod tests {
             (Variant::Fast, 16.0),
             (Variant::KernelDirect, 18.0),
             (Variant::FastDirect, 15.5),
+            (Variant::Kernel6, 24.0),
+            (Variant::Fast6, 16.8),
         ] {
             for &rules in v.rulesets() {
                 r.samples.insert((v, rules), vec![sample(p50)]);
@@ -568,6 +604,14 @@ mod tests {
             PathShare {
                 pod: 1000,
                 fast: 900,
+                ..Default::default()
+            },
+        );
+        r.shares.insert(
+            (Variant::Fast6, Rules::None),
+            PathShare {
+                pod: 1000,
+                fast: 750,
                 ..Default::default()
             },
         );
@@ -592,8 +636,11 @@ mod tests {
             "| fast path (tc encap) | kernel path, direct routing | fast path, direct routing |"
         ));
         assert!(header.contains("| via vxlan.1/underlay | via vxlan.1/kernel |"));
+        assert!(header.contains(
+            "| fast path, direct routing | kernel path, IPv6 | fast path (tc encap), IPv6 |"
+        ));
         assert!(header.ends_with(
-            "| fast direct/underlay (p50 <= 1.10; stream, UDP >= 0.90) | fast direct/kernel direct (stream >= 1.1, UDP >= 1.3) |"
+            "| fast direct/underlay (p50 <= 1.10; stream, UDP >= 0.90) | fast direct/kernel direct (stream >= 1.1, UDP >= 1.3) | IPv6 fast/kernel (stream >= 1.1, UDP >= 1.3) | IPv6/IPv4 fast (tc encap) |"
         ));
         let cells = header.matches('|').count() - 1;
         let sep = report
@@ -607,38 +654,49 @@ mod tests {
         assert_eq!(
             p50[2..],
             [
-                "11.5", "15.1", "19.0", "22.7", "19.5", "16.0", "18.0", "15.5", "1.06 ok", "0.70",
-                "1.29", "0.86", "1.03 ok", "0.86"
+                "11.5", "15.1", "19.0", "22.7", "19.5", "16.0", "18.0", "15.5", "24.0", "16.8",
+                "1.06 ok", "0.70", "1.29", "0.86", "1.03 ok", "0.86", "0.70", "-"
             ]
         );
         // 15.1 / 16.0 of the underlay's stream and UDP rate, 22.7 / 16.0 of
         // the kernel path's.
         let stream = row(&report, "TCP stream (Gbit/s)", "none");
-        assert_eq!(stream[10..12], ["0.94 ok", "1.42 ok"]);
+        assert_eq!(stream[12..14], ["0.94 ok", "1.42 ok"]);
         let udp = row(&report, "UDP 64 B rx (kpps)", "none");
-        assert_eq!(udp[10..12], ["0.94 ok", "1.42 ok"]);
+        assert_eq!(udp[12..14], ["0.94 ok", "1.42 ok"]);
         for label in ["UDP 64 B delivered (kpps)", "UDP 64 B per CPU-s (kpps)"] {
             let r = row(&report, label, "none");
             assert_eq!(r.len(), cells);
-            assert_eq!(r[10..12], ["0.94 ok", "1.42 ok"]);
+            assert_eq!(r[12..14], ["0.94 ok", "1.42 ok"]);
+            // IPv6: 24.0 / 16.8 of the IPv6 kernel path's, 16.0 / 16.8 of
+            // the IPv4 fast path's.
+            assert_eq!(r[18..], ["1.43 ok", "0.95"]);
         }
         // Direct routing: 15.1 / 15.5 of the underlay's, 18.0 / 15.5 of the
         // kernel path's with direct routing.
-        assert_eq!(stream[14..], ["0.97 ok", "1.16 ok"]);
+        assert_eq!(stream[16..18], ["0.97 ok", "1.16 ok"]);
+        assert_eq!(stream[10..12], ["4.17", "5.95"]);
+        assert_eq!(stream[18..], ["1.43 ok", "0.95"]);
         // Rule rows: the direct veth and the underlay repeat their baseline,
         // the overlay and the fast path via vxlan.1 were not measured.
         let kp = row(&report, "TCP latency p50 (us)", "kube-proxy, 2000 svc");
         assert_eq!(
             kp[2..],
             [
-                "(11.5)", "(15.1)", "-", "22.7", "-", "16.0", "18.0", "15.5", "1.06 ok", "0.70",
-                "-", "-", "1.03 ok", "0.86"
+                "(11.5)", "(15.1)", "-", "22.7", "-", "16.0", "18.0", "15.5", "-", "-", "1.06 ok",
+                "0.70", "-", "-", "1.03 ok", "0.86", "-", "-"
             ]
         );
         let share = row(&report, "fast share of pod packets (%)", "none");
         assert_eq!(share.len(), cells);
         assert_eq!(share[5..8], ["", "80.0", "90.0"]);
-        assert_eq!(share[8..10], ["", "-"]);
+        assert_eq!(share[8..12], ["", "-", "", "75.0"]);
+        let share = row(
+            &report,
+            "fast share of pod packets (%)",
+            "kube-proxy, 2000 svc",
+        );
+        assert_eq!(share[10..12], ["", ""]);
         let crossed = row(&report, "fast packets via vxlan.1 (%)", "none");
         assert_eq!(crossed[5..8], ["", "100.0", "0.0"]);
         let crossed = row(
@@ -654,6 +712,8 @@ mod tests {
         assert!(report.contains("the fast path with tc encap +0.9 us against the underlay"));
         assert!(report.contains("| underlay (node->node) | none | 15.1 |"));
         assert!(report.contains("| fast path via vxlan.1 | none | 19.5 |"));
+        assert!(report.contains("| fast path (tc encap), IPv6 | none | 16.8 |"));
+        assert!(report.contains("`mycni-lab tcp-rr`"));
         assert!(report.contains("**Direct routing.**"));
         assert!(report.contains(
             "the fast path with direct routing +0.4 us against the underlay, the kernel path \
@@ -672,7 +732,7 @@ mod tests {
         let p50 = row(&report, "TCP latency p50 (us)", "none");
         assert_eq!(p50[7], "17.0 (16.0–18.0)");
         // Ratios are of medians: 17.0 / 15.1.
-        assert_eq!(p50[10], "1.13 MISS");
+        assert_eq!(p50[12], "1.13 MISS");
         assert_eq!(spread(Measure::Stream, &[]), "-");
         assert_eq!(spread(Measure::Stream, &[1.234]), "1.23");
     }
@@ -684,8 +744,11 @@ mod tests {
             .insert((Variant::Fast, Rules::None), vec![sample(19.5)]);
         let report = render(&r, &options(), Duration::from_secs(1), "", "");
         let p50 = row(&report, "TCP latency p50 (us)", "none");
-        assert_eq!(p50[2..10], ["-", "-", "-", "-", "-", "19.5", "-", "-"]);
-        assert_eq!(p50[10..], ["-", "-", "-", "-", "-", "-"]);
+        assert_eq!(
+            p50[2..12],
+            ["-", "-", "-", "-", "-", "19.5", "-", "-", "-", "-"]
+        );
+        assert_eq!(p50[12..], ["-", "-", "-", "-", "-", "-", "-", "-"]);
         assert!(report.contains("**Floors.**"));
         assert!(!report.contains("Here, p50"));
         assert!(!report.contains("**Direct routing.**"));
@@ -705,9 +768,9 @@ mod tests {
         let report = render(&r, &options(), Duration::from_secs(1), "", "");
         let p50 = row(&report, "TCP latency p50 (us)", "none");
         // Medians 16.5 / 15.0; run by run 1.00, 1.10, 1.10.
-        assert_eq!(p50[10], "1.10 ok (1.00–1.10)");
+        assert_eq!(p50[12], "1.10 ok (1.00–1.10)");
         // The kernel path has one run: no pairs, the ratio alone.
-        assert_eq!(p50[11], "0.73");
+        assert_eq!(p50[13], "0.73");
         assert_eq!(ratio_runs(&[1.0, 2.0], &[0.0, 1.0], None), "3.00");
         assert_eq!(ratio_runs(&[], &[1.0], None), "-");
     }

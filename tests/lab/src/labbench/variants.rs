@@ -1,7 +1,7 @@
 //! What the bench's columns measure, the agents' datapath each needs, and
 //! the checks that a column's traffic takes the path it is named after.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 use std::time::Duration;
 
@@ -10,7 +10,7 @@ use mycni_testkit::sh;
 
 use super::rulesets::Rules;
 use super::{POD_MTU, VETH_A, VETH_A_IP, VETH_B, VETH_B_IP};
-use crate::Lab;
+use crate::{IpFamily, Lab};
 
 /// What one column measures; the order is the table's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -23,6 +23,10 @@ pub(super) enum Variant {
     Fast,
     KernelDirect,
     FastDirect,
+    /// The kernel path and the tc-encap fast path between the same two
+    /// pods over their IPv6 addresses (IPv6 inner, the IPv4 underlay).
+    Kernel6,
+    Fast6,
 }
 
 /// The agents' datapath flags while a lab variant runs.
@@ -61,7 +65,7 @@ impl Agents {
 
 impl Variant {
     /// The table's order, which is also an even run's.
-    pub(super) const ALL: [Variant; 8] = [
+    pub(super) const ALL: [Variant; 10] = [
         Variant::Direct,
         Variant::Underlay,
         Variant::Overlay,
@@ -70,23 +74,28 @@ impl Variant {
         Variant::Fast,
         Variant::KernelDirect,
         Variant::FastDirect,
+        Variant::Kernel6,
+        Variant::Fast6,
     ];
 
     /// The order of one run. Variants sharing the agents' flags sit next to
     /// each other, and each switch changes one thing (kernel <-> kernel
     /// direct <-> fast direct <-> fast <-> fast via vxlan.1), so a run costs
-    /// four agent restarts; odd runs go the other way, so drift in the
-    /// machine's load does not always favour the same column, and start
-    /// where the previous run ended, without a restart.
-    pub(super) fn run_order(run: usize) -> [Variant; 8] {
+    /// four agent restarts (each IPv6 column sits beside its IPv4 twin,
+    /// which runs the same agents); odd runs go the other way, so drift in
+    /// the machine's load does not always favour the same column, and
+    /// start where the previous run ended, without a restart.
+    pub(super) fn run_order(run: usize) -> [Variant; 10] {
         let even = [
             Variant::Direct,
             Variant::Underlay,
             Variant::Overlay,
+            Variant::Kernel6,
             Variant::Kernel,
             Variant::KernelDirect,
             Variant::FastDirect,
             Variant::Fast,
+            Variant::Fast6,
             Variant::FastVxlan,
         ];
         if run.is_multiple_of(2) {
@@ -109,6 +118,16 @@ impl Variant {
             Variant::Fast => "fast path (tc encap)",
             Variant::KernelDirect => "kernel path, direct routing",
             Variant::FastDirect => "fast path, direct routing",
+            Variant::Kernel6 => "kernel path, IPv6",
+            Variant::Fast6 => "fast path (tc encap), IPv6",
+        }
+    }
+
+    /// The address family of the pods' traffic (the references' is IPv4).
+    pub(super) fn family(self) -> IpFamily {
+        match self {
+            Variant::Kernel6 | Variant::Fast6 => IpFamily::V6,
+            _ => IpFamily::V4,
         }
     }
 
@@ -116,7 +135,7 @@ impl Variant {
     pub(super) fn agents(self) -> Option<Agents> {
         match self {
             Variant::Direct => None,
-            Variant::Fast => Some(Agents::Fast {
+            Variant::Fast | Variant::Fast6 => Some(Agents::Fast {
                 tc_encap: true,
                 direct: false,
             }),
@@ -132,7 +151,7 @@ impl Variant {
             // The references with no tc program attached anywhere; the
             // overlay one needs vxlan.1's routes, which direct routing
             // replaces.
-            Variant::Underlay | Variant::Overlay | Variant::Kernel => {
+            Variant::Underlay | Variant::Overlay | Variant::Kernel | Variant::Kernel6 => {
                 Some(Agents::Kernel { direct: false })
             }
         }
@@ -156,21 +175,29 @@ impl Variant {
                 | Variant::Fast
                 | Variant::KernelDirect
                 | Variant::FastDirect
+                | Variant::Kernel6
+                | Variant::Fast6
         )
     }
 
     /// The node rulesets this variant runs with: the pod rulesets are
     /// about forwarding pod traffic, which the pod variants do; the fast
     /// path via vxlan.1 is a reference for the tc encap and runs without,
-    /// which keeps the bench's time in bounds.
+    /// which keeps the bench's time in bounds. The IPv6 columns run
+    /// without too: the rulesets are iptables (IPv4) rules, which IPv6
+    /// traffic never walks, and ip6tables twins would add two columns'
+    /// worth of time to say what the IPv4 rows already do.
     pub(super) fn rulesets(self) -> &'static [Rules] {
         match self {
             Variant::Kernel | Variant::Fast | Variant::KernelDirect | Variant::FastDirect => {
                 &[Rules::None, Rules::KubeProxy, Rules::Synthetic]
             }
-            Variant::Direct | Variant::Underlay | Variant::Overlay | Variant::FastVxlan => {
-                &[Rules::None]
-            }
+            Variant::Direct
+            | Variant::Underlay
+            | Variant::Overlay
+            | Variant::FastVxlan
+            | Variant::Kernel6
+            | Variant::Fast6 => &[Rules::None],
         }
     }
 }
@@ -197,8 +224,9 @@ pub(super) fn route_dev(out: &str) -> Option<&str> {
 
 /// Fails unless `ns` sends traffic for `ip` out of `dev`: a reference
 /// measured over another path would be the floor of nothing.
-pub(super) fn check_route(ns: &str, ip: Ipv4Addr, dev: &str) -> Result<()> {
-    let out = sh("ip", &["-n", ns, "-4", "route", "get", &ip.to_string()])?;
+pub(super) fn check_route(ns: &str, ip: IpAddr, dev: &str) -> Result<()> {
+    let family = if ip.is_ipv6() { "-6" } else { "-4" };
+    let out = sh("ip", &["-n", ns, family, "route", "get", &ip.to_string()])?;
     if route_dev(&out) != Some(dev) {
         bail!("{ns} does not route {ip} out of {dev}: {}", out.trim());
     }
@@ -260,8 +288,17 @@ pub(super) fn switch(lab: &mut Lab, agents: Agents) -> Result<()> {
     let s = lab.spec.clone();
     if let Agents::Fast { .. } = agents {
         for i in 1..=s.nodes {
-            let local = format!("mycni_datapath_entries{{map=\"local\"}} {}", s.pods);
-            let remote = format!("mycni_datapath_entries{{map=\"remote\"}} {}", s.nodes - 1);
+            // The gauges count both families' maps (mycni_local and
+            // mycni_local6, mycni_remote and mycni_remote6).
+            let families = s.stack.families().len();
+            let local = format!(
+                "mycni_datapath_entries{{map=\"local\"}} {}",
+                s.pods * families
+            );
+            let remote = format!(
+                "mycni_datapath_entries{{map=\"remote\"}} {}",
+                (s.nodes - 1) * families
+            );
             crate::wait_for(
                 &format!("{} to fill its fast-path maps", s.node_name(i)),
                 Duration::from_secs(30),
@@ -348,7 +385,7 @@ mod tests {
         assert_eq!(even[0], Variant::Direct);
         assert_eq!(odd[0], Variant::Direct);
         // An odd run starts where the even one before it ended.
-        assert_eq!(odd[1], even[7]);
+        assert_eq!(odd[1], even[9]);
         let mut sorted = odd;
         sorted.sort();
         assert_eq!(sorted, Variant::ALL);
@@ -359,6 +396,14 @@ mod tests {
         assert_eq!(switches, 4);
         assert!(Variant::FastDirect.is_direct() && Variant::KernelDirect.is_direct());
         assert!(!Variant::Overlay.is_direct() && !Variant::Fast.is_direct());
+        // The IPv6 columns: the IPv4 twins' agents, pod to pod, no rules.
+        assert_eq!(Variant::Fast6.agents(), Variant::Fast.agents());
+        assert_eq!(Variant::Kernel6.agents(), Variant::Kernel.agents());
+        assert!(Variant::Fast6.is_fast() && !Variant::Kernel6.is_fast());
+        assert!(Variant::Fast6.pod_to_pod() && Variant::Kernel6.pod_to_pod());
+        assert_eq!(Variant::Fast6.rulesets(), &[Rules::None]);
+        assert_eq!(Variant::Kernel6.family(), IpFamily::V6);
+        assert_eq!(Variant::Kernel.family(), IpFamily::V4);
         assert_eq!(
             Variant::FastDirect.agents().map(Agents::flags),
             Some(vec![

@@ -102,6 +102,8 @@ fn soak_lab(
         // notification, as in a cluster.
         agent_args: vec![],
         in_process_api: true,
+        // Its cases count IPv4 state (routes, map entries, leases).
+        stack: crate::Stack::Ipv4Only,
     };
     // A soak that crashed earlier leaves its lab behind: clear it first.
     crate::Lab::attach(spec.clone()).down();

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Node;
 use mycni_apiserver::node;
 use mycni_common::contract::RTPROT_MYCNI_AGENT;
 use mycni_common::net::Mac;
-use mycni_lab::{Bins, Lab, Spec};
+use mycni_lab::{Bins, Lab, Spec, Stack};
 use mycni_testkit::{sh, unique};
 use serde_json::{Value, json};
 
@@ -415,6 +415,7 @@ pub fn bench(bin_dir: &Path, n: usize, full: bool) -> Result<()> {
             "true".into(),
         ],
         in_process_api: true,
+        stack: Stack::Ipv4Only,
     })?);
     let r = run(&lab.0, n, full, &refs);
     if r.is_err() {
