@@ -450,16 +450,20 @@ impl Kernel {
             // usable as a source) for a second or more.
             let address6 = mycni_common::net::Cidr::<Ipv6Addr>::new(a6, 128)
                 .ok_or_else(|| KernelError::Other(format!("{a6}/128 is not a CIDR")))?;
-            if !self
-                .nl
-                .ipv6_addresses(index)
-                .await?
-                .iter()
-                .any(|a| a.cidr == address6)
-            {
+            let have = self.nl.ipv6_addresses(index).await?;
+            if !have.iter().any(|a| a.cidr == address6) {
                 match self.nl.add_ipv6_address_nodad(index, address6).await {
                     Err(e) if !e.is_exists() => return Err(e.into()),
                     _ => {}
+                }
+            }
+            // An IPv6 VTEP address of an earlier podCIDR: left, it would
+            // make that range's new owner's VTEP a local address here, and
+            // the kernel refuses a route through a local gateway.
+            for a in have {
+                if a.cidr != address6 && !a.cidr.addr().is_unicast_link_local() {
+                    tracing::info!(device = %spec.name, address = %a.cidr, "removing a stale IPv6 VTEP address");
+                    self.nl.delete_address(index, a.cidr).await?;
                 }
             }
         }

@@ -9,7 +9,7 @@ use netlink_packet_route::address::{
 };
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
-use super::{Error, Netlink, Result};
+use super::{Error, Netlink, Result, gone_is_ok};
 use crate::net::{Cidr, Family};
 
 /// An IPv6 address of a link with the flags the plugin sets or checks.
@@ -111,6 +111,38 @@ impl Netlink {
             .execute()
             .await
             .map_err(|e| Error::rtnl(format!("adding {address} to link {index}"), e))
+    }
+
+    /// Deletes an address of either family from link `index`; one
+    /// already gone (EADDRNOTAVAIL, or with its link) is success.
+    pub async fn delete_address<A: Family + Into<IpAddr>>(
+        &self,
+        index: u32,
+        address: Cidr<A>,
+    ) -> Result<()> {
+        let ip: IpAddr = address.addr().into();
+        let mut m = AddressMessage::default();
+        m.header.family = match ip {
+            IpAddr::V4(_) => AddressFamily::Inet,
+            IpAddr::V6(_) => AddressFamily::Inet6,
+        };
+        m.header.prefix_len = address.prefix();
+        m.header.index = index;
+        m.attributes.push(AddressAttribute::Address(ip));
+        if ip.is_ipv4() {
+            // IPv4 matches an address by IFA_LOCAL.
+            m.attributes.push(AddressAttribute::Local(ip));
+        }
+        match self.handle.address().del(m).execute().await {
+            Err(rtnetlink::Error::NetlinkError(e))
+                if e.code.map(|c| -c.get()) == Some(libc::EADDRNOTAVAIL) =>
+            {
+                Ok(())
+            }
+            r => gone_is_ok(
+                r.map_err(|e| Error::rtnl(format!("deleting {address} from link {index}"), e)),
+            ),
+        }
     }
 
     /// Adds an IPv6 address without duplicate address detection

@@ -360,6 +360,24 @@ fn ipv6_peers_get_a_route_and_neighbour_in_either_mode() {
         .exec("ip", &["-6", "addr", "show", "dev", "vxlan.1"])
         .expect("ip addr");
     assert!(addr.contains("fd00:10:244::/128"), "{addr}");
+    // Another IPv6 podCIDR (the node made again): the old VTEP address
+    // goes, the link-local one stays.
+    in_node(&ns, false, async |k, spec, _| {
+        let spec = VxlanSpec {
+            address6: "fd00:10:244:9::".parse().ok(),
+            ..spec
+        };
+        k.ensure_vxlan(&spec).await.unwrap();
+    });
+    let addr = ns
+        .exec("ip", &["-6", "addr", "show", "dev", "vxlan.1"])
+        .expect("ip addr");
+    assert!(
+        addr.contains("fd00:10:244:9::/128")
+            && !addr.contains("fd00:10:244::/128")
+            && addr.contains("fe80::"),
+        "{addr}"
+    );
     in_node(&ns, false, async |k, spec, _| {
         let (vx, _) = k.ensure_vxlan(&spec).await.unwrap();
         assert_eq!(pass(&k, vx, 0, &OverlayState::default()).await, 10);
