@@ -202,6 +202,24 @@ fn a_bad_ipv6_podcidr_rejects_the_peers_ipv6_side_and_is_counted() -> Result<()>
         );
     }
     assert!(m.contains("mycni_peers_programmed 4"), "{m}");
+    // The agent told the IPv6 range masquerades IPv6 leaving it.
+    let nat6 = mycni_testkit::sh(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &l.spec.node_name(1),
+            "nft",
+            "list",
+            "table",
+            "ip6",
+            "mycni",
+        ],
+    )?;
+    assert!(
+        nat6.contains("ip6 saddr fd00:10:244::/56 ip6 daddr != fd00:10:244::/56 masquerade"),
+        "{nat6}"
+    );
     Ok(())
 }
 
