@@ -473,3 +473,50 @@ fn a_program_the_kernel_rejects_leaves_a_working_kernel_path_and_says_why() -> R
     eprintln!("{status}");
     Ok(())
 }
+
+#[test]
+fn ipv6_streams_take_the_fast_path_between_nodes_and_within_one() -> Result<()> {
+    let mut t = common::lab_stack(2, 2, mycni_lab::Stack::Dual, &[])?;
+    let l = &mut t.0;
+    let (a, a2, b) = pods_by_node(l)?;
+    let (Some(a26), Some(b6)) = (a2.ip6, b.ip6) else {
+        anyhow::bail!("a dual-stack lab's pods without IPv6 addresses: {a2:?} {b:?}");
+    };
+
+    // Across nodes: encapsulated and decapsulated in tc, as for IPv4.
+    let (b1, b2) = (l.counters(1)?, l.counters(2)?);
+    let (_, bytes) = iperf3(&b, 5201, &a, SocketAddr::from((b6, 5201)), &["-t", "2"])?;
+    let (a1, a2c) = (l.counters(1)?, l.counters(2)?);
+    let fast = delta(&a1, &b1, "fast_encap");
+    let slow = kernel_total(&a1, &b1);
+    let share = fast as f64 / (fast + slow).max(1) as f64;
+    let crossed = crossed_vxlan(&a1, &b1) + crossed_vxlan(&a2c, &b2);
+    eprintln!(
+        "iperf3 over IPv6, {bytes} bytes; node1 from-pod: {fast} encapsulated in tc, {slow} kernel ({:.2}% fast); node2: {} fast_tc_decap; {crossed} fast packets crossed vxlan.1",
+        share * 100.0,
+        delta(&a2c, &b2, "fast_tc_decap"),
+    );
+    assert!(share >= 0.95, "only {:.2}% fast: {a1:?}", share * 100.0);
+    assert!(
+        crossed * 100 <= fast,
+        "{crossed} fast packets crossed vxlan.1: {a1:?} / {a2c:?}"
+    );
+    assert!(
+        delta(&a2c, &b2, "fast_tc_decap") * 100 >= fast * 95,
+        "node 2 did not unwrap the IPv6 stream in tc: {a2c:?}"
+    );
+    assert!(delta(&a1, &b1, "kernel_tcp_control") >= 4, "{a1:?}");
+
+    // Within node 1: straight into the other pod.
+    let b1 = l.counters(1)?;
+    let (_, bytes) = iperf3(&a2, 5203, &a, SocketAddr::from((a26, 5203)), &["-t", "1"])?;
+    let a1 = l.counters(1)?;
+    let fast = delta(&a1, &b1, "fast_local");
+    let slow = kernel_total(&a1, &b1);
+    eprintln!("iperf3 over IPv6 within node 1, {bytes} bytes: {fast} fast_local, {slow} kernel");
+    assert!(
+        fast as f64 >= 0.95 * (fast + slow) as f64,
+        "IPv6 within a node not fast: {a1:?}"
+    );
+    Ok(())
+}
