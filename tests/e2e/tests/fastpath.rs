@@ -520,3 +520,104 @@ fn ipv6_streams_take_the_fast_path_between_nodes_and_within_one() -> Result<()> 
     );
     Ok(())
 }
+
+/// [`add_service`] for IPv6 (ip6tables), on every node.
+fn add_service6(l: &Lab, vip: &str, port: u16, backend: SocketAddr) -> Result<()> {
+    for i in 1..=l.spec.nodes {
+        let ns = l.spec.node_name(i);
+        let (port, to) = (port.to_string(), backend.to_string());
+        ns_sh(
+            &ns,
+            "ip6tables",
+            &[
+                "-t",
+                "nat",
+                "-A",
+                "PREROUTING",
+                "-d",
+                vip,
+                "-p",
+                "tcp",
+                "--dport",
+                &port,
+                "-j",
+                "DNAT",
+                "--to-destination",
+                &to,
+            ],
+        )?;
+        if !ns_sh(&ns, "ip6tables", &["-S", "FORWARD"])?.contains("INVALID") {
+            ns_sh(
+                &ns,
+                "ip6tables",
+                &[
+                    "-I",
+                    "FORWARD",
+                    "-m",
+                    "conntrack",
+                    "--ctstate",
+                    "INVALID",
+                    "-j",
+                    "DROP",
+                ],
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Packets the IPv6 INVALID rule dropped on node `i`.
+fn invalid_drops6(l: &Lab, i: usize) -> Result<u64> {
+    let out = ns_sh(
+        &l.spec.node_name(i),
+        "ip6tables",
+        &["-L", "FORWARD", "-v", "-x", "-n"],
+    )?;
+    Ok(out
+        .lines()
+        .filter(|line| line.contains("ctstate INVALID"))
+        .filter_map(|line| line.split_whitespace().next()?.parse::<u64>().ok())
+        .sum())
+}
+
+#[test]
+fn ipv6_services_keep_working_with_their_flows_on_the_kernel_path() -> Result<()> {
+    let mut t = common::lab_stack(2, 2, mycni_lab::Stack::Dual, &[])?;
+    let l = &mut t.0;
+    let (a, a2, b) = pods_by_node(l)?;
+    let (Some(a26), Some(b6)) = (a2.ip6, b.ip6) else {
+        anyhow::bail!("a dual-stack lab's pods without IPv6 addresses: {a2:?} {b:?}");
+    };
+    let cases = [
+        ("remote backend", "fd00:96::10", b.clone(), b6),
+        ("same-node backend", "fd00:96::11", a2.clone(), a26),
+    ];
+    for (what, vip, backend, backend6) in &cases {
+        add_service6(l, vip, 81, SocketAddr::from((*backend6, 5202)))?;
+        let before = l.counters(1)?;
+        let (sent, moved) = iperf3(
+            backend,
+            5202,
+            &a,
+            SocketAddr::from((vip.parse::<std::net::Ipv6Addr>()?, 81)),
+            &["-n", "200M"],
+        )
+        .with_context(|| format!("200 MB through the IPv6 Service ({what})"))?;
+        let after = l.counters(1)?;
+        let nat = delta(&after, &before, "kernel_nat");
+        eprintln!("IPv6 Service {vip} ({what}): {moved} bytes; node1 kernel_nat +{nat}");
+        assert!(sent >= 200 << 20, "{what}: only {sent} bytes sent");
+        assert!(
+            moved >= sent / 100 * 95,
+            "{what}: {moved} of {sent} bytes arrived"
+        );
+        assert!(
+            nat >= 100,
+            "{what}: replies not kept on the kernel path: {after:?}"
+        );
+    }
+    for i in 1..=2 {
+        assert_eq!(invalid_drops6(l, i)?, 0, "IPv6 INVALID drops on node {i}");
+    }
+    Ok(())
+}
