@@ -396,3 +396,90 @@ fn dual_stack_nodes_reach_each_other_over_ipv6() -> Result<()> {
     assert!(ping.contains(" 0% packet loss"), "{ping}");
     Ok(())
 }
+
+/// A dual-stack pod's IPv6 connection to an address outside the cluster
+/// leaves as the node's IPv6 address (`ip6 mycni`), as IPv4 leaves as its
+/// IPv4 one: the outside does not route the pods' ULA range back.
+#[test]
+fn ipv6_pod_traffic_leaving_the_cluster_is_masqueraded() -> Result<()> {
+    use std::io::{Read, Write};
+    let t = common::lab_stack(1, 1, mycni_lab::Stack::Dual, &[])?;
+    let l = &t.0;
+    let pod = l.pods()?.into_iter().next().context("a pod")?;
+    let pod6 = pod.ip6.context("the pod has no IPv6 address")?;
+    // IPv6 on the underlay, outside the cluster: the bridge and node 1's
+    // uplink, node 1's IPv6 default route through the bridge.
+    let (u, ns) = (l.spec.underlay_ns(), l.spec.node_name(1));
+    for (netns, args) in [
+        (
+            &u,
+            &[
+                "-6",
+                "addr",
+                "add",
+                "2001:db8:77::1/64",
+                "dev",
+                "br0",
+                "nodad",
+            ][..],
+        ),
+        (
+            &ns,
+            &[
+                "-6",
+                "addr",
+                "add",
+                "2001:db8:77::11/64",
+                "dev",
+                "eth0",
+                "nodad",
+            ],
+        ),
+        (
+            &ns,
+            &[
+                "-6",
+                "route",
+                "add",
+                "default",
+                "via",
+                "2001:db8:77::1",
+                "dev",
+                "eth0",
+            ],
+        ),
+    ] {
+        let mut a = vec!["-n", netns.as_str()];
+        a.extend_from_slice(args);
+        mycni_testkit::sh("ip", &a)?;
+    }
+    let listener =
+        mycni_testkit::in_netns(&u, || std::net::TcpListener::bind("[2001:db8:77::1]:7001"))??;
+    let server = std::thread::spawn(move || -> Result<std::net::SocketAddr> {
+        let (mut c, peer) = listener.accept()?;
+        let mut buf = [0u8; 6];
+        c.read_exact(&mut buf)?;
+        c.write_all(&buf)?;
+        Ok(peer)
+    });
+    mycni_testkit::sh(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &pod.ns,
+            &l.spec.bins.lab.to_string_lossy(),
+            "tcp-probe",
+            "[2001:db8:77::1]:7001",
+        ],
+    )?;
+    let peer = server
+        .join()
+        .map_err(|_| anyhow::anyhow!("server panicked"))??;
+    assert_eq!(
+        peer.ip().to_string(),
+        "2001:db8:77::11",
+        "pod {pod6} was not masqueraded"
+    );
+    Ok(())
+}
