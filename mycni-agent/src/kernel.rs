@@ -406,7 +406,7 @@ impl Kernel {
                         name: &spec.name,
                         vni: spec.vni,
                         dev: spec.underlay_index,
-                        local: spec.local_ip,
+                        local: spec.local_ip.into(),
                         port: spec.port,
                         learning: false,
                         // No outer UDP checksum (the IPv4 default, made

@@ -205,7 +205,7 @@ fn vxlan_neighbours_and_fdb() {
             name: "vx0",
             vni: 7,
             dev: u.index,
-            local: ip(192, 168, 77, 1),
+            local: ip(192, 168, 77, 1).into(),
             port: 8472,
             learning: false,
             udp_csum: false,
@@ -222,6 +222,7 @@ fn vxlan_neighbours_and_fdb() {
             Some(VxlanInfo {
                 vni: Some(7),
                 local: Some(ip(192, 168, 77, 1)),
+                local6: None,
                 port: Some(8472),
                 learning: Some(false),
                 dev: Some(u.index),
@@ -298,7 +299,8 @@ fn vxlan_neighbours_and_fdb() {
             nl.fdb_entries(vx.index).await.unwrap(),
             [FdbEntry {
                 mac: m1,
-                dst: Some(dst)
+                dst: Some(dst),
+                dst6: None,
             }]
         );
         nl.delete_fdb_entry(vx.index, m1).await.unwrap();
@@ -308,6 +310,80 @@ fn vxlan_neighbours_and_fdb() {
 
         nl.delete_link(vx.index).await.unwrap();
         assert!(nl.link_by_name("vx0").await.unwrap().is_none());
+    });
+}
+
+/// A VXLAN device over an IPv6 underlay, beside one over IPv4 on the same
+/// UDP port: each opens a socket of its own family, so both bind 8472; its
+/// FDB entries hold IPv6 destinations, and it refuses IPv4 ones.
+#[test]
+fn a_vxlan_device_over_ipv6_beside_one_over_ipv4() {
+    let (node, peer) = (netns(), netns());
+    run(async || {
+        let nl = Netlink::in_netns(&node).expect("netlink");
+        let u = nl.create_veth_in("u0", "u1", &peer, 1500).await.unwrap();
+        nl.set_up(u.index).await.unwrap();
+        nl.add_address(u.index, v4("192.168.77.1/24"))
+            .await
+            .unwrap();
+        let local6: Ipv6Addr = "fd00:77::1".parse().unwrap();
+        nl.add_ipv6_address_nodad(u.index, "fd00:77::1/64".parse().unwrap())
+            .await
+            .unwrap();
+        let base = VxlanConfig {
+            name: "vx0",
+            vni: 1,
+            dev: u.index,
+            local: ip(192, 168, 77, 1).into(),
+            port: 8472,
+            learning: false,
+            udp_csum: false,
+            mtu: 1450,
+            mac: Mac([2, 0xaa, 0, 0, 0, 1]),
+        };
+        nl.create_vxlan(&base).await.unwrap();
+        nl.create_vxlan(&VxlanConfig {
+            name: "vx6",
+            local: local6.into(),
+            mtu: 1430,
+            mac: Mac([2, 0xaa, 0, 0, 0, 6]),
+            ..base.clone()
+        })
+        .await
+        .unwrap();
+        let vx = nl.link_by_name("vx0").await.unwrap().expect("vx0");
+        let vx6 = nl.link_by_name("vx6").await.unwrap().expect("vx6");
+        // Up means both sockets are bound on the one port.
+        nl.set_up(vx.index).await.unwrap();
+        nl.set_up(vx6.index).await.unwrap();
+        let info = vx6.vxlan.expect("vx6 is VXLAN");
+        assert_eq!((info.local, info.local6), (None, Some(local6)));
+        assert_eq!((info.vni, info.port), (Some(1), Some(8472)));
+
+        let (m, dst6): (Mac, Ipv6Addr) = (Mac([2, 0, 0, 0, 6, 1]), "fd00:77::2".parse().unwrap());
+        nl.replace_fdb_entry(vx6.index, m, dst6).await.unwrap();
+        let e = nl.fdb_entry(vx6.index, m).await.unwrap().expect("entry");
+        assert_eq!((e.dst, e.dst6), (None, Some(dst6)));
+        assert_eq!(e.dst_ip(), Some(dst6.into()));
+        assert_eq!(
+            nl.fdb_entries(vx6.index).await.unwrap(),
+            [FdbEntry {
+                mac: m,
+                dst: None,
+                dst6: Some(dst6)
+            }]
+        );
+        let wrong = nl
+            .replace_fdb_entry(vx6.index, m, ip(192, 168, 77, 2))
+            .await;
+        assert!(
+            wrong.is_err(),
+            "an IPv4 destination on an IPv6 device: {wrong:?}"
+        );
+        // The IPv4 device's FDB knows nothing of it.
+        assert!(nl.fdb_entries(vx.index).await.unwrap().is_empty());
+        nl.delete_fdb_entry(vx6.index, m).await.unwrap();
+        assert!(nl.fdb_entries(vx6.index).await.unwrap().is_empty());
     });
 }
 

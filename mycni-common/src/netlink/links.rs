@@ -2,7 +2,7 @@
 
 use std::format;
 use std::fs::File;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsRawFd;
 use std::prelude::rust_2024::*;
 
@@ -49,6 +49,8 @@ impl Link {
 pub struct VxlanInfo {
     pub vni: Option<u32>,
     pub local: Option<Ipv4Addr>,
+    /// The local address of a device over an IPv6 underlay.
+    pub local6: Option<Ipv6Addr>,
     pub port: Option<u16>,
     pub learning: Option<bool>,
     /// The underlay device's ifindex.
@@ -63,7 +65,10 @@ pub struct VxlanConfig<'a> {
     pub vni: u32,
     /// The underlay device's ifindex.
     pub dev: u32,
-    pub local: Ipv4Addr,
+    /// The local underlay address; its family is the one family of the
+    /// device's socket (a device outside metadata mode sends and receives
+    /// over that family only).
+    pub local: IpAddr,
     /// UDP destination port.
     pub port: u16,
     pub learning: bool,
@@ -111,6 +116,7 @@ fn vxlan_from(infos: Vec<LinkInfo>) -> Option<VxlanInfo> {
                     match a {
                         InfoVxlan::Id(x) => v.vni = Some(x),
                         InfoVxlan::Local(x) => v.local = Some(x),
+                        InfoVxlan::Local6(x) => v.local6 = Some(x),
                         InfoVxlan::Port(x) => v.port = Some(x),
                         InfoVxlan::Learning(x) => v.learning = Some(x),
                         InfoVxlan::Link(x) => v.dev = Some(x),
@@ -219,9 +225,12 @@ impl Netlink {
 
     /// Creates a VXLAN device.
     pub async fn create_vxlan(&self, c: &VxlanConfig<'_>) -> Result<()> {
-        let msg = LinkVxlan::new(c.name, c.vni)
-            .dev(c.dev)
-            .local(c.local)
+        let b = LinkVxlan::new(c.name, c.vni).dev(c.dev);
+        let b = match c.local {
+            IpAddr::V4(a) => b.local(a),
+            IpAddr::V6(a) => b.local6(a),
+        };
+        let msg = b
             .port(c.port)
             .learning(c.learning)
             .udp_csum(c.udp_csum)

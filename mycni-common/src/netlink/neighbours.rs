@@ -32,8 +32,21 @@ pub struct Neighbour6 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FdbEntry {
     pub mac: Mac,
-    /// The remote host (IPv4 underlay).
+    /// The remote host, on a device over an IPv4 underlay.
     pub dst: Option<Ipv4Addr>,
+    /// The remote host, on a device over an IPv6 underlay. A field of its
+    /// own beside `dst` rather than one `IpAddr`: every reader of an IPv4
+    /// device's FDB stays as it was.
+    pub dst6: Option<Ipv6Addr>,
+}
+
+impl FdbEntry {
+    /// The remote host, whichever its family.
+    pub fn dst_ip(&self) -> Option<IpAddr> {
+        self.dst
+            .map(IpAddr::V4)
+            .or_else(|| self.dst6.map(IpAddr::V6))
+    }
 }
 
 /// NUD_PERMANENT, alone or combined: a new VXLAN FDB entry reports
@@ -44,16 +57,32 @@ fn is_permanent(state: NeighbourState) -> bool {
 }
 
 fn neighbour_ip_mac(m: &NeighbourMessage) -> (Option<Ipv4Addr>, Option<Mac>) {
+    let (ip, mac) = neighbour_any_ip_mac(m);
+    match ip {
+        Some(IpAddr::V4(a)) => (Some(a), mac),
+        _ => (None, mac),
+    }
+}
+
+/// The destination of either family and the MAC of a neighbour or FDB
+/// message.
+fn neighbour_any_ip_mac(m: &NeighbourMessage) -> (Option<IpAddr>, Option<Mac>) {
     let mut ip = None;
     let mut mac = None;
     for a in &m.attributes {
         match a {
-            NeighbourAttribute::Destination(NeighbourAddress::Inet(d)) => ip = Some(*d),
+            NeighbourAttribute::Destination(NeighbourAddress::Inet(d)) => ip = Some(IpAddr::V4(*d)),
+            NeighbourAttribute::Destination(NeighbourAddress::Inet6(d)) => {
+                ip = Some(IpAddr::V6(*d))
+            }
             // In AF_BRIDGE (FDB) messages the parser cannot tell the
-            // destination's family and leaves the raw bytes.
+            // destination's family and leaves the raw bytes: 4 of them are
+            // IPv4, 16 IPv6 (NDA_DST is as long as its address).
             NeighbourAttribute::Destination(NeighbourAddress::Other(b)) => {
                 if let Ok(o) = <[u8; 4]>::try_from(b.as_slice()) {
-                    ip = Some(Ipv4Addr::from(o));
+                    ip = Some(IpAddr::V4(Ipv4Addr::from(o)));
+                } else if let Ok(o) = <[u8; 16]>::try_from(b.as_slice()) {
+                    ip = Some(IpAddr::V6(Ipv6Addr::from(o)));
                 }
             }
             NeighbourAttribute::LinkLayerAddress(l) => mac = Mac::try_from(l.as_slice()).ok(),
@@ -61,6 +90,20 @@ fn neighbour_ip_mac(m: &NeighbourMessage) -> (Option<Ipv4Addr>, Option<Mac>) {
         }
     }
     (ip, mac)
+}
+
+fn fdb_entry(mac: Mac, dst: Option<IpAddr>) -> FdbEntry {
+    FdbEntry {
+        mac,
+        dst: dst.and_then(|d| match d {
+            IpAddr::V4(a) => Some(a),
+            IpAddr::V6(_) => None,
+        }),
+        dst6: dst.and_then(|d| match d {
+            IpAddr::V6(a) => Some(a),
+            IpAddr::V4(_) => None,
+        }),
+    }
 }
 
 /// The neighbour family of an address, and the address as a neighbour
@@ -207,12 +250,18 @@ impl Netlink {
     }
 
     /// Sets the permanent FDB entry `mac` -> `dst` of the device `index`
-    /// itself, replacing whatever `mac` had there.
-    pub async fn replace_fdb_entry(&self, index: u32, mac: Mac, dst: Ipv4Addr) -> Result<()> {
+    /// itself, replacing whatever `mac` had there. `dst` is of the
+    /// device's underlay family: the kernel refuses the other one.
+    pub async fn replace_fdb_entry(
+        &self,
+        index: u32,
+        mac: Mac,
+        dst: impl Into<IpAddr>,
+    ) -> Result<()> {
         self.handle
             .neighbours()
             .add_bridge(index, &mac.0)
-            .destination(IpAddr::V4(dst))
+            .destination(dst.into())
             .flags(NeighbourFlags::Own)
             .state(NeighbourState::Permanent)
             .replace()
@@ -243,10 +292,10 @@ impl Netlink {
             {
                 continue;
             }
-            if let (dst, Some(mac)) = neighbour_ip_mac(&m)
+            if let (dst, Some(mac)) = neighbour_any_ip_mac(&m)
                 && mac != Mac::ZERO
             {
-                out.push(FdbEntry { mac, dst });
+                out.push(fdb_entry(mac, dst));
             }
         }
         Ok(out)
@@ -266,10 +315,9 @@ impl Netlink {
                 .get(&op, RouteNetlinkMessage::GetNeighbour(req))
                 .await?
             {
-                Some(RouteNetlinkMessage::NewNeighbour(m)) => Some(FdbEntry {
-                    mac,
-                    dst: neighbour_ip_mac(&m).0,
-                }),
+                Some(RouteNetlinkMessage::NewNeighbour(m)) => {
+                    Some(fdb_entry(mac, neighbour_any_ip_mac(&m).0))
+                }
                 _ => None,
             },
         )
