@@ -5,7 +5,9 @@
 //! Dual-stack: a Node's `spec.podCIDRs` holds at most one range per family
 //! (`spec.podCIDR`, the first of them, is read when `podCIDRs` is absent).
 //! The IPv4 range is required: the overlay runs over an IPv4 underlay and
-//! the VTEP is addressed from it. The IPv6 range is optional, and a bad
+//! the VTEP is addressed from it. A node with an IPv6 underlay announces
+//! it besides (`vxlan6.1`'s MAC and its IPv6 host address, [`Underlay6`]);
+//! a bad announcement costs the peer that underlay only. The IPv6 range is optional, and a bad
 //! one rejects the peer's IPv6 side only (its `*_v6` reasons): the IPv4
 //! side is not wrong, and withdrawing it would cut a node's working IPv4
 //! pods off for a fault in a family they may not even use.
@@ -17,7 +19,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-pub use mycni_common::contract::{ANNOTATION_HOST_IP, ANNOTATION_VTEP_MAC};
+pub use mycni_common::contract::{
+    ANNOTATION_HOST_IP, ANNOTATION_HOST_IP6, ANNOTATION_VTEP_MAC, ANNOTATION_VTEP_MAC6,
+};
 use mycni_common::net::Family;
 pub use mycni_common::net::Mac;
 
@@ -81,6 +85,18 @@ pub struct Peer {
     pub pod_cidr6: Option<Cidr6>,
     pub vtep_mac: Mac,
     pub host_ip: Ipv4Addr,
+    /// The peer's IPv6 underlay, if it announces a valid one: how it is
+    /// reached over `vxlan6.1`.
+    pub underlay6: Option<Underlay6>,
+}
+
+/// A peer's IPv6 underlay: its VXLAN-over-IPv6 device's MAC and the IPv6
+/// host address that device's packets go to (flannel's `public-ip-v6` and
+/// `backend-v6-data`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Underlay6 {
+    pub host_ip: Ipv6Addr,
+    pub vtep_mac: Mac,
 }
 
 impl Peer {
@@ -121,6 +137,14 @@ pub enum Reject {
     OutsideClusterCidr6(String),
     OverlapsOwn6(String),
     OverlapsPeer6(String),
+    /// The IPv6 underlay only (the peer is programmed without it): one of
+    /// its two annotations without the other, which the agent writes in
+    /// one patch.
+    IncompleteUnderlay6(&'static str),
+    BadHostIp6(String),
+    BadMac6(String),
+    /// Another Node announces the same `vxlan6.1` MAC.
+    DuplicateVtepMac6(String),
 }
 
 impl Reject {
@@ -139,11 +163,15 @@ impl Reject {
             Reject::OutsideClusterCidr6(_) => "outside_cluster_cidr_v6",
             Reject::OverlapsOwn6(_) => "overlaps_own_v6",
             Reject::OverlapsPeer6(_) => "overlaps_peer_v6",
+            Reject::IncompleteUnderlay6(_) => "incomplete_underlay_v6",
+            Reject::BadHostIp6(_) => "bad_host_ip_v6",
+            Reject::BadMac6(_) => "bad_mac_v6",
+            Reject::DuplicateVtepMac6(_) => "duplicate_vtep_mac_v6",
         }
     }
 
-    /// Whether only the peer's IPv6 side is rejected (its IPv4 side is
-    /// programmed).
+    /// Whether only the peer's IPv6 side (its IPv6 podCIDR or its IPv6
+    /// underlay) is rejected: the rest of it is programmed.
     pub fn ipv6_side_only(&self) -> bool {
         matches!(
             self,
@@ -151,6 +179,10 @@ impl Reject {
                 | Reject::OutsideClusterCidr6(_)
                 | Reject::OverlapsOwn6(_)
                 | Reject::OverlapsPeer6(_)
+                | Reject::IncompleteUnderlay6(_)
+                | Reject::BadHostIp6(_)
+                | Reject::BadMac6(_)
+                | Reject::DuplicateVtepMac6(_)
         )
     }
 }
@@ -193,6 +225,21 @@ impl fmt::Display for Reject {
             Reject::OverlapsPeer6(s) => write!(
                 f,
                 "IPv6 side not programmed: podCIDR {s} overlaps another node's"
+            ),
+            Reject::IncompleteUnderlay6(what) => {
+                write!(f, "IPv6 underlay not used: {what}")
+            }
+            Reject::BadHostIp6(s) => write!(
+                f,
+                "IPv6 underlay not used: host IP {s:?} is not a global or unique-local unicast IPv6 address"
+            ),
+            Reject::BadMac6(s) => write!(
+                f,
+                "IPv6 underlay not used: VTEP MAC {s:?} is not a unicast MAC"
+            ),
+            Reject::DuplicateVtepMac6(s) => write!(
+                f,
+                "IPv6 underlay not used: VTEP MAC {s} is announced by another Node too"
             ),
         }
     }
@@ -276,6 +323,43 @@ fn valid_host_ip(ip: Ipv4Addr) -> bool {
         || ip.octets()[0] >= 240)
 }
 
+/// An IPv6 host address other nodes can send VXLAN to: unicast, and not
+/// link-local (a link-local address means nothing without the interface it
+/// is on, which a peer cannot know), nor an IPv4-mapped one (that is IPv4,
+/// for `vxlan.1`).
+fn valid_host_ip6(ip: Ipv6Addr) -> bool {
+    !(ip.is_unspecified()
+        || ip.is_loopback()
+        || ip.is_multicast()
+        || ip.is_unicast_link_local()
+        || ip.to_ipv4_mapped().is_some())
+}
+
+/// A node's IPv6 underlay from its annotations: None when it announces
+/// none, an error when what it announces cannot be used.
+pub fn parse_underlay6(node: &NodeView) -> Result<Option<Underlay6>, Reject> {
+    let a = &node.annotations;
+    let (ip_s, mac_s) = match (a.get(ANNOTATION_HOST_IP6), a.get(ANNOTATION_VTEP_MAC6)) {
+        (None, None) => return Ok(None),
+        (Some(_), None) => return Err(Reject::IncompleteUnderlay6("no IPv6 VTEP MAC annotation")),
+        (None, Some(_)) => return Err(Reject::IncompleteUnderlay6("no IPv6 host IP annotation")),
+        (Some(i), Some(m)) => (i, m),
+    };
+    let host_ip: Ipv6Addr = ip_s
+        .trim()
+        .parse()
+        .ok()
+        .filter(|ip| valid_host_ip6(*ip))
+        .ok_or_else(|| Reject::BadHostIp6(ip_s.clone()))?;
+    let vtep_mac = mac_s
+        .trim()
+        .parse::<Mac>()
+        .ok()
+        .filter(|m| m.is_unicast())
+        .ok_or_else(|| Reject::BadMac6(mac_s.clone()))?;
+    Ok(Some(Underlay6 { host_ip, vtep_mac }))
+}
+
 /// The IPv6 side of a node: None when it has none or the agent does no
 /// IPv6, an error when what it has cannot be programmed.
 pub fn parse_peer6(node: &NodeView, cluster6: Option<Cidr6>) -> Result<Option<Cidr6>, Reject> {
@@ -343,6 +427,7 @@ pub fn parse_peer(node: &NodeView, cluster: impl Into<ClusterCidrs>) -> Result<P
         pod_cidr6: parse_peer6(node, cluster.v6).ok().flatten(),
         vtep_mac,
         host_ip,
+        underlay6: parse_underlay6(node).ok().flatten(),
     })
 }
 
@@ -380,7 +465,7 @@ pub fn select_peers(
     let (own, cluster) = (own.into(), cluster.into());
     // Each with why its IPv6 side is left out, reported only if the peer
     // is programmed: a Node rejected as a whole has one reason.
-    let mut ok: Vec<(Peer, Option<Reject>)> = Vec::new();
+    let mut ok: Vec<(Peer, Vec<Reject>)> = Vec::new();
     let mut rejected = Vec::new();
     for n in nodes.iter().filter(|n| n.name != own_name) {
         match parse_peer(n, cluster) {
@@ -389,6 +474,7 @@ pub fn select_peers(
                     rejected.push((p.name.clone(), Reject::OverlapsOwn(p.pod_cidr.to_string())))
                 }
                 _ => {
+                    let why_u6 = parse_underlay6(n).err();
                     let mut why6 = parse_peer6(n, cluster.v6).err();
                     if let (Some(own6), Some(c6)) = (own.v6, p.pod_cidr6)
                         && own6.overlaps(c6)
@@ -396,7 +482,7 @@ pub fn select_peers(
                         p.pod_cidr6 = None;
                         why6 = Some(Reject::OverlapsOwn6(c6.to_string()));
                     }
-                    ok.push((p, why6))
+                    ok.push((p, why6.into_iter().chain(why_u6).collect()))
                 }
             },
             Err(r) => rejected.push((n.name.clone(), r)),
@@ -418,9 +504,7 @@ pub fn select_peers(
                 Reject::DuplicateVtepMac(p.vtep_mac.to_string()),
             ));
         } else {
-            if let Some(r) = why6 {
-                rejected.push((p.name.clone(), r));
-            }
+            rejected.extend(why6.into_iter().map(|r| (p.name.clone(), r)));
             peers.push(p);
         }
     }
@@ -436,6 +520,23 @@ pub fn select_peers(
         if b {
             peers[i].pod_cidr6 = None;
             rejected.push((peers[i].name.clone(), Reject::OverlapsPeer6(c.to_string())));
+        }
+    }
+    // Two Nodes with one `vxlan6.1` MAC: the same as for `vxlan.1`, for
+    // their IPv6 underlay only.
+    let mut macs6: BTreeMap<Mac, usize> = BTreeMap::new();
+    for u in peers.iter().filter_map(|p| p.underlay6) {
+        *macs6.entry(u.vtep_mac).or_default() += 1;
+    }
+    for p in &mut peers {
+        if let Some(u) = p.underlay6
+            && macs6.get(&u.vtep_mac).copied().unwrap_or(0) > 1
+        {
+            p.underlay6 = None;
+            rejected.push((
+                p.name.clone(),
+                Reject::DuplicateVtepMac6(u.vtep_mac.to_string()),
+            ));
         }
     }
     peers.sort_by(|a, b| a.name.cmp(&b.name));
@@ -844,6 +945,128 @@ mod tests {
         rejected.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.reason().cmp(b.1.reason())));
         rejected2.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.reason().cmp(b.1.reason())));
         assert_eq!(rejected, rejected2);
+    }
+
+    fn with_underlay6(mut n: NodeView, ip: Option<&str>, mac: Option<&str>) -> NodeView {
+        if let Some(i) = ip {
+            n.annotations
+                .insert(ANNOTATION_HOST_IP6.to_string(), i.to_string());
+        }
+        if let Some(m) = mac {
+            n.annotations
+                .insert(ANNOTATION_VTEP_MAC6.to_string(), m.to_string());
+        }
+        n
+    }
+
+    #[test]
+    fn an_ipv6_underlay_is_parsed_and_a_bad_one_rejected_alone_and_counted() {
+        let good = with_underlay6(
+            dual("a", &["10.244.1.0/24", "fd00:10:244:1::/64"], 1),
+            Some(" fd00:77::2 "),
+            Some("02:00:00:00:06:01"),
+        );
+        let p = parse_peer(&good, cluster2()).unwrap();
+        assert_eq!(
+            p.underlay6,
+            Some(Underlay6 {
+                host_ip: "fd00:77::2".parse().unwrap(),
+                vtep_mac: Mac([2, 0, 0, 0, 6, 1]),
+            })
+        );
+        assert_eq!(
+            parse_peer(&dual("a", &["10.244.1.0/24"], 1), cluster2())
+                .unwrap()
+                .underlay6,
+            None
+        );
+        let cases = [
+            (Some("fe80::1"), Some("02:00:00:00:06:01"), "bad_host_ip_v6"),
+            (Some("::1"), Some("02:00:00:00:06:01"), "bad_host_ip_v6"),
+            (Some("::"), Some("02:00:00:00:06:01"), "bad_host_ip_v6"),
+            (Some("ff02::1"), Some("02:00:00:00:06:01"), "bad_host_ip_v6"),
+            (
+                Some("::ffff:192.168.0.2"),
+                Some("02:00:00:00:06:01"),
+                "bad_host_ip_v6",
+            ),
+            (
+                Some("192.168.0.2"),
+                Some("02:00:00:00:06:01"),
+                "bad_host_ip_v6",
+            ),
+            (
+                Some("fd00:77::2%eth0"),
+                Some("02:00:00:00:06:01"),
+                "bad_host_ip_v6",
+            ),
+            (
+                Some("\u{0}garbage"),
+                Some("02:00:00:00:06:01"),
+                "bad_host_ip_v6",
+            ),
+            (Some("fd00:77::2"), Some("01:00:5e:00:00:01"), "bad_mac_v6"),
+            (Some("fd00:77::2"), Some("00:00:00:00:00:00"), "bad_mac_v6"),
+            (Some("fd00:77::2"), Some("+1"), "bad_mac_v6"),
+            (Some("fd00:77::2"), None, "incomplete_underlay_v6"),
+            (None, Some("02:00:00:00:06:01"), "incomplete_underlay_v6"),
+        ];
+        for (ip, mac, reason) in cases {
+            let n = with_underlay6(dual("b", &["10.244.2.0/24"], 2), ip, mac);
+            // The rest of the peer is programmed, without its IPv6 underlay.
+            let (peers, rejected) = select_peers(&[n], "me", None, cluster2());
+            assert_eq!(peers.len(), 1, "{ip:?} {mac:?}");
+            assert_eq!(peers[0].underlay6, None, "{ip:?} {mac:?}");
+            assert_eq!(rejected.len(), 1, "{ip:?} {mac:?}: {rejected:?}");
+            assert_eq!(rejected[0].1.reason(), reason, "{ip:?} {mac:?}");
+            assert!(rejected[0].1.ipv6_side_only());
+        }
+        // A bad IPv6 podCIDR and a bad IPv6 underlay: both said.
+        let n = with_underlay6(
+            dual("b", &["10.244.2.0/24", "fd00:99::/64"], 2),
+            Some("fe80::1"),
+            Some("02:00:00:00:06:01"),
+        );
+        let (peers, rejected) = select_peers(&[n], "me", None, cluster2());
+        assert_eq!(peers.len(), 1);
+        let reasons: Vec<_> = rejected.iter().map(|(_, r)| r.reason()).collect();
+        assert_eq!(reasons, ["outside_cluster_cidr_v6", "bad_host_ip_v6"]);
+        // Two Nodes with one vxlan6.1 MAC lose their IPv6 underlay, both.
+        let same = |name, mac, ip: &str| {
+            with_underlay6(
+                dual(name, &[ip], mac),
+                Some("fd00:77::9"),
+                Some("02:00:00:00:06:09"),
+            )
+        };
+        let (peers, rejected) = select_peers(
+            &[
+                same("b", 2, "10.244.2.0/24"),
+                same("c", 3, "10.244.3.0/24"),
+                good,
+            ],
+            "me",
+            None,
+            cluster2(),
+        );
+        assert_eq!(peers.len(), 3);
+        assert_eq!(
+            peers
+                .iter()
+                .map(|p| p.underlay6.is_some())
+                .collect::<Vec<_>>(),
+            [true, false, false]
+        );
+        assert_eq!(
+            rejected
+                .iter()
+                .map(|(n, r)| (n.as_str(), r.reason()))
+                .collect::<Vec<_>>(),
+            [
+                ("b", "duplicate_vtep_mac_v6"),
+                ("c", "duplicate_vtep_mac_v6")
+            ]
+        );
     }
 
     #[test]

@@ -423,6 +423,7 @@ mod tests {
             pod_cidr6: None,
             vtep_mac: Mac([2, 0, 0, 0, 0, mac]),
             host_ip: Ipv4Addr::new(192, 168, 0, ip),
+            underlay6: None,
         }
     }
 

@@ -78,6 +78,18 @@ pub const HOST_VETH_PREFIX: &str = "mycni";
 pub const ANNOTATION_VTEP_MAC: &str = "mycni.dev/vtep-mac";
 /// Node annotation with the node's underlay IP (VXLAN packets go there).
 pub const ANNOTATION_HOST_IP: &str = "mycni.dev/host-ip";
+/// Node annotation with the node's IPv6 underlay address, where VXLAN over
+/// IPv6 (`vxlan6.1`) is sent: flannel's `public-ip-v6`. Only on a node
+/// with an IPv6 underlay.
+pub const ANNOTATION_HOST_IP6: &str = "mycni.dev/host-ip-v6";
+/// Node annotation with the MAC of the node's VXLAN device over IPv6
+/// (`vxlan6.1`): flannel's `backend-v6-data`. A MAC of its own, not
+/// `vxlan.1`'s: each device's FDB maps a MAC to one host, and a peer may
+/// reach the node over either.
+pub const ANNOTATION_VTEP_MAC6: &str = "mycni.dev/vtep-mac-v6";
+/// The VXLAN device over an IPv6 underlay, beside [`DEFAULT_VXLAN_DEVICE`]
+/// over IPv4 (flannel's `flannel-v6.1` beside `flannel.1`).
+pub const DEFAULT_VXLAN6_DEVICE: &str = "vxlan6.1";
 
 /// Where the agent keeps the ready marker (`--state-dir`); the same path on
 /// the host and in its container.

@@ -16,6 +16,7 @@ fn peer(name: &str, cidr: &str, mac: u8, ip: u8) -> Peer {
         pod_cidr6: None,
         vtep_mac: Mac([2, 0, 0, 0, 0, mac]),
         host_ip: Ipv4Addr::new(192, 168, 55, ip),
+        underlay6: None,
     }
 }
 
