@@ -150,6 +150,21 @@ pub fn describe_node(d: &NodeDatapath, r: &PeerRoutes) -> String {
     format!("{base}, direct routing to {}{overlay}", peers(r.direct))
 }
 
+/// What [`describe_node`] leaves out when direct routing takes IPv4 peers
+/// off the overlay: the IPv6 podCIDRs, which the IPv4 underlay cannot carry
+/// unencapsulated, stay on it (`r6`: the node's IPv6 peer routes).
+/// Empty when there is nothing to add.
+pub fn describe_ipv6_overlay(d: &NodeDatapath, r: &PeerRoutes, r6: &PeerRoutes) -> String {
+    if r.direct == 0 || r6.vxlan == 0 {
+        return String::new();
+    }
+    let how = match d {
+        NodeDatapath::EbpfTcEncap => "tc encap",
+        NodeDatapath::EbpfVxlan | NodeDatapath::Kernel(_) => "via vxlan.1",
+    };
+    format!("; IPv6 to {} over the overlay ({how})", r6.vxlan)
+}
+
 fn path_named(name: &str) -> Option<mycni_common::DpPath> {
     mycni_common::DpPath::ALL
         .into_iter()
@@ -355,19 +370,19 @@ impl Lab {
         Ok(())
     }
 
-    /// How node `i`'s agent routes its peers, from its routes.
+    /// How node `i`'s agent routes its peers' IPv4 podCIDRs, from its routes.
     pub fn peer_routes(&self, i: usize) -> Result<PeerRoutes> {
-        let out = sh(
-            "ip",
-            &[
-                "-n",
-                &self.spec.node_name(i),
-                "route",
-                "show",
-                "proto",
-                "110",
-            ],
-        )?;
+        self.peer_routes_of("-4", i)
+    }
+
+    /// The same for the peers' IPv6 podCIDRs.
+    pub fn peer_routes6(&self, i: usize) -> Result<PeerRoutes> {
+        self.peer_routes_of("-6", i)
+    }
+
+    fn peer_routes_of(&self, family: &str, i: usize) -> Result<PeerRoutes> {
+        let ns = self.spec.node_name(i);
+        let out = sh("ip", &[family, "-n", &ns, "route", "show", "proto", "110"])?;
         Ok(PeerRoutes::parse(&out))
     }
 
@@ -407,7 +422,8 @@ impl Lab {
     pub fn describe_datapath(&self, i: usize) -> Result<String> {
         let d = self.datapath(i)?;
         let r = self.peer_routes(i)?;
-        Ok(describe_node(&d, &r))
+        let r6 = self.peer_routes6(i).unwrap_or_default();
+        Ok(describe_node(&d, &r) + &describe_ipv6_overlay(&d, &r, &r6))
     }
 
     /// Restarts every agent with `--datapath mode` (`ebpf` or `kernel`) and
@@ -570,6 +586,27 @@ mod tests {
         assert_eq!(
             describe_node(&NodeDatapath::EbpfTcEncap, &overlay),
             "ebpf with tc encap"
+        );
+        // Direct routing leaves the IPv6 podCIDRs on the overlay.
+        let v6 = PeerRoutes {
+            direct: 0,
+            vxlan: 2,
+        };
+        assert_eq!(
+            describe_ipv6_overlay(&NodeDatapath::EbpfTcEncap, &all_direct, &v6),
+            "; IPv6 to 2 over the overlay (tc encap)"
+        );
+        assert_eq!(
+            describe_ipv6_overlay(&NodeDatapath::EbpfTcEncap, &overlay, &v6),
+            ""
+        );
+        assert_eq!(
+            describe_ipv6_overlay(
+                &NodeDatapath::EbpfTcEncap,
+                &all_direct,
+                &PeerRoutes::default()
+            ),
+            ""
         );
     }
 }

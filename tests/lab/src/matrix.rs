@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use crate::daemon::ns_exec;
 use crate::{
     Counters, ECHO_PORT, IpFamily, Lab, MATRIX_BULK_BYTES, NodeDatapath, PROBE_BULK_FAILED,
-    PathShare, check_interrupted, describe_node, pod_label,
+    PathShare, check_interrupted, describe_ipv6_overlay, describe_node, pod_label,
 };
 
 /// A matrix's tables, one per address family, its failed cells and, when
@@ -203,7 +203,10 @@ impl Lab {
                     );
                     continue;
                 }
-                Ok(d) => describe_node(&d, &routes),
+                Ok(d) => {
+                    let r6 = self.peer_routes6(i).unwrap_or_default();
+                    describe_node(&d, &routes) + &describe_ipv6_overlay(&d, &routes, &r6)
+                }
                 Err(e) => format!("unknown ({e:#})"),
             };
             let _ = writeln!(out, "  {}: {d}", self.spec.node_name(i));
