@@ -90,11 +90,13 @@ enum Cmd {
     Status,
     /// Remove every namespace, process and file the lab created.
     Down,
-    /// Datapath benchmarks side by side in one run (about 20 min): a direct
+    /// Datapath benchmarks side by side in one run (about 22 min): a direct
     /// veth, the underlay and overlay node to node (the floors), the kernel
     /// path, the eBPF fast path via vxlan.1 and with tc encap, and the kernel
     /// and fast paths with direct routing (node1 pod -> node2 pod), with and
-    /// without a kube-proxy-sized iptables ruleset; prints a table with
+    /// without a kube-proxy-sized iptables ruleset, and the kernel path and
+    /// tc-encap fast path over the pods' IPv6 addresses (no rules; the lab
+    /// is dual-stack); prints a table with
     /// medians, min-max, ratios against the targets and the fast share from
     /// the counters. Brings up its own 2-node x 1-pod lab (mycnib-*,
     /// /run/mycni-bench-lab) and tears it down; --nodes, --pods, --datapath,
