@@ -18,7 +18,7 @@ use kube::api::{Api, Patch, PatchParams};
 use mycni_common::contract::{self, Conflist, IpamConf, PluginConf};
 
 use crate::fastpath::Mode;
-use crate::kernel::{Kernel, UnderlaySelect};
+use crate::kernel::{Kernel, Underlay6Select, UnderlaySelect};
 use crate::metrics::Metrics;
 use crate::peers::{Cidr, Cidr6, ClusterCidrs, NodeView, PodCidrs};
 
@@ -39,6 +39,10 @@ pub struct Config {
     /// change that may move it, and on every full pass.
     pub iface: Option<String>,
     pub vxlan_name: String,
+    /// The VXLAN device over the IPv6 underlay, and which IPv6 address
+    /// it sends from (`off`: none).
+    pub vxlan6_name: String,
+    pub underlay6: Underlay6Select,
     pub vni: u32,
     pub vxlan_port: u16,
     pub cni_conf_dir: PathBuf,
@@ -272,7 +276,7 @@ pub async fn set_network_available(nodes: &Api<Node>, name: &str) -> Result<()> 
 
 /// Removes what `run` leaves on a node for good: the conflist, the ready
 /// marker, the masquerade, underlay filter and anti-spoofing tables and
-/// the VXLAN device (with every route, neighbour and FDB entry on it). Used
+/// the VXLAN devices (with every route, neighbour and FDB entry on them). Used
 /// by `mycni-agent uninstall`.
 pub async fn uninstall(cfg: &Config) -> Result<()> {
     let _ = std::fs::remove_file(cfg.cni_conf_dir.join(CONFLIST_NAME));
@@ -285,8 +289,10 @@ pub async fn uninstall(cfg: &Config) -> Result<()> {
         Err(e) => tracing::warn!(error = %e, "cannot detach the fast path"),
     }
     let kernel = Kernel::new()?;
-    if let Some(l) = kernel.link(&cfg.vxlan_name).await? {
-        kernel.del_link(l.index).await?;
+    for name in [&cfg.vxlan_name, &cfg.vxlan6_name] {
+        if let Some(l) = kernel.link(name).await? {
+            kernel.del_link(l.index).await?;
+        }
     }
     // vxlan.1's nexthops (and their routes) went with it; direct-routing
     // peers' nexthops sit on the underlay, and deleting them deletes the

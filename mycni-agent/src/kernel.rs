@@ -83,6 +83,86 @@ pub struct VxlanSpec {
     pub address6: Option<Ipv6Addr>,
 }
 
+/// What the VXLAN device over the IPv6 underlay (`vxlan6.1`) must look
+/// like: `vxlan.1`'s VNI and port (its socket is an IPv6 one, so both bind
+/// the port), its own MAC, and the MTU of an IPv6 underlay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Vxlan6Spec {
+    pub name: String,
+    pub vni: u32,
+    pub port: u16,
+    pub underlay_index: u32,
+    pub local_ip: Ipv6Addr,
+    pub mtu: u32,
+    pub mac: Mac,
+}
+
+/// A VXLAN device as both families share it.
+struct DeviceSpec<'a> {
+    name: &'a str,
+    vni: u32,
+    port: u16,
+    underlay_index: u32,
+    local: IpAddr,
+    mtu: u32,
+    mac: Mac,
+}
+
+/// The IPv6 underlay: the underlay interface's IPv6 host address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Underlay6 {
+    pub name: String,
+    pub index: u32,
+    pub ip: Ipv6Addr,
+    pub mtu: u32,
+}
+
+/// Which IPv6 address of the underlay interface `vxlan6.1` sends from
+/// (`--underlay6`, ConfigMap key `underlay6`): `auto` (its first global
+/// or unique-local one, if it has any), `off`, or one address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Underlay6Select {
+    #[default]
+    Auto,
+    Off,
+    Address(Ipv6Addr),
+}
+
+impl std::str::FromStr for Underlay6Select {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "" | "auto" => Ok(Self::Auto),
+            "off" => Ok(Self::Off),
+            a => match a.parse::<Ipv6Addr>() {
+                Ok(ip)
+                    if !ip.is_unspecified()
+                        && !ip.is_loopback()
+                        && !ip.is_multicast()
+                        && !ip.is_unicast_link_local()
+                        && ip.to_ipv4_mapped().is_none() =>
+                {
+                    Ok(Self::Address(ip))
+                }
+                _ => Err(format!(
+                    "{a:?}: not auto, off or a global or unique-local IPv6 address"
+                )),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for Underlay6Select {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Auto => f.write_str("auto"),
+            Self::Off => f.write_str("off"),
+            Self::Address(a) => write!(f, "{a}"),
+        }
+    }
+}
+
 /// The underlay interface: name, index, first IPv4 address, MTU.
 #[derive(Debug, Clone)]
 pub struct Underlay {
@@ -392,50 +472,17 @@ impl Kernel {
     /// MAC so peers' entries stay valid. Returns the index and whether it
     /// was (re)created.
     pub async fn ensure_vxlan(&self, spec: &VxlanSpec) -> Result<(u32, bool), KernelError> {
-        let existing = self.link(&spec.name).await?;
-        let mut created = false;
-        let index = match existing {
-            Some(l) if vxlan_matches(&l, spec) => l.index,
-            other => {
-                if let Some(l) = other {
-                    tracing::warn!(device = %spec.name, "existing device differs from the wanted VXLAN setup; recreating it");
-                    self.nl.delete_link(l.index).await?;
-                }
-                self.nl
-                    .create_vxlan(&VxlanConfig {
-                        name: &spec.name,
-                        vni: spec.vni,
-                        dev: spec.underlay_index,
-                        local: spec.local_ip.into(),
-                        port: spec.port,
-                        learning: false,
-                        // No outer UDP checksum (the IPv4 default, made
-                        // explicit): the tc encapsulation sends none either,
-                        // and both paths must put the same bytes on the wire.
-                        udp_csum: false,
-                        mtu: spec.mtu,
-                        mac: spec.mac,
-                    })
-                    .await?;
-                created = true;
-                self.link(&spec.name)
-                    .await?
-                    .ok_or_else(|| {
-                        KernelError::Other(format!("{} vanished after creation", spec.name))
-                    })?
-                    .index
-            }
-        };
-        let l = self
-            .nl
-            .link_by_index(index)
-            .await?
-            .ok_or_else(|| KernelError::Other(format!("{} vanished", spec.name)))?;
-        if l.mac != spec.mac.0 || l.mtu != spec.mtu || !l.up {
-            self.nl
-                .set_mac_mtu_and_up(index, spec.mac, spec.mtu)
-                .await?;
-        }
+        let (index, created) = self
+            .ensure_vxlan_device(&DeviceSpec {
+                name: &spec.name,
+                vni: spec.vni,
+                port: spec.port,
+                underlay_index: spec.underlay_index,
+                local: spec.local_ip.into(),
+                mtu: spec.mtu,
+                mac: spec.mac,
+            })
+            .await?;
         let address = Cidr::new(spec.address, 32)
             .ok_or_else(|| KernelError::Other(format!("{}/32 is not a CIDR", spec.address)))?;
         if !self.nl.ipv4_addresses(index).await?.contains(&address) {
@@ -468,6 +515,124 @@ impl Kernel {
             }
         }
         Ok((index, created))
+    }
+
+    /// The device part of [`Kernel::ensure_vxlan`] and
+    /// [`Kernel::ensure_vxlan6`]: created, or adopted and corrected.
+    async fn ensure_vxlan_device(&self, spec: &DeviceSpec<'_>) -> Result<(u32, bool), KernelError> {
+        let existing = self.link(spec.name).await?;
+        let mut created = false;
+        let index = match existing {
+            Some(l) if device_matches(&l, spec) => l.index,
+            other => {
+                if let Some(l) = other {
+                    tracing::warn!(device = %spec.name, "existing device differs from the wanted VXLAN setup; recreating it");
+                    self.nl.delete_link(l.index).await?;
+                }
+                self.nl
+                    .create_vxlan(&VxlanConfig {
+                        name: spec.name,
+                        vni: spec.vni,
+                        dev: spec.underlay_index,
+                        local: spec.local,
+                        port: spec.port,
+                        learning: false,
+                        // No outer UDP checksum over IPv4 (the IPv4 default,
+                        // made explicit): the tc encapsulation sends none
+                        // either, and both paths must put the same bytes on
+                        // the wire. Over IPv6 the attribute means nothing:
+                        // the kernel sends the checksum IPv6 requires
+                        // (RFC 8200 8.1) unless udp6zerocsumtx is set.
+                        udp_csum: false,
+                        mtu: spec.mtu,
+                        mac: spec.mac,
+                    })
+                    .await?;
+                created = true;
+                self.link(spec.name)
+                    .await?
+                    .ok_or_else(|| {
+                        KernelError::Other(format!("{} vanished after creation", spec.name))
+                    })?
+                    .index
+            }
+        };
+        let l = self
+            .nl
+            .link_by_index(index)
+            .await?
+            .ok_or_else(|| KernelError::Other(format!("{} vanished", spec.name)))?;
+        if l.mac != spec.mac.0 || l.mtu != spec.mtu || !l.up {
+            self.nl
+                .set_mac_mtu_and_up(index, spec.mac, spec.mtu)
+                .await?;
+        }
+        Ok((index, created))
+    }
+
+    /// Creates `vxlan6.1`, the VXLAN device over the IPv6 underlay, or
+    /// adopts an existing one and corrects what differs, as
+    /// [`Kernel::ensure_vxlan`] does for `vxlan.1`. It carries no address:
+    /// routes through it name their gateway `onlink`, and the node's VTEP
+    /// addresses live on `vxlan.1`.
+    pub async fn ensure_vxlan6(&self, spec: &Vxlan6Spec) -> Result<(u32, bool), KernelError> {
+        self.ensure_vxlan_device(&DeviceSpec {
+            name: &spec.name,
+            vni: spec.vni,
+            port: spec.port,
+            underlay_index: spec.underlay_index,
+            local: spec.local_ip.into(),
+            mtu: spec.mtu,
+            mac: spec.mac,
+        })
+        .await
+    }
+
+    /// The IPv6 underlay on the underlay interface `underlay`, as `how`
+    /// selects it; None when off or when the interface has no global
+    /// (or unique-local) IPv6 address. An address still in duplicate
+    /// address detection is taken only when there is no other: the kernel
+    /// will not send from it until DAD is done.
+    pub async fn underlay6(
+        &self,
+        underlay: &Underlay,
+        how: &Underlay6Select,
+    ) -> Result<Option<Underlay6>, KernelError> {
+        if *how == Underlay6Select::Off {
+            return Ok(None);
+        }
+        let mut have: Vec<_> = self
+            .nl
+            .ipv6_addresses(underlay.index)
+            .await?
+            .into_iter()
+            .filter(|a| {
+                let ip = a.cidr.addr();
+                !ip.is_loopback() && !ip.is_unicast_link_local() && !ip.is_multicast()
+            })
+            .collect();
+        have.sort_by_key(|a| a.tentative);
+        let ip = match how {
+            Underlay6Select::Address(want) => {
+                if !have.iter().any(|a| a.cidr.addr() == *want) {
+                    return Err(KernelError::Other(format!(
+                        "--underlay6 {want}: not an address of the underlay {}",
+                        underlay.name
+                    )));
+                }
+                *want
+            }
+            _ => match have.first() {
+                Some(a) => a.cidr.addr(),
+                None => return Ok(None),
+            },
+        };
+        Ok(Some(Underlay6 {
+            name: underlay.name.clone(),
+            index: underlay.index,
+            ip,
+            mtu: underlay.mtu,
+        }))
     }
 
     /// The entries on `vxlan` that the agent owns: routes with its protocol,
@@ -1051,12 +1216,16 @@ where
     out
 }
 
-fn vxlan_matches(l: &Link, spec: &VxlanSpec) -> bool {
+fn device_matches(l: &Link, spec: &DeviceSpec<'_>) -> bool {
     let Some(v) = &l.vxlan else {
         return false;
     };
+    let local = match spec.local {
+        IpAddr::V4(a) => v.local == Some(a) && v.local6.is_none(),
+        IpAddr::V6(a) => v.local6 == Some(a) && v.local.is_none(),
+    };
     v.vni == Some(spec.vni)
-        && v.local == Some(spec.local_ip)
+        && local
         && v.port == Some(spec.port)
         && v.learning == Some(false)
         && v.dev == Some(spec.underlay_index)

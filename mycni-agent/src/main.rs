@@ -9,11 +9,11 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use mycni_agent::agent::{self, Config, RunOptions};
 use mycni_agent::fastpath::Mode;
-use mycni_agent::kernel::UnderlaySelect;
+use mycni_agent::kernel::{Underlay6Select, UnderlaySelect};
 use mycni_agent::metrics::{DEFAULT_STALE_AFTER, Liveness, Metrics};
 use mycni_agent::peers::{Cidr, Cidr6, ClusterCidrs};
 use mycni_common::contract::{
-    DEFAULT_STATE_DIR, DEFAULT_VNI, DEFAULT_VXLAN_DEVICE, DEFAULT_VXLAN_PORT,
+    DEFAULT_STATE_DIR, DEFAULT_VNI, DEFAULT_VXLAN_DEVICE, DEFAULT_VXLAN_PORT, DEFAULT_VXLAN6_DEVICE,
 };
 
 #[derive(Parser)]
@@ -91,6 +91,16 @@ struct RunArgs {
     mtu: MtuSetting,
     #[arg(long, default_value = DEFAULT_VXLAN_DEVICE)]
     vxlan_name: String,
+    /// The VXLAN device over the IPv6 underlay, for peers reached over
+    /// IPv6 only.
+    #[arg(long, default_value = DEFAULT_VXLAN6_DEVICE)]
+    vxlan6_name: String,
+    /// Which IPv6 address of the underlay interface the VXLAN device over
+    /// IPv6 sends from: `auto` (its first global or unique-local address;
+    /// without one there is no such device), `off`, or one address. Only on
+    /// a node with an IPv6 podCIDR in a cluster with an IPv6 range.
+    #[arg(long, env = "MYCNI_UNDERLAY6", default_value = "auto", value_parser = parse_underlay6)]
+    underlay6: Underlay6Select,
     #[arg(long, default_value_t = DEFAULT_VNI)]
     vni: u32,
     #[arg(long, default_value_t = DEFAULT_VXLAN_PORT)]
@@ -214,6 +224,10 @@ fn parse_cidr(s: &str) -> Result<ClusterCidrs, String> {
         )),
     });
     setting("cluster-cidr", "MYCNI_CLUSTER_CIDR", r)
+}
+
+fn parse_underlay6(s: &str) -> Result<Underlay6Select, String> {
+    setting("underlay6", "MYCNI_UNDERLAY6", s.parse())
 }
 
 fn parse_underlay(s: &str) -> Result<UnderlaySelect, String> {
@@ -349,6 +363,8 @@ impl RunArgs {
                 u => Some(u.to_string()),
             },
             vxlan_name: self.vxlan_name,
+            vxlan6_name: self.vxlan6_name,
+            underlay6: self.underlay6,
             vni: self.vni,
             vxlan_port: self.vxlan_port,
             cni_conf_dir: self.cni_conf_dir,
@@ -501,6 +517,29 @@ mod tests {
         );
         assert_eq!(c.cfg.resync, Duration::from_secs(300));
         assert_eq!(c.stale_after, Duration::from_secs(30));
+        assert_eq!(
+            (c.cfg.underlay6, c.cfg.vxlan6_name.as_str()),
+            (Underlay6Select::Auto, "vxlan6.1")
+        );
+        for (arg, want) in [
+            ("--underlay6=off", Underlay6Select::Off),
+            ("--underlay6=auto", Underlay6Select::Auto),
+            (
+                "--underlay6=fd00:77::1",
+                Underlay6Select::Address("fd00:77::1".parse().expect("ip")),
+            ),
+        ] {
+            assert_eq!(parse(&[arg]).expect(arg).cfg.underlay6, want);
+        }
+        for bad in ["fe80::1", "::1", "192.168.1.1", "eth0", "::ffff:10.0.0.1"] {
+            let e = parse(&[&format!("--underlay6={bad}")])
+                .map(|_| ())
+                .expect_err(bad);
+            assert!(
+                e.contains("`underlay6`") && e.contains("MYCNI_UNDERLAY6"),
+                "{e}"
+            );
+        }
         // The heartbeat, not the resync, bounds it: a long resync keeps
         // a stuck loop found within 30 s, and stays valid with it.
         let c = parse(&["--resync=60s"]).expect("long resync");

@@ -4,7 +4,8 @@
 //! host that can reach UDP 8472 could otherwise inject frames into pods,
 //! with any inner source address).
 //!
-//! The rule lives in a table of its own, `ip mycni_underlay`, not in the
+//! The rule lives in a table of its own per family, `ip mycni_underlay`
+//! (and `ip6 mycni_underlay` for `vxlan6.1`), not in the
 //! masquerade table: `masq::install` replaces that table wholesale and only
 //! runs with `--masquerade`, while this rule must always exist and its set
 //! changes with every peer change. Two tables keep the two lifecycles apart,
@@ -12,7 +13,7 @@
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -25,28 +26,58 @@ pub const TABLE: &str = "mycni_underlay";
 pub const SET: &str = "peers";
 const CHAIN: &str = "input";
 
+/// An address family the filter keeps a table for: `ip mycni_underlay` for
+/// `vxlan.1`'s IPv4 socket, `ip6 mycni_underlay` for `vxlan6.1`'s IPv6
+/// one. Two tables of one name in two families, not one `inet` table: the
+/// IPv4 one stays exactly as agents before the IPv6 underlay left it, so
+/// an upgrade replaces nothing and leaves no stale table behind.
+pub trait Family: Ord + Copy + std::fmt::Display {
+    /// The nftables family.
+    const NFT: &'static str;
+    const SET_TYPE: &'static str;
+    /// The source address match.
+    const SADDR: &'static str;
+}
+
+impl Family for Ipv4Addr {
+    const NFT: &'static str = "ip";
+    const SET_TYPE: &'static str = "ipv4_addr";
+    const SADDR: &'static str = "ip saddr";
+}
+
+impl Family for Ipv6Addr {
+    const NFT: &'static str = "ip6";
+    const SET_TYPE: &'static str = "ipv6_addr";
+    const SADDR: &'static str = "ip6 saddr";
+}
+
 /// The chain and its one rule, as `add` commands.
 ///
 /// The input hook sees only datagrams this host delivers to its own
-/// sockets, i.e. to `vxlan.1`'s UDP socket: traffic forwarded through the
-/// node with destination port 8472 (a pod speaking VXLAN to some other
-/// host) is not our tunnel and is left alone, which prerouting would only
-/// match with an extra `fib daddr type local`. It also runs after
-/// reassembly, so fragments cannot slip past the port match. Priority -10
-/// is before the `filter` priority chains (iptables INPUT, kube-proxy,
-/// firewalls), which then never spend work on these datagrams, and before
-/// conntrack confirms the flow, so spoofed datagrams leave no entries.
-/// Only IPv4: `vxlan.1` has an IPv4 local address, so the kernel opens no
-/// IPv6 socket for it.
-fn chain_and_rule(port: u16) -> String {
+/// sockets, i.e. to the VXLAN devices' UDP sockets: traffic forwarded
+/// through the node with destination port 8472 (a pod speaking VXLAN to
+/// some other host) is not our tunnel and is left alone, which prerouting
+/// would only match with an extra `fib daddr type local`. It also runs
+/// after reassembly, so fragments cannot slip past the port match.
+/// Priority -10 is before the `filter` priority chains (iptables INPUT,
+/// kube-proxy, firewalls), which then never spend work on these datagrams,
+/// and before conntrack confirms the flow, so spoofed datagrams leave no
+/// entries. One per family: `vxlan.1` has an IPv4 local address, so the
+/// kernel opens an IPv4 socket for it only, and `vxlan6.1` an IPv6 one
+/// (drivers/net/vxlan/vxlan_core.c, `vxlan_sock_add`); the IPv6 table is
+/// there whether or not `vxlan6.1` is, so the device never has a moment
+/// without it.
+fn chain_and_rule<A: Family>(port: u16) -> String {
+    let f = A::NFT;
+    let saddr = A::SADDR;
     format!(
-        "add chain ip {TABLE} {CHAIN} {{ type filter hook input priority -10; policy accept; }}\n\
-         flush chain ip {TABLE} {CHAIN}\n\
-         add rule ip {TABLE} {CHAIN} udp dport {port} ip saddr != @{SET} counter drop comment \"mycni: VXLAN from a host that is not a peer node\"\n"
+        "add chain {f} {TABLE} {CHAIN} {{ type filter hook input priority -10; policy accept; }}\n\
+         flush chain {f} {TABLE} {CHAIN}\n\
+         add rule {f} {TABLE} {CHAIN} udp dport {port} {saddr} != @{SET} counter drop comment \"mycni: VXLAN from a host that is not a peer node\"\n"
     )
 }
 
-fn elements(peers: &BTreeSet<Ipv4Addr>) -> String {
+fn elements<A: Family>(peers: &BTreeSet<A>) -> String {
     let mut s = String::new();
     for (i, ip) in peers.iter().enumerate() {
         let _ = write!(s, "{}{ip}", if i == 0 { "" } else { ", " });
@@ -54,55 +85,82 @@ fn elements(peers: &BTreeSet<Ipv4Addr>) -> String {
     s
 }
 
-/// At start: creates the table, set and rule if missing, and replaces the
-/// rule (the port may have changed), but keeps the set's elements. An agent
-/// restarted while the API is away keeps its peers' tunnels up until the
-/// first pass, after the Node list, writes the set again.
-pub fn ensure_script(port: u16) -> String {
+fn ensure_one<A: Family>(port: u16) -> String {
+    let f = A::NFT;
     format!(
-        "add table ip {TABLE}\n\
-         add set ip {TABLE} {SET} {{ type ipv4_addr; }}\n{}",
-        chain_and_rule(port)
+        "add table {f} {TABLE}\n\
+         add set {f} {TABLE} {SET} {{ type {}; }}\n{}",
+        A::SET_TYPE,
+        chain_and_rule::<A>(port)
     )
 }
 
-/// The whole table, replaced in one transaction with the set holding
-/// `peers`: for a first write after a failure, whatever state the table
-/// was left in (deleted, set of another type, chain of another priority).
-pub fn replace_script(port: u16, peers: &BTreeSet<Ipv4Addr>) -> String {
+/// At start: creates the tables, sets and rules if missing, and replaces
+/// the rules (the port may have changed), but keeps the sets' elements. An
+/// agent restarted while the API is away keeps its peers' tunnels up until
+/// the first pass, after the Node list, writes the sets again.
+pub fn ensure_script(port: u16) -> String {
+    ensure_one::<Ipv4Addr>(port) + &ensure_one::<Ipv6Addr>(port)
+}
+
+fn replace_one<A: Family>(port: u16, peers: &BTreeSet<A>) -> String {
+    let f = A::NFT;
     // `add table` then `delete table` makes the delete succeed whether or
     // not the table exists; nft applies the whole file atomically.
     let mut s = format!(
-        "add table ip {TABLE}\n\
-         delete table ip {TABLE}\n\
-         add table ip {TABLE}\n\
-         add set ip {TABLE} {SET} {{ type ipv4_addr; }}\n"
+        "add table {f} {TABLE}\n\
+         delete table {f} {TABLE}\n\
+         add table {f} {TABLE}\n\
+         add set {f} {TABLE} {SET} {{ type {}; }}\n",
+        A::SET_TYPE
     );
     if !peers.is_empty() {
-        let _ = writeln!(s, "add element ip {TABLE} {SET} {{ {} }}", elements(peers));
+        let _ = writeln!(s, "add element {f} {TABLE} {SET} {{ {} }}", elements(peers));
     }
-    s.push_str(&chain_and_rule(port));
+    s.push_str(&chain_and_rule::<A>(port));
     s
 }
 
-/// The set alone, flushed and refilled in one transaction: no datagram
-/// ever meets a half-written set. An empty set drops all VXLAN.
-pub fn update_script(peers: &BTreeSet<Ipv4Addr>) -> String {
-    let mut s = format!("flush set ip {TABLE} {SET}\n");
+/// Both tables, replaced in one transaction with the sets holding the
+/// peers: for a first write after a failure, whatever state the tables
+/// were left in (deleted, set of another type, chain of another priority).
+pub fn replace_script(
+    port: u16,
+    peers: &BTreeSet<Ipv4Addr>,
+    peers6: &BTreeSet<Ipv6Addr>,
+) -> String {
+    replace_one(port, peers) + &replace_one(port, peers6)
+}
+
+fn update_one<A: Family>(peers: &BTreeSet<A>) -> String {
+    let f = A::NFT;
+    let mut s = format!("flush set {f} {TABLE} {SET}\n");
     if !peers.is_empty() {
-        let _ = writeln!(s, "add element ip {TABLE} {SET} {{ {} }}", elements(peers));
+        let _ = writeln!(s, "add element {f} {TABLE} {SET} {{ {} }}", elements(peers));
     }
     s
+}
+
+/// The sets alone, flushed and refilled in one transaction: no datagram
+/// ever meets a half-written set. An empty set drops all VXLAN of its
+/// family.
+pub fn update_script(peers: &BTreeSet<Ipv4Addr>, peers6: &BTreeSet<Ipv6Addr>) -> String {
+    update_one(peers) + &update_one(peers6)
 }
 
 pub fn uninstall_script() -> String {
-    format!("add table ip {TABLE}\ndelete table ip {TABLE}\n")
+    format!(
+        "add table ip {TABLE}\ndelete table ip {TABLE}\nadd table ip6 {TABLE}\ndelete table ip6 {TABLE}\n"
+    )
 }
 
-/// Removes the table (`mycni-agent uninstall`).
+/// Removes the tables (`mycni-agent uninstall`).
 pub fn uninstall() -> Result<()> {
     nft(&uninstall_script())
 }
+
+/// The peers' host IPs, per underlay family.
+type Peers = (BTreeSet<Ipv4Addr>, BTreeSet<Ipv6Addr>);
 
 /// The filter as the reconcile loop keeps it.
 pub struct UnderlayFilter {
@@ -110,8 +168,8 @@ pub struct UnderlayFilter {
     metrics: Arc<Metrics>,
     /// The table, set and rule are known to be in place.
     installed: bool,
-    /// The set as last written; None: unknown (start) or a write failed.
-    written: Option<BTreeSet<Ipv4Addr>>,
+    /// The sets as last written; None: unknown (start) or a write failed.
+    written: Option<Peers>,
 }
 
 impl UnderlayFilter {
@@ -131,17 +189,22 @@ impl UnderlayFilter {
         f
     }
 
-    /// Makes the set hold exactly `peers`' host IPs; writes only when they
-    /// changed since the last good write, so the blocking `nft` run (a few
-    /// ms) is rare. Errors are logged and counted, not returned: the overlay
-    /// must still follow the Nodes, and the next pass writes again.
-    pub fn sync(&mut self, peers: impl IntoIterator<Item = Ipv4Addr>) {
-        let want: BTreeSet<Ipv4Addr> = peers.into_iter().collect();
+    /// Makes the sets hold exactly the peers' host IPs, `peers` those of
+    /// their IPv4 underlay and `peers6` of their IPv6 one; writes only when
+    /// they changed since the last good write, so the blocking `nft` run (a
+    /// few ms) is rare. Errors are logged and counted, not returned: the
+    /// overlay must still follow the Nodes, and the next pass writes again.
+    pub fn sync(
+        &mut self,
+        peers: impl IntoIterator<Item = Ipv4Addr>,
+        peers6: impl IntoIterator<Item = Ipv6Addr>,
+    ) {
+        let want: Peers = (peers.into_iter().collect(), peers6.into_iter().collect());
         if self.installed && self.written.as_ref() == Some(&want) {
             return;
         }
         let updated = self.installed
-            && match nft(&update_script(&want)) {
+            && match nft(&update_script(&want.0, &want.1)) {
                 Ok(()) => true,
                 Err(e) => {
                     // Someone removed the table or the set: put it all back
@@ -153,17 +216,18 @@ impl UnderlayFilter {
         let result = if updated {
             Ok(())
         } else {
-            nft(&replace_script(self.port, &want))
+            nft(&replace_script(self.port, &want.0, &want.1))
         };
         match result {
             Ok(()) => {
                 tracing::info!(
-                    peers = want.len(),
+                    peers = want.0.len(),
+                    peers_ipv6 = want.1.len(),
                     "underlay filter: VXLAN accepted from peer host IPs only"
                 );
                 self.metrics
                     .underlay_filter_peers
-                    .store(want.len() as u64, Ordering::Relaxed);
+                    .store((want.0.len() + want.1.len()) as u64, Ordering::Relaxed);
                 self.installed = true;
                 self.written = Some(want);
             }
@@ -191,25 +255,42 @@ mod tests {
         ips.iter().map(|o| Ipv4Addr::from(*o)).collect()
     }
 
+    fn set6(ips: &[&str]) -> BTreeSet<Ipv6Addr> {
+        ips.iter().map(|s| s.parse().expect("test IPv6")).collect()
+    }
+
     #[test]
     fn update_flushes_and_refills_in_one_script() {
         assert_eq!(
-            update_script(&set(&[[192, 168, 77, 13], [192, 168, 77, 12]])),
+            update_script(
+                &set(&[[192, 168, 77, 13], [192, 168, 77, 12]]),
+                &set6(&["fd00:77::3", "fd00:77::2"])
+            ),
             "flush set ip mycni_underlay peers\n\
-             add element ip mycni_underlay peers { 192.168.77.12, 192.168.77.13 }\n"
+             add element ip mycni_underlay peers { 192.168.77.12, 192.168.77.13 }\n\
+             flush set ip6 mycni_underlay peers\n\
+             add element ip6 mycni_underlay peers { fd00:77::2, fd00:77::3 }\n"
         );
     }
 
     #[test]
     fn no_peers_leaves_the_set_empty_so_all_vxlan_drops() {
         assert_eq!(
-            update_script(&BTreeSet::new()),
-            "flush set ip mycni_underlay peers\n"
+            update_script(&BTreeSet::new(), &BTreeSet::new()),
+            "flush set ip mycni_underlay peers\nflush set ip6 mycni_underlay peers\n"
         );
-        let r = replace_script(8472, &BTreeSet::new());
+        let r = replace_script(8472, &BTreeSet::new(), &BTreeSet::new());
         assert!(!r.contains("add element"), "{r}");
         assert!(
-            r.contains("udp dport 8472 ip saddr != @peers counter drop"),
+            r.contains(
+                "add rule ip mycni_underlay input udp dport 8472 ip saddr != @peers counter drop"
+            ),
+            "{r}"
+        );
+        assert!(
+            r.contains(
+                "add rule ip6 mycni_underlay input udp dport 8472 ip6 saddr != @peers counter drop"
+            ),
             "{r}"
         );
     }
@@ -217,7 +298,7 @@ mod tests {
     #[test]
     fn replace_rebuilds_the_whole_table() {
         assert_eq!(
-            replace_script(4789, &set(&[[10, 0, 0, 2]])),
+            replace_script(4789, &set(&[[10, 0, 0, 2]]), &set6(&["fd00::2"])),
             "add table ip mycni_underlay\n\
              delete table ip mycni_underlay\n\
              add table ip mycni_underlay\n\
@@ -225,7 +306,15 @@ mod tests {
              add element ip mycni_underlay peers { 10.0.0.2 }\n\
              add chain ip mycni_underlay input { type filter hook input priority -10; policy accept; }\n\
              flush chain ip mycni_underlay input\n\
-             add rule ip mycni_underlay input udp dport 4789 ip saddr != @peers counter drop comment \"mycni: VXLAN from a host that is not a peer node\"\n"
+             add rule ip mycni_underlay input udp dport 4789 ip saddr != @peers counter drop comment \"mycni: VXLAN from a host that is not a peer node\"\n\
+             add table ip6 mycni_underlay\n\
+             delete table ip6 mycni_underlay\n\
+             add table ip6 mycni_underlay\n\
+             add set ip6 mycni_underlay peers { type ipv6_addr; }\n\
+             add element ip6 mycni_underlay peers { fd00::2 }\n\
+             add chain ip6 mycni_underlay input { type filter hook input priority -10; policy accept; }\n\
+             flush chain ip6 mycni_underlay input\n\
+             add rule ip6 mycni_underlay input udp dport 4789 ip6 saddr != @peers counter drop comment \"mycni: VXLAN from a host that is not a peer node\"\n"
         );
     }
 
@@ -235,14 +324,20 @@ mod tests {
         assert!(!s.contains("delete"), "{s}");
         assert!(!s.contains("flush set"), "{s}");
         assert!(s.contains("flush chain ip mycni_underlay input\n"), "{s}");
-        assert_eq!(s.matches("add rule").count(), 1, "{s}");
+        assert!(s.contains("flush chain ip6 mycni_underlay input\n"), "{s}");
+        assert!(
+            s.contains("add set ip6 mycni_underlay peers { type ipv6_addr; }\n"),
+            "{s}"
+        );
+        assert_eq!(s.matches("add rule").count(), 2, "{s}");
     }
 
     #[test]
     fn uninstall_works_whether_or_not_the_table_exists() {
         assert_eq!(
             uninstall_script(),
-            "add table ip mycni_underlay\ndelete table ip mycni_underlay\n"
+            "add table ip mycni_underlay\ndelete table ip mycni_underlay\n\
+             add table ip6 mycni_underlay\ndelete table ip6 mycni_underlay\n"
         );
     }
 }

@@ -27,6 +27,8 @@ fn config(ipam_data_dir: Option<&str>, plugin_log_file: Option<&str>) -> Config 
         cluster_cidr6: None,
         iface: None,
         vxlan_name: "vx-test".into(),
+        vxlan6_name: "vx6-test".into(),
+        underlay6: mycni_agent::kernel::Underlay6Select::Off,
         vni: 7,
         vxlan_port: 4789,
         cni_conf_dir: "/tmp/net.d".into(),

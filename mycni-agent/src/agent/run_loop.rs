@@ -45,6 +45,9 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 struct Loop {
     kernel: Kernel,
     vx: VxlanSpec,
+    /// `vxlan6.1`, on a node with an IPv6 underlay: kept as start-up made
+    /// it (recreated when missing or changed, as `vxlan.1`).
+    vx6: Option<crate::kernel::Vxlan6Spec>,
     own_name: String,
     own: PodCidrs,
     cluster: ClusterCidrs,
@@ -130,6 +133,13 @@ impl Loop {
         let (index, recreated) =
             netlink_timed(NetlinkOp::EnsureVxlan, self.kernel.ensure_vxlan(&self.vx)).await?;
         self.watched.set_vxlan_index(index);
+        if let Some(vx6) = &self.vx6 {
+            let (_, recreated6) =
+                netlink_timed(NetlinkOp::EnsureVxlan, self.kernel.ensure_vxlan6(vx6)).await?;
+            if recreated6 {
+                tracing::warn!(device = %vx6.name, "VXLAN device over IPv6 was missing or wrong and has been recreated");
+            }
+        }
         if recreated || full {
             self.kernel_cache = None;
         }
@@ -168,7 +178,10 @@ impl Loop {
         // route, neighbour and FDB change behind it. A new peer's VXLAN is
         // refused by the filter for those few ms, which its first packets'
         // retransmission covers.
-        self.filter.sync(peers.iter().map(|p| p.host_ip));
+        self.filter.sync(
+            peers.iter().map(|p| p.host_ip),
+            peers.iter().filter_map(|p| Some(p.underlay6?.host_ip)),
+        );
         if full {
             crate::antispoof::ensure(&self.metrics);
         }
@@ -272,6 +285,7 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
         own_cidr6,
         kernel,
         vx,
+        vx6,
         underlay_subnets,
         filter,
         fast,
@@ -293,6 +307,7 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
     let mut lp = Loop {
         kernel,
         vx,
+        vx6,
         own_name: node_name.clone(),
         own: PodCidrs {
             v4: Some(own_cidr),

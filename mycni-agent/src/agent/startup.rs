@@ -14,9 +14,12 @@ use kube::api::{Api, Patch, PatchParams};
 
 use super::{Config, RunOptions, VXLAN_OVERHEAD, kube_client, resolve_node_name, write_atomic};
 use crate::fastpath::FastPath;
-use crate::kernel::{Kernel, Underlay, VxlanSpec};
+use crate::kernel::{Kernel, Underlay, Underlay6, Vxlan6Spec, VxlanSpec};
 use crate::metrics::Metrics;
-use crate::peers::{ANNOTATION_HOST_IP, ANNOTATION_VTEP_MAC, Cidr, Mac, PodCidrs};
+use crate::peers::{
+    ANNOTATION_HOST_IP, ANNOTATION_HOST_IP6, ANNOTATION_VTEP_MAC, ANNOTATION_VTEP_MAC6, Cidr, Mac,
+    PodCidrs,
+};
 use crate::underlay_filter::UnderlayFilter;
 
 /// What start-up produced, handed to the loop as a whole.
@@ -31,6 +34,8 @@ pub(super) struct Started {
     pub(super) kernel: Kernel,
     /// `vxlan.1` as brought up; the loop moves it when the underlay moves.
     pub(super) vx: VxlanSpec,
+    /// `vxlan6.1` as brought up, on a node with an IPv6 underlay.
+    pub(super) vx6: Option<Vxlan6Spec>,
     /// The underlay's own subnets at start: the first set direct routing
     /// uses, before the loop re-reads the underlay.
     pub(super) underlay_subnets: Vec<Cidr>,
@@ -73,8 +78,35 @@ pub(super) async fn start(
                 "finding the underlay --iface {how} (ConfigMap mycni-config key `underlay`, env MYCNI_IFACE)"
             )
         })?;
-    let mtu = overlay_mtu(opts.mtu, &underlay, own_cidr6.is_some())?;
+    // An IPv6 underlay only where the node's pods have IPv6: it carries
+    // IPv6 pod traffic alone.
+    let underlay6 = match own_cidr6 {
+        Some(_) => kernel
+            .underlay6(&underlay, &cfg.underlay6)
+            .await
+            .context("finding the IPv6 underlay (--underlay6, ConfigMap mycni-config key `underlay6`, env MYCNI_UNDERLAY6)")?,
+        None => None,
+    };
+    let mtu = overlay_mtu(
+        opts.mtu,
+        &underlay,
+        own_cidr6.is_some(),
+        underlay6.is_some(),
+    )?;
     let vx = bring_up_vxlan(cfg, &kernel, &underlay, mtu, &node_name, own).await?;
+    let vx6 = match &underlay6 {
+        Some(u6) => Some(bring_up_vxlan6(cfg, &kernel, u6).await?),
+        None => {
+            // An earlier run's, when the node no longer has an IPv6
+            // underlay (or it is turned off): its peers must not be sent
+            // there, nor its socket left bound.
+            if let Some(l) = kernel.link(&cfg.vxlan6_name).await? {
+                tracing::info!(device = %cfg.vxlan6_name, "no IPv6 underlay: removing the VXLAN device over IPv6");
+                kernel.del_link(l.index).await?;
+            }
+            None
+        }
+    };
     let fast = load_programs(cfg, metrics)?;
     set_sysctl(&cfg.proc_sys, "net.ipv4.ip_forward", "1")?;
     if own_cidr6.is_some() {
@@ -85,7 +117,7 @@ pub(super) async fn start(
     if cfg.masquerade {
         crate::masq::install(cfg.clusters()).context("installing masquerade rules")?;
     }
-    announce(&nodes, &node_name, vx.mac, &underlay).await;
+    announce(&nodes, &node_name, vx.mac, &underlay, vx6.as_ref()).await;
     Ok(Started {
         client,
         nodes,
@@ -94,6 +126,7 @@ pub(super) async fn start(
         own_cidr6,
         kernel,
         vx,
+        vx6,
         underlay_subnets: underlay.subnets,
         filter,
         fast,
@@ -187,6 +220,26 @@ async fn bring_up_vxlan(
     Ok(vx)
 }
 
+/// `vxlan6.1` over the IPv6 underlay: `vxlan.1`'s VNI and port, a VTEP
+/// MAC of its own kept as stable as `vxlan.1`'s, and the MTU an IPv6
+/// underlay carries.
+async fn bring_up_vxlan6(cfg: &Config, kernel: &Kernel, u6: &Underlay6) -> Result<Vxlan6Spec> {
+    let existing_mac = kernel.link(&cfg.vxlan6_name).await?.map(|l| l.mac);
+    let mac = stable_mac(&cfg.data_dir, "vtep-mac-v6", existing_mac.as_deref())?;
+    let vx6 = Vxlan6Spec {
+        name: cfg.vxlan6_name.clone(),
+        vni: cfg.vni,
+        port: cfg.vxlan_port,
+        underlay_index: u6.index,
+        local_ip: u6.ip,
+        mtu: u6.mtu.saturating_sub(VXLAN6_OVERHEAD),
+        mac,
+    };
+    tracing::info!(device = %vx6.name, underlay = %u6.name, host_ip6 = %u6.ip, vtep_mac = %mac, mtu = vx6.mtu, "bringing the VXLAN device over IPv6 up");
+    kernel.ensure_vxlan6(&vx6).await?;
+    Ok(vx6)
+}
+
 /// What VXLAN adds around a pod's packet over an IPv6 underlay: the outer
 /// IPv6 header is 20 bytes longer than IPv4's (40 + 8 UDP + 8 VXLAN + 14
 /// inner Ethernet), as flannel and Linux's own VXLAN MTU rules count.
@@ -208,9 +261,15 @@ pub fn vxlan_overhead(local: IpAddr) -> u32 {
 /// The MTU of vxlan.1 and the pods: the override, if the underlay can carry
 /// it with VXLAN around it (a larger one would have the underlay drop or
 /// fragment every full-size packet), else the most it can carry. Pods with
-/// IPv6 (`ipv6`) need at least 1280.
-fn overlay_mtu(want: Option<u32>, underlay: &Underlay, ipv6: bool) -> Result<u32> {
-    let overhead = vxlan_overhead(IpAddr::V4(underlay.ip));
+/// IPv6 (`ipv6`) need at least 1280. With a VXLAN device over IPv6 too
+/// (`over_ipv6`), a pod's packet may leave through either, so it must fit
+/// the one with the larger overhead.
+fn overlay_mtu(want: Option<u32>, underlay: &Underlay, ipv6: bool, over_ipv6: bool) -> Result<u32> {
+    let overhead = if over_ipv6 {
+        VXLAN6_OVERHEAD
+    } else {
+        vxlan_overhead(IpAddr::V4(underlay.ip))
+    };
     let most = underlay.mtu.saturating_sub(overhead);
     let mtu = match want {
         None => most,
@@ -256,10 +315,20 @@ fn load_programs(cfg: &Config, metrics: &Arc<Metrics>) -> Result<FastPath> {
 /// status strategy keeps metadata changes and resets spec ones, so the
 /// annotations land and the role gives no hold on the Node's spec (flannel
 /// writes its annotations the same way).
-async fn announce(nodes: &Api<Node>, node_name: &str, mac: Mac, underlay: &Underlay) {
+/// Without an IPv6 underlay its annotations are removed (null in a merge
+/// patch), so no peer keeps sending to a device this node no longer has.
+async fn announce(
+    nodes: &Api<Node>,
+    node_name: &str,
+    mac: Mac,
+    underlay: &Underlay,
+    vx6: Option<&Vxlan6Spec>,
+) {
     let patch = serde_json::json!({ "metadata": { "annotations": {
         ANNOTATION_VTEP_MAC: mac.to_string(),
         ANNOTATION_HOST_IP: underlay.ip.to_string(),
+        ANNOTATION_VTEP_MAC6: vx6.map(|v| v.mac.to_string()),
+        ANNOTATION_HOST_IP6: vx6.map(|v| v.local_ip.to_string()),
     }}});
     let (pp, merge) = (PatchParams::default(), Patch::Merge(&patch));
     retry("publishing VTEP annotations on own Node", || {
@@ -272,7 +341,12 @@ async fn announce(nodes: &Api<Node>, node_name: &str, mac: Mac, underlay: &Under
 /// device, else new. Stable across restarts and re-creation, so peers never
 /// keep a stale MAC.
 fn vtep_mac(data_dir: &Path, existing: Option<&[u8]>) -> Result<Mac> {
-    let file = data_dir.join("vtep-mac");
+    stable_mac(data_dir, "vtep-mac", existing)
+}
+
+/// A device's MAC kept in `data_dir/name` (see [`vtep_mac`]).
+fn stable_mac(data_dir: &Path, name: &str, existing: Option<&[u8]>) -> Result<Mac> {
+    let file = data_dir.join(name);
     if let Ok(s) = std::fs::read_to_string(&file)
         && let Ok(m) = s.trim().parse::<Mac>()
     {
@@ -366,21 +440,27 @@ mod tests {
             mtu: 1500,
             subnets: vec![],
         };
-        assert_eq!(overlay_mtu(None, &u, false).ok(), Some(1450));
-        assert_eq!(overlay_mtu(Some(1400), &u, false).ok(), Some(1400));
-        assert_eq!(overlay_mtu(Some(1450), &u, true).ok(), Some(1450));
-        let e = overlay_mtu(Some(1451), &u, false).map_err(|e| e.to_string());
+        assert_eq!(overlay_mtu(None, &u, false, false).ok(), Some(1450));
+        // A VXLAN device over IPv6 beside: 20 bytes less for every pod.
+        assert_eq!(overlay_mtu(None, &u, true, true).ok(), Some(1430));
+        assert!(overlay_mtu(Some(1431), &u, true, true).is_err());
+        assert_eq!(overlay_mtu(Some(1400), &u, false, false).ok(), Some(1400));
+        assert_eq!(overlay_mtu(Some(1450), &u, true, false).ok(), Some(1450));
+        let e = overlay_mtu(Some(1451), &u, false, false).map_err(|e| e.to_string());
         let e = e.expect_err("1451 over a 1500 underlay");
         assert!(
             e.contains("`mtu`") && e.contains("eth0") && e.contains("1450"),
             "{e}"
         );
         // IPv6 pods need 1280; IPv4 ones make do with less.
-        assert_eq!(overlay_mtu(Some(1279), &u, false).ok(), Some(1279));
-        let e = overlay_mtu(Some(1279), &u, true).map_err(|e| e.to_string());
+        assert_eq!(overlay_mtu(Some(1279), &u, false, false).ok(), Some(1279));
+        let e = overlay_mtu(Some(1279), &u, true, false).map_err(|e| e.to_string());
         assert!(e.expect_err("1279 with IPv6").contains("1280"));
         let small = Underlay { mtu: 1300, ..u };
-        assert!(overlay_mtu(None, &small, true).is_err(), "1250 with IPv6");
+        assert!(
+            overlay_mtu(None, &small, true, false).is_err(),
+            "1250 with IPv6"
+        );
     }
 
     #[test]
