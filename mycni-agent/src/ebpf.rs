@@ -17,8 +17,8 @@ use aya::programs::links::{FdLink, LinkError, PinnedLink};
 use aya::programs::{LinkOrder, SchedClassifier, TcAttach, TcAttachType};
 use aya::{Ebpf, EbpfLoader};
 use mycni_common::{
-    CONFIG_MAP, COUNTERS_MAP, DpConfig, DpPath, LOCAL_MAP, LOCAL6_MAP, LocalEndpoint, PEERS_MAP,
-    PathCounter, PeerNode, REMOTE_MAP, REMOTE6_MAP, RemoteNode,
+    CONFIG_MAP, COUNTERS_LEN, COUNTERS_MAP, DpConfig, DpFamily, DpPath, LOCAL_MAP, LOCAL6_MAP,
+    LocalEndpoint, PEERS_MAP, PathCounter, PeerNode, REMOTE_MAP, REMOTE6_MAP, RemoteNode,
 };
 use thiserror::Error;
 
@@ -89,6 +89,14 @@ pub enum DatapathError {
     Pin {
         path: PathBuf,
         source: aya::pin::PinError,
+    },
+    #[error(
+        "the counters pinned at {path} have {entries} entries, this build counts in {expected}: an older agent's layout, which the agent rebuilds when it starts"
+    )]
+    CounterLayout {
+        path: PathBuf,
+        entries: u32,
+        expected: u32,
     },
     #[error("map {name} at {path}: {source}")]
     Map {
@@ -722,24 +730,51 @@ pub fn sync_peers(
 }
 
 /// Sums the per-CPU counters of the map pinned under `pin_dir`, one entry per
-/// path, in `DpPath::ALL` order. Works while no agent runs (what `inspect` and
-/// tests use).
+/// path (all families together), in `DpPath::ALL` order. Works while no
+/// agent runs (what `inspect` and tests use).
 pub fn read_counters<S: MapSource + ?Sized>(
     pin_dir: &S,
 ) -> Result<Vec<(DpPath, PathCounter)>, DatapathError> {
+    let mut out: Vec<(DpPath, PathCounter)> = DpPath::ALL
+        .into_iter()
+        .map(|p| (p, PathCounter::default()))
+        .collect();
+    for (_, p, c) in read_family_counters(pin_dir)? {
+        let sum = &mut out[p as usize].1;
+        sum.packets += c.packets;
+        sum.bytes += c.bytes;
+    }
+    Ok(out)
+}
+
+/// The per-CPU counters of the map pinned under `pin_dir`, summed over the
+/// CPUs: one entry per family and path, in index order
+/// (`mycni_common::counter_slots`).
+pub fn read_family_counters<S: MapSource + ?Sized>(
+    pin_dir: &S,
+) -> Result<Vec<(DpFamily, DpPath, PathCounter)>, DatapathError> {
     let e = map_err(pin_dir, COUNTERS_MAP);
     let counters: PerCpuArray<MapData, PathCounter> =
         open_map(pin_dir, COUNTERS_MAP)?.try_into().map_err(&e)?;
-    let mut out = Vec::with_capacity(DpPath::ALL.len());
-    for p in DpPath::ALL {
-        let per_cpu = counters.get(&(p as u32), 0).map_err(&e)?;
+    // Read while an agent of another build still owns the pins (before an
+    // upgrade's restart), the rows would not mean what this build thinks.
+    if counters.len() != COUNTERS_LEN {
+        return Err(DatapathError::CounterLayout {
+            path: pin_dir.locate(COUNTERS_MAP),
+            entries: counters.len(),
+            expected: COUNTERS_LEN,
+        });
+    }
+    let mut out = Vec::with_capacity(COUNTERS_LEN as usize);
+    for (i, f, p) in mycni_common::counter_slots() {
+        let per_cpu = counters.get(&i, 0).map_err(&e)?;
         let sum = per_cpu
             .iter()
             .fold(PathCounter::default(), |acc, c| PathCounter {
                 packets: acc.packets + c.packets,
                 bytes: acc.bytes + c.bytes,
             });
-        out.push((p, sum));
+        out.push((f, p, sum));
     }
     Ok(out)
 }

@@ -7,6 +7,8 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
+use mycni_common::{DpFamily, DpPath, PathCounter};
+
 use crate::ebpf::{self, Prog};
 use crate::peers::Mac;
 
@@ -196,40 +198,116 @@ fn render_from<S: ebpf::MapSource + ?Sized>(
         )?;
     }
 
-    let counters = ebpf::read_counters(pin_dir)?;
-    let total: u64 = counters.iter().map(|(_, c)| c.packets).sum();
-    let fast: u64 = counters
-        .iter()
-        .filter(|(p, _)| p.is_fast())
-        .map(|(_, c)| c.packets)
-        .sum();
-    writeln!(
-        o,
-        "\ncounters (since the maps were created): {} packets, {:.1}% fast",
+    o.push_str(&counters_table(&ebpf::read_family_counters(pin_dir)?));
+    Ok(o)
+}
+
+fn pct(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 * 100.0 / whole as f64
+    }
+}
+
+/// The counters, overall and per family, then a row per path and family
+/// that saw packets (the fast paths of both IP families always, so a fast
+/// path that stays at zero shows).
+fn counters_table(counters: &[(DpFamily, DpPath, PathCounter)]) -> String {
+    let sum = |keep: &dyn Fn(DpFamily, DpPath) -> bool| -> u64 {
+        counters
+            .iter()
+            .filter(|(f, p, _)| keep(*f, *p))
+            .map(|(_, _, c)| c.packets)
+            .sum()
+    };
+    let total = sum(&|_, _| true);
+    let fast = sum(&|_, p| p.is_fast());
+    let mut o = format!(
+        "\ncounters (since the maps were created): {} packets, {:.1}% fast\n",
         human(total),
-        if total == 0 {
-            0.0
-        } else {
-            fast as f64 * 100.0 / total as f64
-        }
-    )?;
-    writeln!(o, "  {:<30} {:>10} {:>10}", "path", "packets", "bytes")?;
+        pct(fast, total)
+    );
+    for f in DpFamily::ALL {
+        let n = sum(&|g, _| g == f);
+        let fast = sum(&|g, p| g == f && p.is_fast());
+        let _ = match f {
+            DpFamily::Other => writeln!(o, "  {:<5} {:>10} packets (not IP)", f.name(), human(n)),
+            _ => writeln!(
+                o,
+                "  {:<5} {:>10} packets, {:.1}% fast",
+                f.name(),
+                human(n),
+                pct(fast, n)
+            ),
+        };
+    }
+    let _ = writeln!(
+        o,
+        "  {:<30} {:<6} {:>10} {:>10}",
+        "path", "family", "packets", "bytes"
+    );
     let mut hidden = 0;
-    for (p, c) in counters {
-        if c.packets == 0 && !p.is_fast() {
-            hidden += 1;
-            continue;
+    for p in DpPath::ALL {
+        let mut shown = false;
+        for (f, _, c) in counters.iter().filter(|(_, q, _)| *q == p) {
+            if c.packets == 0 && !(p.is_fast() && *f != DpFamily::Other) {
+                continue;
+            }
+            shown = true;
+            let _ = writeln!(
+                o,
+                "  {:<30} {:<6} {:>10} {:>10}",
+                p.name(),
+                f.name(),
+                human(c.packets),
+                human(c.bytes)
+            );
         }
-        writeln!(
-            o,
-            "  {:<30} {:>10} {:>10}",
-            p.name(),
-            human(c.packets),
-            human(c.bytes)
-        )?;
+        hidden += usize::from(!shown);
     }
     if hidden > 0 {
-        writeln!(o, "  ({hidden} fallback reasons with no packets not shown)")?;
+        let _ = writeln!(o, "  ({hidden} fallback reasons with no packets not shown)");
     }
-    Ok(o)
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_show_each_family_and_its_fast_share() {
+        let c = |packets| PathCounter {
+            packets,
+            bytes: packets * 100,
+        };
+        let mut counters: Vec<_> = mycni_common::counter_slots()
+            .map(|(_, f, p)| (f, p, PathCounter::default()))
+            .collect();
+        let mut set = |f: DpFamily, p: DpPath, n| {
+            counters[mycni_common::counter_index(f, p) as usize].2 = c(n);
+        };
+        set(DpFamily::Ipv4, DpPath::FastEncap, 90);
+        set(DpFamily::Ipv4, DpPath::KernelTcpControl, 10);
+        set(DpFamily::Ipv6, DpPath::FastLocal, 30);
+        set(DpFamily::Ipv6, DpPath::KernelTcpControl, 70);
+        set(DpFamily::Other, DpPath::KernelNotIpv4, 200);
+        let t = counters_table(&counters);
+        assert!(t.contains("400 packets, 30.0% fast"), "{t}");
+        assert!(t.contains("ipv4         100 packets, 90.0% fast"), "{t}");
+        assert!(t.contains("ipv6         100 packets, 30.0% fast"), "{t}");
+        assert!(t.contains("other        200 packets (not IP)"), "{t}");
+        let row = |p: &str, f: &str| {
+            t.lines()
+                .find(|l| l.split_whitespace().take(2).eq([p, f]))
+                .map(|l| l.split_whitespace().skip(2).collect::<Vec<_>>())
+        };
+        assert_eq!(row("kernel_tcp_control", "ipv6"), Some(vec!["70", "7.0k"]));
+        assert_eq!(row("kernel_not_ipv4", "other"), Some(vec!["200", "20.0k"]));
+        // A fast path at zero still shows, for both IP families only.
+        assert_eq!(row("fast_tc_decap", "ipv6"), Some(vec!["0", "0"]));
+        assert_eq!(row("fast_tc_decap", "other"), None);
+        assert_eq!(row("kernel_ttl", "ipv4"), None);
+    }
 }

@@ -19,7 +19,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use mycni_common::{DpPath, PathCounter};
+use mycni_common::{DpFamily, DpPath, PathCounter};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, prometheus_text, text};
 use prometheus_client::metrics::MetricType;
@@ -323,7 +323,7 @@ impl Metrics {
         let pin = self.pin_dir.lock().ok().and_then(|p| p.clone());
         // A map that cannot be read this time leaves the family out rather
         // than failing the whole scrape; the log of the load says why.
-        let datapath = pin.and_then(|p| crate::ebpf::read_counters(&p).ok());
+        let datapath = pin.and_then(|p| crate::ebpf::read_family_counters(&p).ok());
         let antispoof_dropped = self
             .antispoof_installed
             .load(Ordering::Relaxed)
@@ -412,7 +412,7 @@ struct Snapshot {
     antispoof_dropped: Option<u64>,
     dp_local: u64,
     dp_remote: u64,
-    datapath: Option<Vec<(DpPath, PathCounter)>>,
+    datapath: Option<Vec<(DpFamily, DpPath, PathCounter)>>,
 }
 
 fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
@@ -531,30 +531,33 @@ impl Collector for Snapshot {
         let counters = self.datapath.as_deref().unwrap_or_default();
         let mut m = e.encode_descriptor(
             "mycni_datapath_packets",
-            "Packets seen by the tc programs, by the path they took or why they were left to the kernel.",
+            "Packets seen by the tc programs, by the path they took or why they were left to the kernel, and by address family (ipv4, ipv6, other: not IP; on the underlay, the inner family of VXLAN the program looked into).",
             None,
             MetricType::Counter,
         )?;
-        for (path, c) in counters {
-            ConstCounter::new(c.packets).encode(m.encode_family(&path_labels(*path))?)?;
+        for (family, path, c) in counters {
+            ConstCounter::new(c.packets).encode(m.encode_family(&path_labels(*family, *path))?)?;
         }
         let mut m = e.encode_descriptor(
             "mycni_datapath_bytes",
-            "Bytes seen by the tc programs, by path.",
+            "Bytes seen by the tc programs, by path and address family.",
             None,
             MetricType::Counter,
         )?;
-        for (path, c) in counters {
-            ConstCounter::new(c.bytes).encode(m.encode_family(&path_labels(*path))?)?;
+        for (family, path, c) in counters {
+            ConstCounter::new(c.bytes).encode(m.encode_family(&path_labels(*family, *path))?)?;
         }
         Ok(())
     }
 }
 
-fn path_labels(p: DpPath) -> [(&'static str, &'static str); 2] {
+/// `family` last: readers that match on `{path="` keep working, and
+/// queries that sum by path need no change (`sum by (path)` drops it).
+fn path_labels(f: DpFamily, p: DpPath) -> [(&'static str, &'static str); 3] {
     [
         ("path", p.name()),
         ("fast", if p.is_fast() { "true" } else { "false" }),
+        ("family", f.name()),
     ]
 }
 

@@ -272,6 +272,67 @@ impl DpPath {
     }
 }
 
+/// The address family a packet is counted under: the counter map holds
+/// one row of [`DpPath::COUNT`] slots per family ([`counter_index`]).
+///
+/// A packet's family is what its headers declare: the ethertype and the IP
+/// version field agreeing (IPv4 `0x0800` + 4, IPv6 `0x86DD` + 6), else
+/// [`DpFamily::Other`] (ARP, VLAN-tagged, other ethertypes, a version that
+/// contradicts the ethertype, a frame too short to tell). On the underlay,
+/// VXLAN the program unwraps or looks into (it passed the outer checks:
+/// for this host, from a peer, a header it understands) counts under the
+/// *inner* family, so a fast share per family covers both ends of a flow;
+/// whatever is left before that (the node's own traffic, VXLAN from a
+/// stranger, an outer fragment or a header it does not understand) counts
+/// under the outer family.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DpFamily {
+    /// Not IP, or not telling: see [`DpFamily`].
+    Other = 0,
+    Ipv4 = 1,
+    Ipv6 = 2,
+}
+
+impl DpFamily {
+    /// Number of families; the counter map has this many rows.
+    pub const COUNT: u32 = 3;
+
+    pub const ALL: [DpFamily; Self::COUNT as usize] =
+        [DpFamily::Other, DpFamily::Ipv4, DpFamily::Ipv6];
+
+    /// Stable label used in metrics (`family`) and `inspect` output.
+    pub const fn name(self) -> &'static str {
+        match self {
+            DpFamily::Other => "other",
+            DpFamily::Ipv4 => "ipv4",
+            DpFamily::Ipv6 => "ipv6",
+        }
+    }
+}
+
+/// Entries of `mycni_counters`: a row of [`DpPath::COUNT`] slots per
+/// [`DpFamily`]. A map pinned with another size (the 32-entry layout before
+/// families) is rebuilt by the agent at load, like any changed map.
+pub const COUNTERS_LEN: u32 = DpFamily::COUNT * DpPath::COUNT;
+
+/// The slot of `mycni_counters` a packet of `family` that took `path` is
+/// counted in: `family * DpPath::COUNT + path`.
+#[inline(always)]
+pub const fn counter_index(family: DpFamily, path: DpPath) -> u32 {
+    family as u32 * DpPath::COUNT + path as u32
+}
+
+/// Every slot of `mycni_counters` in index order, with its family and path
+/// (what userspace iterates to read the map).
+pub fn counter_slots() -> impl Iterator<Item = (u32, DpFamily, DpPath)> {
+    DpFamily::ALL.into_iter().flat_map(|f| {
+        DpPath::ALL
+            .into_iter()
+            .map(move |p| (counter_index(f, p), f, p))
+    })
+}
+
 /// One counter slot: per CPU in the map, summed by userspace.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -389,6 +450,27 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn counter_slots_cover_the_map_once_family_by_family() {
+        for (i, f) in DpFamily::ALL.iter().enumerate() {
+            assert_eq!(*f as u32, i as u32);
+        }
+        let mut seen = [false; COUNTERS_LEN as usize];
+        for (n, (i, f, p)) in counter_slots().enumerate() {
+            // In index order, so a reader can zip the map with it.
+            assert_eq!(i as usize, n);
+            assert_eq!(i, counter_index(f, p));
+            assert!(!seen[i as usize]);
+            seen[i as usize] = true;
+        }
+        assert!(seen.iter().all(|s| *s));
+        // Row 0 is "other": what was slot `p` before families stays slot `p`
+        // for non-IP traffic.
+        assert_eq!(counter_index(DpFamily::Other, DpPath::KernelNotIpv4), 0);
+        assert_eq!(counter_index(DpFamily::Ipv6, DpPath::FastLocal), 2 * 32 + 8);
+        assert_eq!(DpFamily::Ipv6.name(), "ipv6");
     }
 
     #[test]

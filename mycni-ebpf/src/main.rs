@@ -30,7 +30,9 @@
 //! only (an IPv4 underlay cannot carry IPv6 unencapsulated).
 //!
 //! Every packet a program sees is counted exactly once in `mycni_counters`,
-//! under the path it took or the reason it was left to the kernel. Anything
+//! under the path it took or the reason it was left to the kernel, in the
+//! row of its address family (`DpFamily`: on the underlay, the inner one of
+//! VXLAN the program looks into). Anything
 //! the program is not sure about returns `TCX_NEXT`, untouched, so the
 //! kernel's routes, ARP and FDB (and other tools' programs) decide.
 #![no_std]
@@ -55,12 +57,13 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::debug;
 use mycni_common::{
-    CFG_TC_DECAP, CFG_TC_ENCAP, DpConfig, DpPath, LOCAL_MAX, LocalEndpoint, PEERS_MAX, PathCounter,
-    PeerNode, REMOTE_DIRECT, REMOTE_MAX, RemoteNode, TCX_NEXT, VXLAN_OVERHEAD,
+    CFG_TC_DECAP, CFG_TC_ENCAP, COUNTERS_LEN, DpConfig, DpFamily, DpPath, LOCAL_MAX, LocalEndpoint,
+    PEERS_MAX, PathCounter, PeerNode, REMOTE_DIRECT, REMOTE_MAX, RemoteNode, TCX_NEXT,
+    VXLAN_OVERHEAD, counter_index,
 };
 
 #[btf_map(name = "mycni_counters")]
-static COUNTERS: PerCpuArray<PathCounter, { DpPath::COUNT as usize }> = PerCpuArray::new();
+static COUNTERS: PerCpuArray<PathCounter, { COUNTERS_LEN as usize }> = PerCpuArray::new();
 
 #[btf_map(name = "mycni_config")]
 static CONFIG: Array<DpConfig, 1> = Array::new();
@@ -153,8 +156,8 @@ enum From {
 }
 
 #[inline(always)]
-fn count(path: DpPath, bytes: u32) {
-    if let Some(slot) = COUNTERS.get_ptr_mut(path as u32) {
+fn count(family: DpFamily, path: DpPath, bytes: u32) {
+    if let Some(slot) = COUNTERS.get_ptr_mut(counter_index(family, path)) {
         // SAFETY: the slot is this CPU's own; no other program instance
         // touches it concurrently, so plain adds are race-free.
         unsafe {
@@ -186,14 +189,17 @@ fn mycni_from_underlay(ctx: TcContext) -> i32 {
 fn run(ctx: &TcContext, from: From) -> i32 {
     // Counted before any rewrite, so bytes are what arrived.
     let len = ctx.len();
+    // Also before any rewrite: the outer family, which `decap` replaces by
+    // the inner one once it looks into a packet (see `DpFamily`).
+    let mut family = family_at(ctx, 0);
     let (path, verdict) = match CONFIG.get(0) {
         Some(cfg) if cfg.vxlan_ifindex != 0 => match from {
-            From::Underlay => from_underlay(ctx, cfg),
+            From::Underlay => from_underlay(ctx, cfg, &mut family),
             _ => forward(ctx, from, cfg),
         },
         _ => (DpPath::KernelNoConfig, TCX_NEXT),
     };
-    count(path, len);
+    count(family, path, len);
     // Off unless the agent runs with --ebpf-log: AYA_LOG_LEVEL is then a
     // load-time 0 and the verifier prunes this call from the hot path.
     debug!(
@@ -201,6 +207,31 @@ fn run(ctx: &TcContext, from: From) -> i32 {
         "from {} path {} len {} verdict {}", from as u32, path as u32, len, verdict
     );
     verdict
+}
+
+/// The family the Ethernet header at `off` and the IP version behind it
+/// declare: IPv4 or IPv6 only when both agree, as `inspect` requires, so
+/// `KernelNotIpv4` is always `Other`.
+#[inline(always)]
+fn family_at(ctx: &TcContext, off: usize) -> DpFamily {
+    let (data, end) = (ctx.data(), ctx.data_end());
+    // The Ethernet header and the IP version byte behind it.
+    let h: [u8; 3] = if data + off + ETH_HLEN < end {
+        // SAFETY: in range, checked against data_end as the verifier requires.
+        unsafe { ((data + off + 12) as *const [u8; 3]).read_unaligned() }
+    } else {
+        // Not in the linear area (or not there at all): a copy, which
+        // unlike `linear` leaves the skb as it is.
+        match ctx.load::<[u8; 3]>(off + 12) {
+            Ok(h) => h,
+            Err(_) => return DpFamily::Other,
+        }
+    };
+    match (u16::from_be_bytes([h[0], h[1]]), h[2] >> 4) {
+        (ETH_P_IP, 4) => DpFamily::Ipv4,
+        (ETH_P_IPV6, 6) => DpFamily::Ipv6,
+        _ => DpFamily::Other,
+    }
 }
 
 /// Makes the first `n` bytes directly readable, pulling them into the linear
@@ -894,10 +925,11 @@ fn encap(
 }
 
 /// On the underlay: unwrap VXLAN from a known peer for a pod here, or
-/// forward a direct-routed peer's packet to a pod here.
+/// forward a direct-routed peer's packet to a pod here. `family` is the
+/// outer family, replaced by the inner one when `decap` looks inside.
 #[inline(always)]
-fn from_underlay(ctx: &TcContext, cfg: &DpConfig) -> (DpPath, i32) {
-    let r = match decap(ctx, cfg) {
+fn from_underlay(ctx: &TcContext, cfg: &DpConfig, family: &mut DpFamily) -> (DpPath, i32) {
+    let r = match decap(ctx, cfg, family) {
         Err(DpPath::KernelUnderlayOther) if cfg.flags & CFG_TC_DECAP != 0 => direct_in(ctx, cfg),
         r => r,
     };
@@ -929,7 +961,7 @@ fn direct_in(ctx: &TcContext, cfg: &DpConfig) -> Result<DpPath, DpPath> {
 }
 
 #[inline(always)]
-fn decap(ctx: &TcContext, cfg: &DpConfig) -> Result<DpPath, DpPath> {
+fn decap(ctx: &TcContext, cfg: &DpConfig, family: &mut DpFamily) -> Result<DpPath, DpPath> {
     const L3: usize = ETH_HLEN;
     const L4: usize = L3 + IP_HLEN;
     const VX: usize = L4 + UDP_HLEN;
@@ -996,6 +1028,8 @@ fn decap(ctx: &TcContext, cfg: &DpConfig) -> Result<DpPath, DpPath> {
     {
         return Err(DpPath::KernelDecapHeader);
     }
+    // From here on the packet is a peer's pod's: counted by what it carries.
+    *family = family_at(ctx, VX + VXLAN_HLEN);
     let (ip, next) = inspect::<{ VX + VXLAN_HLEN }>(ctx, From::Underlay, cfg, saddr)?;
     let Next::Local(ep) = next else {
         return Err(DpPath::KernelUnknownDest);

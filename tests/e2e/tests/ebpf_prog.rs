@@ -1,7 +1,8 @@
 //! The tc programs of `mycni-ebpf`, verdict by verdict: the real kernel runs
 //! the real verified object (`BPF_PROG_TEST_RUN`) on packets made here, and
 //! every case checks the verdict, the packet the program hands back and that
-//! exactly one counter moved, by one packet and the packet's length.
+//! exactly one counter moved, by one packet and the packet's length, in
+//! the row of the packet's address family.
 //!
 //! Each test gets its own network namespace and bpffs. `BPF_PROG_TEST_RUN`
 //! builds the skb in the calling thread's namespace, so the program's
@@ -30,12 +31,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use mycni_agent::ebpf::{
-    Datapath, Prog, embedded_object, read_counters, sync_local, sync_remote, write_config,
+    Datapath, Prog, embedded_object, read_counters, read_family_counters, sync_local, sync_remote,
+    write_config,
 };
 use mycni_agent::ebpf::{sync_local6, sync_peers, sync_remote6};
 use mycni_common::{
-    CFG_TC_DECAP, CFG_TC_ENCAP, DpConfig, DpPath, LocalEndpoint, PathCounter, PeerNode, RemoteNode,
-    TCX_NEXT,
+    CFG_TC_DECAP, CFG_TC_ENCAP, DpConfig, DpFamily, DpPath, LocalEndpoint, PathCounter, PeerNode,
+    RemoteNode, TCX_NEXT,
 };
 use mycni_testkit::testrun::{Outcome, run_skb_from};
 use mycni_testkit::{BpfFs, NetNs};

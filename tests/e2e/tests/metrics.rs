@@ -231,6 +231,8 @@ fn real_scrape_passes_promtool_and_backs_every_alert_and_panel() -> Result<()> {
         );
     }
 
+    datapath_series_have_a_family(&scrape)?;
+
     // What Prometheus asks for: OpenMetrics, which promtool cannot check;
     // its framing and counter naming are checked here.
     let prometheus_accept = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
@@ -291,6 +293,55 @@ fn real_scrape_passes_promtool_and_backs_every_alert_and_panel() -> Result<()> {
     ensure!(
         unknown.is_empty(),
         "queried but not exposed by the agent: {unknown:#?}\nexposed: {names:#?}"
+    );
+    Ok(())
+}
+
+/// The per-path datapath counters of an eBPF agent: one series per path
+/// and address family, `family` last; the scrapes themselves reach the
+/// node over the underlay as IPv4, so that row moves.
+fn datapath_series_have_a_family(scrape: &str) -> Result<()> {
+    ensure!(
+        scrape.lines().any(|l| l == "mycni_datapath_ebpf 1"),
+        "the lab's agent does not run the eBPF datapath:\n{scrape}"
+    );
+    for metric in ["mycni_datapath_packets_total", "mycni_datapath_bytes_total"] {
+        let mut seen = BTreeSet::new();
+        for line in scrape.lines() {
+            let Some(rest) = line.strip_prefix(metric).and_then(|r| r.strip_prefix('{')) else {
+                continue;
+            };
+            let (labels, _) = rest.split_once("} ").context("no value")?;
+            let (path, family) = labels
+                .strip_prefix("path=\"")
+                .and_then(|r| Some((r.split('"').next()?, r.rsplit_once(",family=\"")?.1)))
+                .with_context(|| format!("{line}: not path=...,fast=...,family=..."))?;
+            let family = family.strip_suffix('"').unwrap_or(family);
+            ensure!(
+                ["ipv4", "ipv6", "other"].contains(&family),
+                "{line}: family {family:?}"
+            );
+            ensure!(
+                seen.insert((path.to_string(), family.to_string())),
+                "{line}: twice"
+            );
+        }
+        ensure!(
+            seen.len() == mycni_common::COUNTERS_LEN as usize,
+            "{metric}: {} series, want one per path and family:\n{seen:?}",
+            seen.len()
+        );
+    }
+    let underlay_v4 = scrape.lines().find_map(|l| {
+        l.strip_prefix(
+            "mycni_datapath_packets_total{path=\"kernel_underlay_other\",fast=\"false\",family=\"ipv4\"} ",
+        )?
+        .parse::<u64>()
+        .ok()
+    });
+    ensure!(
+        underlay_v4.is_some_and(|n| n > 0),
+        "no IPv4 counted on the underlay: {underlay_v4:?}"
     );
     Ok(())
 }

@@ -10,27 +10,61 @@ use anyhow::{Result, bail};
 
 use mycni_testkit::{in_netns, sh};
 
-use crate::{Lab, METRICS_PORT, http_get, node_ip, wait_for};
+use crate::{IpFamily, Lab, METRICS_PORT, http_get, node_ip, wait_for};
 
 /// Packets per path name (`mycni_common::DpPath::name`), as a node's agent
-/// exports them.
+/// exports them (all address families together).
 pub type Counters = BTreeMap<String, u64>;
 
-/// `mycni_datapath_packets_total{path="...",fast="..."} N` lines of a
-/// metrics page.
-pub fn parse_counters(metrics: &str) -> Counters {
-    let mut out = Counters::new();
+/// [`Counters`] per address family label (`mycni_common::DpFamily::name`:
+/// `ipv4`, `ipv6`, `other`; `""` from an agent too old to label them).
+pub type FamilyCounters = BTreeMap<String, Counters>;
+
+/// The `family` label the agent gives packets of `f`.
+pub fn family_label(f: IpFamily) -> &'static str {
+    match f {
+        IpFamily::V4 => mycni_common::DpFamily::Ipv4.name(),
+        IpFamily::V6 => mycni_common::DpFamily::Ipv6.name(),
+    }
+}
+
+/// `mycni_datapath_packets_total{path="...",fast="...",family="..."} N`
+/// lines of a metrics page, by family.
+pub fn parse_family_counters(metrics: &str) -> FamilyCounters {
+    let mut out = FamilyCounters::new();
     for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix("mycni_datapath_packets_total{path=\"") else {
+        let Some(rest) = line.strip_prefix("mycni_datapath_packets_total{") else {
             continue;
         };
-        let name = rest.split('"').next().unwrap_or_default().to_string();
-        let n = rest
-            .rsplit(' ')
-            .next()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        out.insert(name, n);
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        // Label values are DpPath and DpFamily names: no quotes or commas.
+        let label = |key: &str| {
+            labels.split(',').find_map(|kv| {
+                let v = kv.strip_prefix(key)?.strip_prefix("=\"")?;
+                v.strip_suffix('"')
+            })
+        };
+        let Some(path) = label("path") else {
+            continue;
+        };
+        let n = value.trim().parse().unwrap_or(0);
+        *out.entry(label("family").unwrap_or_default().to_string())
+            .or_default()
+            .entry(path.to_string())
+            .or_default() += n;
+    }
+    out
+}
+
+/// The packets of every family, per path, of a metrics page.
+pub fn parse_counters(metrics: &str) -> Counters {
+    let mut out = Counters::new();
+    for c in parse_family_counters(metrics).into_values() {
+        for (path, n) in c {
+            *out.entry(path).or_default() += n;
+        }
     }
     out
 }
@@ -216,6 +250,18 @@ impl PathShare {
         s
     }
 
+    /// [`Self::between`] for the packets of family `f` alone (what the
+    /// programs counted under its `family` label: on the underlay, VXLAN
+    /// counts under the family it carries).
+    pub fn between_family(
+        before: &FamilyCounters,
+        after: &FamilyCounters,
+        f: IpFamily,
+    ) -> PathShare {
+        let of = |c: &FamilyCounters| c.get(family_label(f)).cloned().unwrap_or_default();
+        PathShare::between(&of(before), &of(after))
+    }
+
     pub fn add(&mut self, o: &PathShare) {
         self.pod += o.pod;
         self.fast += o.fast;
@@ -286,6 +332,20 @@ impl Lab {
     pub fn all_counters(&self) -> Vec<Counters> {
         (1..=self.spec.nodes)
             .map(|i| self.counters(i).unwrap_or_default())
+            .collect()
+    }
+
+    /// [`Self::counters`] by address family: feed two reads to
+    /// [`PathShare::between_family`] for one family's fast share.
+    pub fn family_counters(&self, i: usize) -> Result<FamilyCounters> {
+        Ok(parse_family_counters(&self.metrics(i)?))
+    }
+
+    /// [`Self::family_counters`] of every node (empty for one that cannot
+    /// be read), node 1 first.
+    pub fn all_family_counters(&self) -> Vec<FamilyCounters> {
+        (1..=self.spec.nodes)
+            .map(|i| self.family_counters(i).unwrap_or_default())
             .collect()
     }
 
@@ -489,6 +549,43 @@ mod tests {
         assert_eq!(c.len(), 2);
         assert_eq!(c["fast_encap"], 120);
         assert_eq!(c["kernel_tcp_control"], 7);
+        // An agent of this build: one series per path and family.
+        let m = "mycni_datapath_packets_total{path=\"fast_encap\",fast=\"true\",family=\"other\"} 0\n\
+                 mycni_datapath_packets_total{path=\"fast_encap\",fast=\"true\",family=\"ipv4\"} 120\n\
+                 mycni_datapath_packets_total{path=\"fast_encap\",fast=\"true\",family=\"ipv6\"} 30\n\
+                 mycni_datapath_packets_total{path=\"kernel_not_ipv4\",fast=\"false\",family=\"other\"} 5\n\
+                 mycni_datapath_bytes_total{path=\"fast_encap\",fast=\"true\",family=\"ipv6\"} 99999\n";
+        let c = parse_counters(m);
+        assert_eq!(
+            (c.len(), c["fast_encap"], c["kernel_not_ipv4"]),
+            (2, 150, 5)
+        );
+        let f = parse_family_counters(m);
+        assert_eq!(f.len(), 3);
+        assert_eq!(f[family_label(IpFamily::V6)]["fast_encap"], 30);
+        assert_eq!(f["ipv4"]["fast_encap"], 120);
+        assert_eq!(f["other"]["kernel_not_ipv4"], 5);
+    }
+
+    #[test]
+    fn a_fast_share_of_one_family_counts_that_family_alone() {
+        let page = |v4: u64, v6_fast: u64, v6_kernel: u64| {
+            parse_family_counters(&format!(
+                "mycni_datapath_packets_total{{path=\"fast_encap\",fast=\"true\",family=\"ipv4\"}} {v4}\n\
+                 mycni_datapath_packets_total{{path=\"fast_encap\",fast=\"true\",family=\"ipv6\"}} {v6_fast}\n\
+                 mycni_datapath_packets_total{{path=\"kernel_unknown_dest\",fast=\"false\",family=\"ipv6\"}} {v6_kernel}\n\
+                 mycni_datapath_packets_total{{path=\"kernel_not_ipv4\",fast=\"false\",family=\"other\"}} {v4}\n"
+            ))
+        };
+        let (before, after) = (page(0, 0, 0), page(1000, 30, 70));
+        let v6 = PathShare::between_family(&before, &after, IpFamily::V6);
+        assert_eq!((v6.pod, v6.fast), (100, 30));
+        assert_eq!(v6.kernel["kernel_unknown_dest"], 70);
+        let v4 = PathShare::between_family(&before, &after, IpFamily::V4);
+        assert_eq!((v4.pod, v4.fast), (1000, 1000));
+        // No IPv6 counted at all (an IPv4-only lab, or an older agent).
+        let none = PathShare::between_family(&before, &FamilyCounters::new(), IpFamily::V6);
+        assert_eq!(none.fast_pct(), None);
     }
 
     #[test]

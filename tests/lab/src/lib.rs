@@ -28,8 +28,8 @@ pub mod soak;
 pub use daemon::spawn_daemon;
 pub(crate) use daemon::wait_for;
 pub use datapath::{
-    Counters, NodeDatapath, PathShare, PeerRoutes, VXLAN_DEV, describe_ipv6_overlay, describe_node,
-    parse_counters,
+    Counters, FamilyCounters, NodeDatapath, PathShare, PeerRoutes, VXLAN_DEV,
+    describe_ipv6_overlay, describe_node, family_label, parse_counters, parse_family_counters,
 };
 pub use matrix::{FamilyRun, MatrixRun};
 pub use pods::{

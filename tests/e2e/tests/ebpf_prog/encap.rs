@@ -229,6 +229,11 @@ fn decap_only_from_peers_for_local_pods() -> Result<()> {
             path.name(),
             out.retval
         );
+        ensure!(
+            dp.family() == Some(DpFamily::Ipv4),
+            "IPv4 unwrapped counted as {:?}",
+            dp.family()
+        );
         let want = routed(&ra, TO_A);
         ensure!(
             out.data == want,
@@ -279,6 +284,8 @@ fn decap_only_from_peers_for_local_pods() -> Result<()> {
         for (what, prog, pkt, want) in cases {
             dp.kernel(what, prog, &pkt, want)?;
         }
+        let arp = eth([0xff; 6], UL_PEER_MAC, ETH_P_ARP, &[0; 28]);
+        dp.kernel_as("ARP", UL, &arp, DpPath::KernelUnderlayOther, DpFamily::Other)?;
 
         // Decapsulation off: everything stays with vxlan.1.
         dp.configure(&DpConfig {

@@ -188,6 +188,18 @@ fn everything_else_is_left_to_the_kernel_untouched() -> Result<()> {
         for (what, prog, pkt, want) in cases {
             dp.kernel(what, prog, &pkt, want)?;
         }
+        // The family each is counted under, named rather than derived.
+        #[rustfmt::skip]
+        let families = [
+            ("arp request", POD, arp.clone(), DpPath::KernelNotIpv4, DpFamily::Other),
+            ("vxlan: arp request", VX, arp.clone(), DpPath::KernelNotIpv4, DpFamily::Other),
+            ("ethertype IPv4, version 6", POD, edit_ip(&ack, |ip| ip[0] = 0x65), DpPath::KernelNotIpv4, DpFamily::Other),
+            ("icmp A->R (remote)", POD, from_a(&icmp_echo(POD_A, POD_R)), DpPath::KernelNotTcpUdp, DpFamily::Ipv4),
+            ("vxlan: tcp R->A TTL 1", VX, with_ttl(&ra, 1), DpPath::KernelTtl, DpFamily::Ipv4),
+        ];
+        for (what, prog, pkt, want, family) in families {
+            dp.kernel_as(what, prog, &pkt, want, family)?;
+        }
 
         // Opens and closes go through conntrack, even on an established flow.
         for (name, flags) in [

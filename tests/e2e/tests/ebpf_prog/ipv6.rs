@@ -275,6 +275,11 @@ fn fast6(
         want.name(),
         hex(pkt)
     );
+    ensure!(
+        dp.family() == Some(DpFamily::Ipv6),
+        "{what}: counted as {:?}, expected ipv6",
+        dp.family()
+    );
     let expected = routed6(pkt, macs);
     ensure!(
         out.data == expected,
@@ -541,6 +546,13 @@ fn ipv6_decap_only_from_peers_for_local_pods() -> Result<()> {
             path.name(),
             out.retval
         );
+        // The outer packet is IPv4: what the program unwraps counts as
+        // what it carries.
+        ensure!(
+            dp.family() == Some(DpFamily::Ipv6),
+            "IPv6 unwrapped counted as {:?}",
+            dp.family()
+        );
         let want = routed6(&ra, TO_A);
         ensure!(
             out.data == want,
@@ -551,18 +563,23 @@ fn ipv6_decap_only_from_peers_for_local_pods() -> Result<()> {
         eprintln!("ok  {:<16} {:<48} -> fast_tc_decap", UL.name(), "peer's VXLAN, IPv6 inside");
 
         let stranger = a_r.flow.rev().with_sport(1);
+        // Left before the program looks inside: the outer family (IPv4).
+        // Once it does: the inner one.
+        let (v4, v6) = (DpFamily::Ipv4, DpFamily::Ipv6);
         #[rustfmt::skip]
-        let cases: Vec<KernelCase> = vec![
-            ("IPv6 inside, from a host that is no peer", UL, wrapped(UL_STRANGER, &ra, |_| {}), DpPath::KernelDecapNotPeer),
-            ("inner IPv6 source not the peer's pod", UL, wrapped(UL_PEER, &from_peer6(&tcp6(b_a.flow, ACK, b"")), |_| {}), DpPath::KernelDecapInnerSource),
-            ("inner IPv6 hop limit 1", UL, wrapped(UL_PEER, &with_hop(&ra, 1), |_| {}), DpPath::KernelTtl),
-            ("inner IPv6 SYN", UL, wrapped(UL_PEER, &from_peer6(&tcp6(a_r.flow.rev(), SYN, b"")), |_| {}), DpPath::KernelTcpControl),
-            ("inner IPv6 flow unknown to conntrack", UL, wrapped(UL_PEER, &from_peer6(&tcp6(stranger, ACK, b"")), |_| {}), DpPath::KernelNotEstablished),
-            ("inner IPv6 NS", UL, wrapped(UL_PEER, &from_peer6(&ns(POD_R6, POD_A6, POD_A6)), |_| {}), DpPath::KernelIpv6Nd),
-            ("inner IPv6 to the peer's own podCIDR", UL, wrapped(UL_PEER, &from_peer6(&udp6(Flow6 { src: SocketAddrV6::new(POD_R6, 1, 0, 0), dst: SocketAddrV6::new(PEER6, 2, 0, 0) }, b"")), |_| {}), DpPath::KernelUnknownDest),
+        let cases = [
+            ("IPv6 inside, from a host that is no peer", UL, wrapped(UL_STRANGER, &ra, |_| {}), DpPath::KernelDecapNotPeer, v4),
+            ("IPv6 inside, VNI 2", UL, wrapped(UL_PEER, &ra, |f| f[O_UDP + 14] = 2), DpPath::KernelDecapHeader, v4),
+            ("IPv6 inside, outer fragment", UL, wrapped(UL_PEER, &ra, |f| { f[20] = 0x20; fix_outer(f) }), DpPath::KernelDecapFragment, v4),
+            ("inner IPv6 source not the peer's pod", UL, wrapped(UL_PEER, &from_peer6(&tcp6(b_a.flow, ACK, b"")), |_| {}), DpPath::KernelDecapInnerSource, v6),
+            ("inner IPv6 hop limit 1", UL, wrapped(UL_PEER, &with_hop(&ra, 1), |_| {}), DpPath::KernelTtl, v6),
+            ("inner IPv6 SYN", UL, wrapped(UL_PEER, &from_peer6(&tcp6(a_r.flow.rev(), SYN, b"")), |_| {}), DpPath::KernelTcpControl, v6),
+            ("inner IPv6 flow unknown to conntrack", UL, wrapped(UL_PEER, &from_peer6(&tcp6(stranger, ACK, b"")), |_| {}), DpPath::KernelNotEstablished, v6),
+            ("inner IPv6 NS", UL, wrapped(UL_PEER, &from_peer6(&ns(POD_R6, POD_A6, POD_A6)), |_| {}), DpPath::KernelIpv6Nd, v6),
+            ("inner IPv6 to the peer's own podCIDR", UL, wrapped(UL_PEER, &from_peer6(&udp6(Flow6 { src: SocketAddrV6::new(POD_R6, 1, 0, 0), dst: SocketAddrV6::new(PEER6, 2, 0, 0) }, b"")), |_| {}), DpPath::KernelUnknownDest, v6),
         ];
-        for (what, prog, pkt, want) in cases {
-            dp.kernel(what, prog, &pkt, want)?;
+        for (what, prog, pkt, want, family) in cases {
+            dp.kernel_as(what, prog, &pkt, want, family)?;
         }
         Ok(())
     })

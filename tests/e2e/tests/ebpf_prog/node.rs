@@ -129,6 +129,7 @@ impl Node {
                 dp,
                 pin,
                 iif: std::cell::Cell::new(None),
+                family: std::cell::Cell::new(None),
             })
         })?
     }
@@ -140,6 +141,8 @@ pub(crate) struct Dp<'a> {
     pub(crate) pin: &'a FsPath,
     /// Overrides the arrival interface [`ingress_of`] would pick.
     pub(crate) iif: std::cell::Cell<Option<u32>>,
+    /// The family the last counted run was counted under.
+    family: std::cell::Cell<Option<DpFamily>>,
 }
 
 impl Dp<'_> {
@@ -149,6 +152,15 @@ impl Dp<'_> {
 
     pub(crate) fn counters(&self) -> Result<Vec<(DpPath, PathCounter)>> {
         Ok(read_counters(self.pin)?)
+    }
+
+    pub(crate) fn family_counters(&self) -> Result<Vec<(DpFamily, DpPath, PathCounter)>> {
+        Ok(read_family_counters(self.pin)?)
+    }
+
+    /// The family the last run that was counted was counted under.
+    pub(crate) fn family(&self) -> Option<DpFamily> {
+        self.family.get()
     }
 
     /// Runs `prog` once on `pkt` and returns the path it was counted under,
@@ -162,24 +174,28 @@ impl Dp<'_> {
     /// [`Self::run`], or `None` when `BPF_PROG_TEST_RUN` refused to build an
     /// skb from the frame (see [`test_run_accepts`]) and so ran nothing.
     pub(crate) fn try_run(&self, prog: Prog, pkt: &[u8]) -> Result<Option<(DpPath, Outcome)>> {
-        let before = self.counters()?;
+        self.family.set(None);
+        let before = self.family_counters()?;
         let iif = self.iif.get().unwrap_or_else(|| ingress_of(prog, pkt));
         let out = match run_skb_from(self.dp.program_fd(prog)?, pkt, iif) {
             Ok(out) => out,
             Err(_) if !test_run_accepts(pkt) => {
-                ensure!(self.counters()? == before, "a refused run was counted");
+                ensure!(
+                    self.family_counters()? == before,
+                    "a refused run was counted"
+                );
                 return Ok(None);
             }
             Err(e) => return Err(e),
         };
-        let after = self.counters()?;
-        let moved: Vec<(DpPath, u64, u64)> = before
+        let after = self.family_counters()?;
+        let moved: Vec<(DpFamily, DpPath, u64, u64)> = before
             .iter()
             .zip(&after)
-            .filter(|((_, b), (_, a))| a != b)
-            .map(|((p, b), (_, a))| (*p, a.packets - b.packets, a.bytes - b.bytes))
+            .filter(|((_, _, b), (_, _, a))| a != b)
+            .map(|((f, p, b), (_, _, a))| (*f, *p, a.packets - b.packets, a.bytes - b.bytes))
             .collect();
-        let [(path, packets, bytes)] = moved[..] else {
+        let [(family, path, packets, bytes)] = moved[..] else {
             bail!(
                 "{}: expected exactly one counter to move, got {moved:?}\n  in: {}",
                 prog.name(),
@@ -193,6 +209,8 @@ impl Dp<'_> {
             path.name(),
             pkt.len()
         );
+        check_family(prog, pkt, family, path)?;
+        self.family.set(Some(family));
         match out.retval {
             TCX_NEXT => ensure!(
                 !path.is_fast() && out.data == pkt,
@@ -254,6 +272,25 @@ impl Dp<'_> {
         Ok(())
     }
 
+    /// [`Self::kernel`], counted in the row of `family`.
+    pub(crate) fn kernel_as(
+        &self,
+        what: &str,
+        prog: Prog,
+        pkt: &[u8],
+        want: DpPath,
+        family: DpFamily,
+    ) -> Result<()> {
+        self.kernel(what, prog, pkt, want)?;
+        ensure!(
+            self.family() == Some(family),
+            "{what}: counted as {:?}, expected {}",
+            self.family().map(DpFamily::name),
+            family.name()
+        );
+        Ok(())
+    }
+
     /// A packet the program must forward under `want`, as a router would:
     /// new MACs, TTL one less, a valid checksum, nothing else changed.
     pub(crate) fn fast(
@@ -274,6 +311,11 @@ impl Dp<'_> {
             want.name(),
             hex(pkt)
         );
+        ensure!(
+            self.family() == Some(DpFamily::Ipv4),
+            "{what}: counted as {:?}, expected ipv4",
+            self.family()
+        );
         let expected = routed(pkt, macs);
         ensure!(
             ip_csum_ok(&out.data),
@@ -289,6 +331,54 @@ impl Dp<'_> {
         eprintln!("ok  {:<16} {what:<48} -> {}", prog.name(), path.name());
         Ok(())
     }
+}
+
+/// The family the Ethernet header at `off` of `frame` and the IP version
+/// behind it declare (both must agree), as the counters split packets.
+pub(crate) fn declared_family(frame: &[u8], off: usize) -> DpFamily {
+    let Some(h) = frame.get(off + 12..off + 15) else {
+        return DpFamily::Other;
+    };
+    match (u16::from_be_bytes([h[0], h[1]]), h[2] >> 4) {
+        (0x0800, 4) => DpFamily::Ipv4,
+        (0x86dd, 6) => DpFamily::Ipv6,
+        _ => DpFamily::Other,
+    }
+}
+
+/// What every run's family must satisfy, whatever the packet: from a pod or
+/// `vxlan.1`, the frame's own family; on the underlay, the outer family
+/// unless the program got as far as the inner packet of VXLAN (then the
+/// inner one), which the paths before that point never are.
+fn check_family(prog: Prog, pkt: &[u8], family: DpFamily, path: DpPath) -> Result<()> {
+    let outer = declared_family(pkt, 0);
+    let before_inner = matches!(
+        path,
+        DpPath::KernelNoConfig
+            | DpPath::KernelUnderlayOther
+            | DpPath::KernelDecapNotPeer
+            | DpPath::KernelDecapHeader
+            | DpPath::KernelDecapFragment
+            | DpPath::FastDirectIn
+    );
+    let ok = match prog {
+        Prog::FromUnderlay if !before_inner => {
+            family == outer || family == declared_family(pkt, INNER - 14)
+        }
+        _ => family == outer,
+    };
+    ensure!(
+        ok && (path != DpPath::KernelNotIpv4 || family == DpFamily::Other)
+            && (!path.is_fast() || family != DpFamily::Other),
+        "{}: counted as {} under {}, but the frame says {} (inner: {})\n  in: {}",
+        prog.name(),
+        family.name(),
+        path.name(),
+        outer.name(),
+        declared_family(pkt, INNER - 14).name(),
+        hex(pkt)
+    );
+    Ok(())
 }
 
 /// `frame` as a router forwards it: new MACs (dst, src), TTL one less, the
