@@ -16,23 +16,26 @@
 //! Dual-stack: IPv6 pods cross the same `vxlan.1` over the same IPv4
 //! underlay (`podCIDRv6 via <its first address> onlink`, a permanent IPv6
 //! neighbour to the peer's one VTEP MAC, whose one FDB entry serves both
-//! families), as flannel's IPv6-over-IPv4 does. An IPv6 *underlay* (nodes
-//! with IPv6 host addresses only) is not done. When it is, it gets a
-//! VXLAN device of its own (flannel's `flannel-v6.1` next to
+//! families), as flannel's IPv6-over-IPv4 does. An IPv6 *underlay* has a
+//! VXLAN device of its own, `vxlan6.1` (flannel's `flannel-v6.1` next to
 //! `flannel.1`), not `vxlan.1` over whichever family the host has: a
 //! VXLAN device outside metadata mode opens a socket of one family (that
-//! of its `local`/`group`) and drops FDB destinations of the other, so
-//! one device cannot reach peers of both underlay families, and a cluster
-//! whose nodes differ in underlay family needs both. It also leaves
-//! `vxlan.1`, its FDB and the fast path's IPv4 encapsulation unchanged on
-//! every IPv4 node. Its MTU is the underlay's less 70
-//! (`startup::VXLAN6_OVERHEAD`), and peers would announce it with their
-//! own annotations (host IPv6 address, that device's VTEP MAC), as
-//! flannel's `public-ip-v6` / `backend-v6-data`.
+//! of its `local`/`group`; drivers/net/vxlan/vxlan_core.c,
+//! `vxlan_sock_add`) and the kernel refuses FDB destinations of the
+//! other, so one device cannot reach peers of both underlay families. The
+//! IPv6 socket is IPv6-only, so both devices bind port 8472 (tested in
+//! mycni-common/tests/netlink.rs). It also leaves `vxlan.1`, its FDB and
+//! the fast path's IPv4 encapsulation unchanged on every IPv4 node. Its
+//! MTU is the underlay's less 70 (`startup::VXLAN6_OVERHEAD`); peers
+//! announce it with their own annotations (host IPv6 address, that
+//! device's VTEP MAC), as flannel's `public-ip-v6` / `backend-v6-data`.
+//! Only peers without an IPv4 underlay go through it (`peers::select_all`),
+//! with onlink routes of the agent's protocol (never nexthop objects, whose
+//! table is `vxlan.1`'s): `vxlan.1`'s dumps leave routes on it alone.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use futures::{StreamExt, stream};
@@ -323,6 +326,9 @@ pub struct Kernel {
     /// Whether `nexthop_ids` has been read from the kernel yet: until
     /// then it knows no other program's IDs, and must not hand any out.
     nexthop_ids_read: AtomicBool,
+    /// `vxlan6.1`'s ifindex (0: none): its routes carry the agent's
+    /// protocol too, and `vxlan.1`'s dumps must leave them to its own.
+    vxlan6_index: AtomicU32,
 }
 
 impl Kernel {
@@ -333,6 +339,7 @@ impl Kernel {
             peer_routes: OnceLock::new(),
             nexthop_ids: Mutex::new(NexthopIds::default()),
             nexthop_ids_read: AtomicBool::new(false),
+            vxlan6_index: AtomicU32::new(0),
         })
     }
 
@@ -576,16 +583,68 @@ impl Kernel {
     /// routes through it name their gateway `onlink`, and the node's VTEP
     /// addresses live on `vxlan.1`.
     pub async fn ensure_vxlan6(&self, spec: &Vxlan6Spec) -> Result<(u32, bool), KernelError> {
-        self.ensure_vxlan_device(&DeviceSpec {
-            name: &spec.name,
-            vni: spec.vni,
-            port: spec.port,
-            underlay_index: spec.underlay_index,
-            local: spec.local_ip.into(),
-            mtu: spec.mtu,
-            mac: spec.mac,
-        })
-        .await
+        let r = self
+            .ensure_vxlan_device(&DeviceSpec {
+                name: &spec.name,
+                vni: spec.vni,
+                port: spec.port,
+                underlay_index: spec.underlay_index,
+                local: spec.local_ip.into(),
+                mtu: spec.mtu,
+                mac: spec.mac,
+            })
+            .await?;
+        self.vxlan6_index.store(r.0, Ordering::Relaxed);
+        Ok(r)
+    }
+
+    /// What the agent owns on `vxlan6.1` (index `vxlan6`): its IPv6 routes
+    /// with the agent's protocol (each `via` a gateway `onlink`, never
+    /// through a nexthop object: the nexthop table is `vxlan.1`'s), its
+    /// permanent IPv6 neighbours and its FDB entries.
+    pub async fn dump_vxlan6(&self, vxlan6: u32) -> Result<OverlayState, KernelError> {
+        let routes6 = self
+            .nl
+            .ipv6_routes_by_protocol(RTPROT_MYCNI_AGENT)
+            .await?
+            .into_iter()
+            .filter(|r| r.oif == Some(vxlan6))
+            .collect();
+        let mut s = OverlayState {
+            routes6: onlink_routes(routes6, vxlan6, 0),
+            ..OverlayState::default()
+        };
+        for n in self.nl.permanent_ipv6_neighbours(vxlan6).await? {
+            s.neighbours6.insert(n.ip, n.mac);
+        }
+        for e in self.nl.fdb_entries(vxlan6).await? {
+            if let Some(ip) = e.dst6 {
+                s.fdb6.insert(e.mac, ip);
+            }
+        }
+        Ok(s)
+    }
+
+    /// Applies a diff of [`Kernel::dump_vxlan6`]'s state to `vxlan6.1`,
+    /// as [`Kernel::apply`] does without nexthop objects. Returns the
+    /// number of failed actions.
+    pub async fn apply_vxlan6(&self, vxlan6: u32, actions: &[Action]) -> usize {
+        let plans = BTreeMap::new();
+        let (dels, sets): (Vec<&Action>, Vec<&Action>) =
+            actions.iter().partition(|a| a.is_delete());
+        let mut failed = 0;
+        // One at a time: a few peers, and the FDB -> neighbour -> route
+        // order kept by the diff's sort within each group.
+        for a in dels.into_iter().chain(sets) {
+            if let Err(e) = self
+                .apply_one(PeerRoutes::Onlink, &plans, vxlan6, 0, a)
+                .await
+            {
+                tracing::warn!(error = %e, device = "vxlan6", "kernel update failed");
+                failed += 1;
+            }
+        }
+        failed
     }
 
     /// The IPv6 underlay on the underlay interface `underlay`, as `how`
@@ -657,8 +716,20 @@ impl Kernel {
             if let Some(ip) = e.dst {
                 s.fdb.insert(e.mac, ip);
             }
+            if let Some(ip) = e.dst6 {
+                s.fdb6.insert(e.mac, ip);
+            }
         }
         Ok(s)
+    }
+
+    /// `routes` without `vxlan6.1`'s.
+    fn not_vxlan6<A: RouteFamily>(&self, routes: Vec<Route<A>>) -> Vec<Route<A>> {
+        let v6dev = self.vxlan6_index.load(Ordering::Relaxed);
+        routes
+            .into_iter()
+            .filter(|r| v6dev == 0 || r.oif != Some(v6dev))
+            .collect()
     }
 
     /// The peer routes holding their gateway themselves.
@@ -674,7 +745,7 @@ impl Kernel {
                 underlay,
             ),
             routes6: onlink_routes(
-                self.nl.ipv6_routes_by_protocol(RTPROT_MYCNI_AGENT).await?,
+                self.not_vxlan6(self.nl.ipv6_routes_by_protocol(RTPROT_MYCNI_AGENT).await?),
                 vxlan,
                 underlay,
             ),
@@ -701,10 +772,14 @@ impl Kernel {
             .nl
             .routes_with_nexthops_by_protocol(RTPROT_MYCNI_AGENT)
             .await?;
-        let routes6 = self
+        let v6dev = self.vxlan6_index.load(Ordering::Relaxed);
+        let routes6: Vec<_> = self
             .nl
             .ipv6_routes_with_nexthops_by_protocol(RTPROT_MYCNI_AGENT)
-            .await?;
+            .await?
+            .into_iter()
+            .filter(|(r, _)| v6dev == 0 || r.oif != Some(v6dev))
+            .collect();
         let ids = NexthopIds::new(
             own.iter().map(|n| (n.id, hop_of(n, vxlan, underlay))),
             foreign.iter().map(|n| n.id),

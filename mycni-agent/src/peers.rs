@@ -543,6 +543,144 @@ pub fn select_peers(
     (peers, rejected)
 }
 
+/// A peer reached over the IPv6 underlay only: a Node that announces an
+/// IPv6 underlay and an IPv6 podCIDR but no IPv4 host address (or no IPv4
+/// podCIDR), an IPv6-only node. Its IPv6 pods are routed through
+/// `vxlan6.1`; it has no IPv4 side.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer6 {
+    pub name: String,
+    pub pod_cidr6: Cidr6,
+    pub underlay6: Underlay6,
+}
+
+/// Every peer to program: those with an IPv4 underlay (their IPv6 side
+/// included, over `vxlan.1`), those reached over the IPv6 underlay only,
+/// and the rejected Nodes with reasons.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Selection {
+    pub peers: Vec<Peer>,
+    pub peers6: Vec<Peer6>,
+    pub rejected: Vec<(String, Reject)>,
+}
+
+/// [`select_peers`], and the Nodes it rejects for want of an IPv4 host
+/// address or IPv4 podCIDR taken as [`Peer6`] when their IPv6 side and
+/// IPv6 underlay are valid. A peer with an IPv4 underlay is reached over
+/// it even when it has an IPv6 one too: this node always has an IPv4
+/// underlay (start-up requires one), so IPv4 works for such a peer, and
+/// it keeps that peer on `vxlan.1`, its one FDB entry and the fast path's
+/// IPv4 encapsulation. IPv6 podCIDR overlaps and `vxlan6.1` MAC
+/// duplicates are judged across both kinds: the IPv6 side of every party
+/// is left out.
+pub fn select_all(
+    nodes: &[NodeView],
+    own_name: &str,
+    own: impl Into<PodCidrs>,
+    cluster: impl Into<ClusterCidrs>,
+) -> Selection {
+    let (own, cluster) = (own.into(), cluster.into());
+    let (mut peers, mut rejected) = select_peers(nodes, own_name, own, cluster);
+    let mut peers6 = Vec::new();
+    let by_name: BTreeMap<&str, &NodeView> = nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+    rejected.retain(|(name, _)| {
+        let Some(n) = by_name.get(name.as_str()) else {
+            return true;
+        };
+        let ipv6_only =
+            !n.annotations.contains_key(ANNOTATION_HOST_IP) || n.pod_cidr_texts().v4.is_empty();
+        if !ipv6_only {
+            return true;
+        }
+        match (parse_peer6(n, cluster.v6), parse_underlay6(n)) {
+            (Ok(Some(pod_cidr6)), Ok(Some(underlay6))) => {
+                peers6.push(Peer6 {
+                    name: name.clone(),
+                    pod_cidr6,
+                    underlay6,
+                });
+                false
+            }
+            _ => true,
+        }
+    });
+    // IPv6 podCIDRs across both kinds, this node's first.
+    let mut keep6 = vec![true; peers6.len()];
+    for (i, p) in peers6.iter().enumerate() {
+        if own.v6.is_some_and(|o| o.overlaps(p.pod_cidr6)) {
+            keep6[i] = false;
+            rejected.push((
+                p.name.clone(),
+                Reject::OverlapsOwn6(p.pod_cidr6.to_string()),
+            ));
+        }
+    }
+    let cidrs: Vec<Cidr6> = peers
+        .iter()
+        .filter_map(|p| p.pod_cidr6)
+        .chain(peers6.iter().map(|p| p.pod_cidr6))
+        .collect();
+    let bad = overlapping(&cidrs);
+    let mut macs6: BTreeMap<Mac, usize> = BTreeMap::new();
+    for u in peers
+        .iter()
+        .filter_map(|p| p.underlay6)
+        .chain(peers6.iter().map(|p| p.underlay6))
+    {
+        *macs6.entry(u.vtep_mac).or_default() += 1;
+    }
+    let mut k = 0;
+    for p in &mut peers {
+        if let Some(c6) = p.pod_cidr6 {
+            // Overlaps among `peers` alone were settled by select_peers:
+            // what is left is one with an IPv6-only peer.
+            if bad[k] {
+                p.pod_cidr6 = None;
+                rejected.push((p.name.clone(), Reject::OverlapsPeer6(c6.to_string())));
+            }
+            k += 1;
+        }
+        if let Some(u) = p.underlay6
+            && macs6.get(&u.vtep_mac).copied().unwrap_or(0) > 1
+        {
+            p.underlay6 = None;
+            rejected.push((
+                p.name.clone(),
+                Reject::DuplicateVtepMac6(u.vtep_mac.to_string()),
+            ));
+        }
+    }
+    for (i, p) in peers6.iter().enumerate() {
+        if !keep6[i] {
+            continue;
+        }
+        if bad[k + i] {
+            keep6[i] = false;
+            rejected.push((
+                p.name.clone(),
+                Reject::OverlapsPeer6(p.pod_cidr6.to_string()),
+            ));
+        } else if macs6.get(&p.underlay6.vtep_mac).copied().unwrap_or(0) > 1 {
+            keep6[i] = false;
+            rejected.push((
+                p.name.clone(),
+                Reject::DuplicateVtepMac6(p.underlay6.vtep_mac.to_string()),
+            ));
+        }
+    }
+    let mut peers6: Vec<Peer6> = peers6
+        .into_iter()
+        .zip(keep6)
+        .filter_map(|(p, keep)| keep.then_some(p))
+        .collect();
+    peers6.sort_by(|a, b| a.name.cmp(&b.name));
+    Selection {
+        peers,
+        peers6,
+        rejected,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1066,6 +1204,125 @@ mod tests {
                 ("b", "duplicate_vtep_mac_v6"),
                 ("c", "duplicate_vtep_mac_v6")
             ]
+        );
+    }
+
+    /// An IPv6-only Node: an IPv6 podCIDR and an IPv6 underlay, no IPv4.
+    fn v6_only(name: &str, cidr6: &str, n: u8) -> NodeView {
+        let mut v = with_underlay6(
+            view(name, None, None, None),
+            Some(&format!("fd00:77::{n:x}")),
+            Some(&format!("02:00:00:00:06:{n:02x}")),
+        );
+        v.pod_cidrs = vec![cidr6.to_string()];
+        v
+    }
+
+    #[test]
+    fn an_ipv6_only_node_is_a_peer_over_the_ipv6_underlay() {
+        let own = PodCidrs {
+            v4: Cidr::parse_network("10.244.0.0/24").ok(),
+            v6: Cidr6::parse_network("fd00:10:244::/64").ok(),
+        };
+        let dual_peer = with_underlay6(
+            dual("d", &["10.244.1.0/24", "fd00:10:244:1::/64"], 1),
+            Some("fd00:77::1"),
+            Some("02:00:00:00:06:01"),
+        );
+        let s = select_all(
+            &[
+                v6_only("a", "fd00:10:244:a::/64", 0xa),
+                dual_peer.clone(),
+                // Overlaps this node's IPv6 range, another IPv6-only
+                // node's and the dual peer's.
+                v6_only("own", "fd00:10:244::/64", 0xb),
+                v6_only("x", "fd00:10:244:a::/64", 0xc),
+                v6_only("y", "fd00:10:244:1::/64", 0xd),
+                // No IPv6 underlay, or a bad one: rejected as before.
+                view("z", Some("fd00:10:244:f::/64"), None, None),
+                with_underlay6(
+                    v6_only("w", "fd00:10:244:e::/64", 0xe),
+                    Some("fe80::1"),
+                    None,
+                ),
+                // Outside the IPv6 cluster range.
+                v6_only("o", "fd00:99::/64", 0xf),
+            ],
+            "me",
+            own,
+            cluster2(),
+        );
+        assert_eq!(s.peers.len(), 1);
+        // The dual peer keeps its IPv4 side and its IPv6 underlay, not its
+        // IPv6 podCIDR, which an IPv6-only node claims too.
+        assert_eq!(
+            (s.peers[0].pod_cidr6, s.peers[0].underlay6.is_some()),
+            (None, true)
+        );
+        assert!(s.peers6.is_empty(), "{:?}", s.peers6);
+        let mut reasons: Vec<_> = s
+            .rejected
+            .iter()
+            .map(|(n, r)| (n.as_str(), r.reason()))
+            .collect();
+        reasons.sort();
+        assert_eq!(
+            reasons,
+            [
+                ("a", "overlaps_peer_v6"),
+                ("d", "overlaps_peer_v6"),
+                ("o", "no_ipv4_pod_cidr"),
+                ("own", "overlaps_own_v6"),
+                ("w", "no_ipv4_pod_cidr"),
+                ("x", "overlaps_peer_v6"),
+                ("y", "overlaps_peer_v6"),
+                ("z", "no_ipv4_pod_cidr"),
+            ]
+        );
+        // Alone, each good one is a peer.
+        let s = select_all(
+            &[v6_only("a", "fd00:10:244:a::/64", 0xa), dual_peer],
+            "me",
+            own,
+            cluster2(),
+        );
+        assert!(s.rejected.is_empty(), "{:?}", s.rejected);
+        assert_eq!(s.peers.len(), 1);
+        assert_eq!(
+            s.peers[0].pod_cidr6,
+            Cidr6::parse_network("fd00:10:244:1::/64").ok()
+        );
+        assert_eq!(
+            s.peers6,
+            [Peer6 {
+                name: "a".into(),
+                pod_cidr6: Cidr6::parse_network("fd00:10:244:a::/64").unwrap(),
+                underlay6: Underlay6 {
+                    host_ip: "fd00:77::a".parse().unwrap(),
+                    vtep_mac: Mac([2, 0, 0, 0, 6, 0xa]),
+                },
+            }]
+        );
+        // A dual-stack Node without IPv4 host address is one too.
+        let mut no_v4_host = with_underlay6(
+            dual("b", &["10.244.2.0/24", "fd00:10:244:2::/64"], 2),
+            Some("fd00:77::2"),
+            Some("02:00:00:00:06:02"),
+        );
+        no_v4_host.annotations.remove(ANNOTATION_HOST_IP);
+        let s = select_all(&[no_v4_host.clone()], "me", own, cluster2());
+        assert_eq!((s.peers.len(), s.peers6.len()), (0, 1));
+        // Two IPv6-only Nodes with one vxlan6.1 MAC: neither.
+        let mut twin = v6_only("c", "fd00:10:244:c::/64", 0xc);
+        twin.annotations
+            .insert(ANNOTATION_VTEP_MAC6.into(), "02:00:00:00:06:02".into());
+        let s = select_all(&[no_v4_host, twin], "me", own, cluster2());
+        assert!(s.peers6.is_empty());
+        assert_eq!(s.rejected.len(), 2, "{:?}", s.rejected);
+        assert!(
+            s.rejected
+                .iter()
+                .all(|(_, r)| r.reason() == "duplicate_vtep_mac_v6")
         );
     }
 

@@ -7,7 +7,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use mycni_common::net::Family;
 
-use crate::peers::{Cidr, Cidr6, Mac, Peer};
+use crate::peers::{Cidr, Cidr6, Mac, Peer, Peer6};
 
 /// What the agent owns on `vxlan.1` for its peers. Routes are keyed by
 /// destination, neighbours by IP, FDB entries by MAC: one value each, so a
@@ -34,6 +34,10 @@ pub struct OverlayState {
     pub routes6: BTreeMap<Cidr6, Ipv6Addr>,
     /// IPv6 VTEP address -> VTEP MAC, permanent (the peer's one MAC).
     pub neighbours6: BTreeMap<Ipv6Addr, Mac>,
+    /// VTEP MAC -> IPv6 host address: the FDB of `vxlan6.1`, the device
+    /// over the IPv6 underlay, whose state is an `OverlayState` of its own
+    /// (routes6, neighbours6 and this; `vxlan.1`'s never has any).
+    pub fdb6: BTreeMap<Mac, Ipv6Addr>,
 }
 
 /// A peer podCIDR as the kernel backs it, for the fast path's maps: a
@@ -76,8 +80,9 @@ pub enum Action {
     DelNeighbour(Ipv4Addr),
     DelNeighbour6(Ipv6Addr),
     DelFdb(Mac),
-    /// Add or replace (NLM_F_REPLACE semantics).
-    SetFdb(Mac, Ipv4Addr),
+    /// Add or replace (NLM_F_REPLACE semantics). The host address is of
+    /// the device's underlay family.
+    SetFdb(Mac, IpAddr),
     SetNeighbour(Ipv4Addr, Mac),
     SetNeighbour6(Ipv6Addr, Mac),
     SetRoute(Cidr, Ipv4Addr),
@@ -119,6 +124,22 @@ pub fn desired_direct(peers: &[Peer], direct: &[Cidr]) -> OverlayState {
             s.neighbours6.insert(c6.network(), p.vtep_mac);
         }
         s.fdb.insert(p.vtep_mac, p.host_ip);
+    }
+    s
+}
+
+/// What the agent owns on `vxlan6.1` for the peers reached over the IPv6
+/// underlay: per peer, its IPv6 podCIDR `via` its first address `onlink`,
+/// a permanent neighbour for that address to its `vxlan6.1` MAC, and the
+/// FDB entry sending that MAC to its IPv6 host address: `vxlan.1`'s IPv6
+/// side, over the other device.
+pub fn desired_underlay6(peers: &[Peer6]) -> OverlayState {
+    let mut s = OverlayState::default();
+    for p in peers {
+        let gw = p.pod_cidr6.network();
+        s.routes6.insert(p.pod_cidr6, gw);
+        s.neighbours6.insert(gw, p.underlay6.vtep_mac);
+        s.fdb6.insert(p.underlay6.vtep_mac, p.underlay6.host_ip);
     }
     s
 }
@@ -172,7 +193,14 @@ pub fn diff(want: &OverlayState, have: &OverlayState) -> Vec<Action> {
         &want.fdb,
         &have.fdb,
         Action::DelFdb,
-        Action::SetFdb,
+        |m, ip| Action::SetFdb(m, ip.into()),
+        &mut out,
+    );
+    diff_map(
+        &want.fdb6,
+        &have.fdb6,
+        Action::DelFdb,
+        |m, ip| Action::SetFdb(m, ip.into()),
         &mut out,
     );
     diff_map(
@@ -206,9 +234,13 @@ pub fn apply(state: &mut OverlayState, actions: &[Action]) {
             }
             Action::DelFdb(m) => {
                 state.fdb.remove(m);
+                state.fdb6.remove(m);
             }
-            Action::SetFdb(m, ip) => {
+            Action::SetFdb(m, IpAddr::V4(ip)) => {
                 state.fdb.insert(*m, *ip);
+            }
+            Action::SetFdb(m, IpAddr::V6(ip)) => {
+                state.fdb6.insert(*m, *ip);
             }
             Action::SetNeighbour(ip, m) => {
                 state.neighbours.insert(*ip, *m);
@@ -434,7 +466,10 @@ mod tests {
         assert_eq!(
             acts,
             vec![
-                Action::SetFdb(Mac([2, 0, 0, 0, 0, 1]), Ipv4Addr::new(192, 168, 0, 2)),
+                Action::SetFdb(
+                    Mac([2, 0, 0, 0, 0, 1]),
+                    Ipv4Addr::new(192, 168, 0, 2).into()
+                ),
                 Action::SetNeighbour(Ipv4Addr::new(10, 244, 1, 0), Mac([2, 0, 0, 0, 0, 1])),
                 Action::SetRoute(
                     Cidr::parse_network("10.244.1.0/24").unwrap(),
@@ -486,7 +521,7 @@ mod tests {
             diff(&new_ip, &old),
             vec![Action::SetFdb(
                 Mac([2, 0, 0, 0, 0, 1]),
-                Ipv4Addr::new(192, 168, 0, 9)
+                Ipv4Addr::new(192, 168, 0, 9).into()
             )]
         );
         // MAC changed: old FDB entry deleted, neighbour replaced, new FDB.
@@ -709,7 +744,7 @@ mod tests {
         assert_eq!(
             acts,
             vec![
-                Action::SetFdb(mac, Ipv4Addr::new(192, 168, 0, 2)),
+                Action::SetFdb(mac, Ipv4Addr::new(192, 168, 0, 2).into()),
                 Action::SetNeighbour(Ipv4Addr::new(10, 244, 1, 0), mac),
                 Action::SetNeighbour6(ip6("fd00:10:244:1::"), mac),
                 Action::SetRoute(cidr("10.244.1.0/24"), Ipv4Addr::new(10, 244, 1, 0)),
@@ -780,5 +815,62 @@ mod tests {
         // A restarted agent reads the IPv6 route's nexthop back.
         let t = NexthopIds::new([(p6.id, Some(hop))], [], [(AnyCidr::from(a), p6.id)]);
         assert_eq!(t.route(a), Some((p6.id, Some(hop))));
+    }
+
+    #[test]
+    fn ipv6_underlay_peers_are_a_route_neighbour_and_fdb_entry_on_vxlan6() {
+        use crate::peers::{Peer6, Underlay6};
+        let p = |n: u8| Peer6 {
+            name: format!("p{n}"),
+            pod_cidr6: Cidr6::parse_network(&format!("fd00:10:244:{n}::/64")).unwrap(),
+            underlay6: Underlay6 {
+                host_ip: format!("fd00:77::{n}").parse().unwrap(),
+                vtep_mac: Mac([2, 0, 0, 0, 6, n]),
+            },
+        };
+        let want = desired_underlay6(&[p(1), p(2)]);
+        let gw: Ipv6Addr = "fd00:10:244:1::".parse().unwrap();
+        assert_eq!(want.routes6[&p(1).pod_cidr6], gw);
+        assert_eq!(want.neighbours6[&gw], Mac([2, 0, 0, 0, 6, 1]));
+        assert_eq!(
+            want.fdb6[&Mac([2, 0, 0, 0, 6, 1])],
+            "fd00:77::1".parse::<Ipv6Addr>().unwrap()
+        );
+        // Nothing of vxlan.1's IPv4 side.
+        assert!(want.routes.is_empty() && want.neighbours.is_empty() && want.fdb.is_empty());
+        let acts = diff(&want, &OverlayState::default());
+        assert!(acts.contains(&Action::SetFdb(
+            Mac([2, 0, 0, 0, 6, 2]),
+            "fd00:77::2".parse::<Ipv6Addr>().unwrap().into()
+        )));
+        // FDB before neighbour before route, as on vxlan.1.
+        let pos = |f: fn(&Action) -> bool| acts.iter().position(f).unwrap();
+        assert!(
+            pos(|a| matches!(a, Action::SetFdb(..)))
+                < pos(|a| matches!(a, Action::SetNeighbour6(..)))
+        );
+        assert!(
+            pos(|a| matches!(a, Action::SetNeighbour6(..)))
+                < pos(|a| matches!(a, Action::SetRoute6(..)))
+        );
+        let mut have = OverlayState::default();
+        apply(&mut have, &acts);
+        assert_eq!(have, want);
+        // A moved host address is one FDB replace; a peer gone, three deletes.
+        let mut moved = p(2);
+        moved.underlay6.host_ip = "fd00:77::99".parse().unwrap();
+        let acts = diff(&desired_underlay6(&[p(1), moved]), &have);
+        assert_eq!(
+            acts,
+            [Action::SetFdb(
+                Mac([2, 0, 0, 0, 6, 2]),
+                "fd00:77::99".parse::<Ipv6Addr>().unwrap().into()
+            )]
+        );
+        let acts = diff(&desired_underlay6(&[p(1)]), &have);
+        assert_eq!(acts.len(), 3, "{acts:?}");
+        assert!(acts.iter().all(Action::is_delete));
+        apply(&mut have, &acts);
+        assert_eq!(have, desired_underlay6(&[p(1)]));
     }
 }

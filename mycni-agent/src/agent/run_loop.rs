@@ -31,7 +31,7 @@ use crate::fastpath::FastPath;
 use crate::kernel::{Kernel, VxlanSpec};
 use crate::kwatch::{Expected, Signals, Watched};
 use crate::metrics::{Liveness, Metrics, NetlinkOp, netlink_timed};
-use crate::peers::{ANNOTATION_HOST_IP, Cidr, ClusterCidrs, NodeView, PodCidrs, select_peers};
+use crate::peers::{ANNOTATION_HOST_IP, Cidr, ClusterCidrs, NodeView, PodCidrs};
 use crate::reconcile::{self, OverlayState};
 use crate::underlay_filter::UnderlayFilter;
 
@@ -127,18 +127,29 @@ impl Loop {
     async fn pass(&mut self, nodes: &[Arc<Node>], full: bool, read_pods: bool) -> Result<()> {
         let _timer = self.metrics.reconcile_started();
         let views: Vec<NodeView> = nodes.iter().map(|n| node_view(n)).collect();
-        let (peers, rejected) = select_peers(&views, &self.own_name, self.own, self.cluster);
+        let crate::peers::Selection {
+            peers,
+            peers6,
+            rejected,
+        } = crate::peers::select_all(&views, &self.own_name, self.own, self.cluster);
         let want = reconcile::desired_direct(&peers, &self.direct);
         self.publish_expected(&want);
         let (index, recreated) =
             netlink_timed(NetlinkOp::EnsureVxlan, self.kernel.ensure_vxlan(&self.vx)).await?;
         self.watched.set_vxlan_index(index);
+        let mut index6 = None;
         if let Some(vx6) = &self.vx6 {
-            let (_, recreated6) =
+            let (i6, recreated6) =
                 netlink_timed(NetlinkOp::EnsureVxlan, self.kernel.ensure_vxlan6(vx6)).await?;
             if recreated6 {
                 tracing::warn!(device = %vx6.name, "VXLAN device over IPv6 was missing or wrong and has been recreated");
             }
+            index6 = Some(i6);
+        } else if !peers6.is_empty() {
+            tracing::warn!(
+                peers = peers6.len(),
+                "peers reachable over an IPv6 underlay only, but this node has none (--underlay6): their pods are unreachable"
+            );
         }
         if recreated || full {
             self.kernel_cache = None;
@@ -172,7 +183,22 @@ impl Loop {
             None => netlink_timed(NetlinkOp::Dump, self.kernel.dump(index, underlay)).await?,
         };
         let actions = reconcile::diff(&want, &have);
-        let failed = self.kernel.apply(index, underlay, &actions).await;
+        let mut failed = self.kernel.apply(index, underlay, &actions).await;
+        // vxlan6.1 after vxlan.1: a peer moving from it to vxlan.1 has its
+        // routes replaced there first, and is then no longer here.
+        if let Some(i6) = index6 {
+            let want6 = reconcile::desired_underlay6(&peers6);
+            let have6 = netlink_timed(NetlinkOp::Dump, self.kernel.dump_vxlan6(i6)).await?;
+            let actions6 = reconcile::diff(&want6, &have6);
+            if !actions6.is_empty() {
+                tracing::info!(
+                    changes = actions6.len(),
+                    peers = peers6.len(),
+                    "reconciled the overlay over IPv6"
+                );
+            }
+            failed += self.kernel.apply_vxlan6(i6, &actions6).await;
+        }
         // After the kernel, not before: the set is rewritten through `nft`
         // (tens of ms with 5,000 peers), which would otherwise delay every
         // route, neighbour and FDB change behind it. A new peer's VXLAN is
@@ -180,7 +206,10 @@ impl Loop {
         // retransmission covers.
         self.filter.sync(
             peers.iter().map(|p| p.host_ip),
-            peers.iter().filter_map(|p| Some(p.underlay6?.host_ip)),
+            peers
+                .iter()
+                .filter_map(|p| Some(p.underlay6?.host_ip))
+                .chain(peers6.iter().map(|p| p.underlay6.host_ip)),
         );
         if full {
             crate::antispoof::ensure(&self.metrics);
@@ -218,7 +247,7 @@ impl Loop {
             tracing::warn!(changes = actions.len(), ?actions, "repaired kernel drift");
         }
         m.peers_programmed
-            .store(peers.len() as u64, Ordering::Relaxed);
+            .store((peers.len() + peers6.len()) as u64, Ordering::Relaxed);
         m.reconcile_runs.fetch_add(1, Ordering::Relaxed);
         if failed > 0 {
             bail!("{failed} of {} kernel updates failed", actions.len());

@@ -306,3 +306,129 @@ fn underlay6_off_makes_no_vxlan6_and_announces_none() -> Result<()> {
     );
     Ok(())
 }
+
+/// Node 1's vxlan6.1 state and its agent's last words, for a failure.
+fn state(l: &Lab) -> String {
+    format!(
+        "routes {:?}\nneigh {:?}\nfdb {:?}\nset {:?}\nlog {:?}",
+        ip(l, 1, &["-6", "route", "show", "proto", "110"]),
+        ip(l, 1, &["-6", "neigh", "show", "dev", "vxlan6.1"]),
+        sh(
+            "bridge",
+            &["-n", &l.spec.node_name(1), "fdb", "show", "dev", "vxlan6.1"]
+        ),
+        nft(l, 1, &["list", "set", "ip6", "mycni_underlay", "peers"]),
+        std::fs::read_to_string(l.spec.node_dir(1).join("agent.log")).map(|s| s
+            .lines()
+            .rev()
+            .take(12)
+            .collect::<Vec<_>>()
+            .join("\n")),
+    )
+}
+
+/// An IPv6-only Node (IPv6 podCIDR, IPv6 underlay, nothing IPv4) as node 1
+/// sees it: its IPv6 podCIDR through `vxlan6.1` (route, permanent
+/// neighbour, FDB entry to its IPv6 host address), its host address in
+/// the ip6 filter set, nothing of it on `vxlan.1`; `vxlan.1`'s passes leave
+/// `vxlan6.1`'s route alone, drift is repaired, and a deleted Node takes
+/// it all along.
+#[test]
+fn an_ipv6_only_peer_is_routed_through_vxlan6() -> Result<()> {
+    let t = common::lab_stack(1, 0, Stack::Dual, &[])?;
+    let l = &t.0;
+    let api = l.api.as_ref().context("api")?;
+    ip(
+        l,
+        1,
+        &[
+            "addr",
+            "add",
+            &format!("{}/64", host6(1)),
+            "dev",
+            "eth0",
+            "nodad",
+        ],
+    )?;
+    l.restart_agent(1)?;
+    let (cidr, vtep, mac, host) = (
+        "fd00:10:244:50::/64",
+        "fd00:10:244:50::",
+        "02:00:00:00:06:50",
+        "fd00:77::50",
+    );
+    let mut n = mycni_apiserver::node_with_cidrs("v6-only", &[cidr]);
+    n.metadata.annotations = Some(
+        [
+            ("mycni.dev/host-ip-v6".to_string(), host.to_string()),
+            ("mycni.dev/vtep-mac-v6".to_string(), mac.to_string()),
+        ]
+        .into(),
+    );
+    api.create_node(n)?;
+    let route = format!("{cidr} via {vtep} dev vxlan6.1 ");
+    let programmed = || -> Result<bool> {
+        let fdb = sh(
+            "bridge",
+            &["-n", &l.spec.node_name(1), "fdb", "show", "dev", "vxlan6.1"],
+        )?;
+        Ok(
+            ip(l, 1, &["-6", "route", "show", "proto", "110"])?.contains(&route)
+                && ip(l, 1, &["-6", "neigh", "show", "dev", "vxlan6.1"])?
+                    .contains(&format!("{vtep} lladdr {mac} PERMANENT"))
+                && fdb.contains(&format!("{mac} dst {host} self permanent"))
+                && nft(l, 1, &["list", "set", "ip6", "mycni_underlay", "peers"])?.contains(host),
+        )
+    };
+    wait_until(
+        "the IPv6-only peer programmed",
+        Duration::from_secs(5),
+        programmed,
+    )
+    .with_context(|| state(l))?;
+    ensure!(
+        !ip(l, 1, &["-6", "neigh", "show", "dev", "vxlan.1"])?.contains(vtep),
+        "the IPv6-only peer on vxlan.1"
+    );
+    let m = l.metrics(1)?;
+    ensure!(
+        !m.contains("reason=\"no_ipv4_pod_cidr\""),
+        "counted as rejected: {m}"
+    );
+    // Full passes every second: vxlan.1's leave vxlan6.1's route alone.
+    std::thread::sleep(Duration::from_secs(3));
+    ensure!(programmed()?, "the route flapped");
+    let m = l.metrics(1)?;
+    ensure!(m.contains("mycni_kernel_drift_repaired_total 0"), "{m}");
+    // Drift: the route, neighbour and FDB entry deleted by hand come back.
+    ip(l, 1, &["-6", "route", "del", cidr])?;
+    ip(l, 1, &["-6", "neigh", "del", vtep, "dev", "vxlan6.1"])?;
+    sh(
+        "bridge",
+        &[
+            "-n",
+            &l.spec.node_name(1),
+            "fdb",
+            "del",
+            mac,
+            "dev",
+            "vxlan6.1",
+            "self",
+        ],
+    )?;
+    wait_until("the drift repaired", Duration::from_secs(5), programmed)?;
+    api.delete_node("v6-only")?;
+    wait_until("the peer's state removed", Duration::from_secs(5), || {
+        let fdb = sh(
+            "bridge",
+            &["-n", &l.spec.node_name(1), "fdb", "show", "dev", "vxlan6.1"],
+        )?;
+        Ok(
+            !ip(l, 1, &["-6", "route", "show", "proto", "110"])?.contains(cidr)
+                && !ip(l, 1, &["-6", "neigh", "show", "dev", "vxlan6.1"])?.contains(vtep)
+                && !fdb.contains(mac)
+                && !nft(l, 1, &["list", "set", "ip6", "mycni_underlay", "peers"])?.contains(host),
+        )
+    })?;
+    Ok(())
+}
