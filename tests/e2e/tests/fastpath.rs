@@ -485,8 +485,10 @@ fn ipv6_streams_take_the_fast_path_between_nodes_and_within_one() -> Result<()> 
 
     // Across nodes: encapsulated and decapsulated in tc, as for IPv4.
     let (b1, b2) = (l.counters(1)?, l.counters(2)?);
+    let (fb1, fb2) = (l.family_counters(1)?, l.family_counters(2)?);
     let (_, bytes) = iperf3(&b, 5201, &a, SocketAddr::from((b6, 5201)), &["-t", "2"])?;
     let (a1, a2c) = (l.counters(1)?, l.counters(2)?);
+    let (fa1, fa2) = (l.family_counters(1)?, l.family_counters(2)?);
     let fast = delta(&a1, &b1, "fast_encap");
     let slow = kernel_total(&a1, &b1);
     let share = fast as f64 / (fast + slow).max(1) as f64;
@@ -506,6 +508,28 @@ fn ipv6_streams_take_the_fast_path_between_nodes_and_within_one() -> Result<()> 
         "node 2 did not unwrap the IPv6 stream in tc: {a2c:?}"
     );
     assert!(delta(&a1, &b1, "kernel_tcp_control") >= 4, "{a1:?}");
+    // Counted as IPv6 at both ends, though node 2 sees it inside IPv4
+    // VXLAN: the per-family share the lab reports.
+    let row = |c: &mycni_lab::FamilyCounters, f: &str, p: &str| -> u64 {
+        c.get(f).and_then(|r| r.get(p)).copied().unwrap_or(0)
+    };
+    let (v6_encap, v4_encap) = (
+        row(&fa1, "ipv6", "fast_encap").saturating_sub(row(&fb1, "ipv6", "fast_encap")),
+        row(&fa1, "ipv4", "fast_encap").saturating_sub(row(&fb1, "ipv4", "fast_encap")),
+    );
+    let v6_decap =
+        row(&fa2, "ipv6", "fast_tc_decap").saturating_sub(row(&fb2, "ipv6", "fast_tc_decap"));
+    let share6 = mycni_lab::PathShare::between_family(&fb1, &fa1, mycni_lab::IpFamily::V6);
+    eprintln!(
+        "by family: node1 ipv6 fast_encap {v6_encap}, ipv4 {v4_encap}; node2 ipv6 fast_tc_decap {v6_decap}; node1 ipv6: {}",
+        share6.describe()
+    );
+    assert!(
+        v6_encap * 100 >= fast * 95 && v4_encap * 100 <= v6_encap,
+        "{fa1:?}"
+    );
+    assert!(v6_decap * 100 >= v6_encap * 95, "{fa2:?}");
+    assert!(share6.fast_pct().is_some_and(|p| p >= 95.0), "{share6:?}");
 
     // Within node 1: straight into the other pod.
     let b1 = l.counters(1)?;
