@@ -176,6 +176,8 @@ pub struct Watched {
     underlay: UnderlaySelect,
     /// `vxlan.1`'s ifindex as of the last pass (0 before the first).
     vxlan_index: AtomicU32,
+    /// `vxlan6.1`'s, on a node with an IPv6 underlay (0: none).
+    vxlan6_index: AtomicU32,
     /// None before the first pass: then only deletions of the agent's
     /// kind of state wake a pass (the first pass runs anyway).
     expected: Mutex<Option<Arc<Expected>>>,
@@ -187,6 +189,7 @@ impl Watched {
             vxlan_name,
             underlay,
             vxlan_index: AtomicU32::new(0),
+            vxlan6_index: AtomicU32::new(0),
             expected: Mutex::new(None),
         })
     }
@@ -203,11 +206,16 @@ impl Watched {
         self.vxlan_index.store(index, Ordering::Relaxed);
     }
 
+    pub fn set_vxlan6_index(&self, index: u32) {
+        self.vxlan6_index.store(index, Ordering::Relaxed);
+    }
+
     fn snapshot(&self) -> Snapshot<'_> {
         Snapshot {
             vxlan_name: &self.vxlan_name,
             underlay: &self.underlay,
             vxlan_index: self.vxlan_index.load(Ordering::Relaxed),
+            vxlan6_index: self.vxlan6_index.load(Ordering::Relaxed),
             expected: self.expected.lock().ok().and_then(|x| x.clone()),
         }
     }
@@ -219,6 +227,12 @@ pub struct Snapshot<'a> {
     pub vxlan_name: &'a str,
     pub underlay: &'a UnderlaySelect,
     pub vxlan_index: u32,
+    /// `vxlan6.1`'s ifindex (0: none). Its state is not in `expected`:
+    /// a deletion of the agent's route, neighbour or FDB entry on it, or
+    /// the device itself deleted or down, wakes a full pass (the agent's
+    /// own deletions too: rare, and a full pass then changes nothing);
+    /// other changes wait for the resync.
+    pub vxlan6_index: u32,
     pub expected: Option<Arc<Expected>>,
 }
 
@@ -339,6 +353,9 @@ fn route(r: &RouteMessage, deleted: bool, s: &Snapshot) -> Wake {
         return Wake::default();
     }
     let ours = proto == RouteProtocol::Other(RTPROT_MYCNI_AGENT);
+    if s.vxlan6_index != 0 && oif == Some(s.vxlan6_index) {
+        return Wake::overlay(ours && deleted);
+    }
     let prefix = r.header.destination_prefix_length;
     let on_vxlan = s.vxlan_index != 0 && oif == Some(s.vxlan_index);
     let Some(e) = &s.expected else {
@@ -450,6 +467,9 @@ fn link(l: &LinkMessage, deleted: bool, s: &Snapshot) -> Wake {
         return Wake::PODS;
     }
     let index = l.header.index;
+    if s.vxlan6_index != 0 && index == s.vxlan6_index {
+        return Wake::overlay(deleted || !l.header.flags.contains(LinkFlags::Up));
+    }
     if s.is_vxlan(index, v.name) {
         if deleted {
             return Wake::overlay(true);
@@ -481,6 +501,9 @@ fn link(l: &LinkMessage, deleted: bool, s: &Snapshot) -> Wake {
 }
 
 fn neighbour(n: &NeighbourMessage, deleted: bool, s: &Snapshot) -> bool {
+    if s.vxlan6_index != 0 && n.header.ifindex == s.vxlan6_index {
+        return deleted;
+    }
     let on_vxlan = s.vxlan_index != 0 && n.header.ifindex == s.vxlan_index;
     let permanent = n.header.state == NeighbourState::Permanent;
     let Some(e) = &s.expected else {
@@ -793,6 +816,7 @@ mod tests {
             vxlan_name: "vxlan.1",
             underlay: &DEFAULT,
             vxlan_index: 7,
+            vxlan6_index: 9,
             expected: expected.map(Arc::new),
         }
     }
@@ -1302,6 +1326,52 @@ mod tests {
             OVERLAY,
             "pointed elsewhere"
         );
+    }
+
+    #[test]
+    fn deletions_on_vxlan6_wake_a_drift_pass_and_the_agents_additions_do_not() {
+        use RouteNetlinkMessage as M;
+        let s = snap(Some(expected()));
+        let (dst, gw): (Ipv6Addr, Ipv6Addr) = (
+            "fd00:10:244:50::".parse().unwrap(),
+            "fd00:10:244:50::".parse().unwrap(),
+        );
+        let r = || route6(RTPROT_MYCNI_AGENT, dst, 64, Some(gw), 9);
+        // Not in `expected` (that is vxlan.1's), yet not stale either.
+        assert_eq!(wake(M::NewRoute(r()), &s), NOTHING);
+        assert_eq!(wake(M::DelRoute(r()), &s), OVERLAY);
+        // Someone else's route on it: not the agent's to repair.
+        assert_eq!(
+            wake(M::DelRoute(route6(4, dst, 64, Some(gw), 9)), &s),
+            NOTHING
+        );
+        let mac = Mac([2, 0, 0, 0, 6, 0x50]);
+        let on6 = |mut n: NeighbourMessage| {
+            n.header.ifindex = 9;
+            n
+        };
+        let n = || on6(neigh6(NeighbourState::Permanent, gw, mac));
+        assert_eq!(wake(M::NewNeighbour(n()), &s), NOTHING);
+        assert_eq!(wake(M::DelNeighbour(n()), &s), OVERLAY);
+        let mut fdb = on6(neigh6(NeighbourState::Permanent, gw, mac));
+        fdb.header.family = AddressFamily::Bridge;
+        assert_eq!(wake(M::DelNeighbour(fdb), &s), OVERLAY);
+        let mut l = link("vxlan6.1", None);
+        l.header.index = 9;
+        assert_eq!(wake(M::DelLink(l.clone()), &s), OVERLAY);
+        // Down (no IFF_UP): ensure_vxlan6 brings it up.
+        assert_eq!(wake(M::NewLink(l.clone()), &s), OVERLAY);
+        l.header.flags = LinkFlags::Up;
+        assert_eq!(wake(M::NewLink(l), &s), NOTHING);
+        // Without vxlan6.1, index 9 is just another device.
+        let none = Snapshot {
+            vxlan6_index: 0,
+            ..snap(Some(expected()))
+        };
+        let other: Ipv6Addr = "fd00:10:244:51::".parse().unwrap();
+        let r = route6(RTPROT_MYCNI_AGENT, other, 64, Some(other), 9);
+        assert_eq!(wake(M::DelRoute(r.clone()), &s), OVERLAY);
+        assert_eq!(wake(M::DelRoute(r), &none), NOTHING);
     }
 
     #[test]

@@ -144,6 +144,7 @@ impl Loop {
             if recreated6 {
                 tracing::warn!(device = %vx6.name, "VXLAN device over IPv6 was missing or wrong and has been recreated");
             }
+            self.watched.set_vxlan6_index(i6);
             index6 = Some(i6);
         } else if !peers6.is_empty() {
             tracing::warn!(
