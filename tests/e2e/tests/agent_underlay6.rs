@@ -127,12 +127,14 @@ fn vxlan6_comes_up_over_an_ipv6_underlay_is_filtered_repaired_and_uninstalled() 
         ] {
             ensure!(d.contains(&want), "node {i}: no {want:?} in {d}");
         }
-        // vxlan.1 keeps its IPv4 underlay, on the same port.
+        // vxlan.1 keeps its IPv4 underlay, on the same port; its MTU (the
+        // pods') is vxlan6.1's, since a pod's packet may leave by either.
         let d4 = ip(l, i, &["-d", "link", "show", "vxlan.1"])?;
         ensure!(
             d4.contains("dstport 8472") && d4.contains("local 192.168.77."),
             "{d4}"
         );
+        ensure!(d4.contains("mtu 1430 "), "vxlan.1's MTU: {d4}");
     }
     // Announced: the host address and vxlan6.1's own MAC.
     let (mac1, mac2) = (vxlan6_mac(l, 1)?, vxlan6_mac(l, 2)?);
