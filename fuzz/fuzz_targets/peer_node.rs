@@ -7,7 +7,10 @@
 //! podCIDR, VTEP MAC and host IP. An empty field is an absent one. A
 //! podCIDR field with a `,` is `spec.podCIDRs` (dual-stack: the IPv6
 //! cluster CIDR is fd00:10:244::/56, this node's IPv6 podCIDR its first
-//! /64).
+//! /64). A VTEP MAC or host IP field with a `,` carries the IPv6
+//! underlay's annotation after it (`mycni.dev/vtep-mac-v6`,
+//! `mycni.dev/host-ip-v6`; `,fd00::11` is an IPv6 host IP alone, as an
+//! IPv6-only peer announces), which `select_all` reads.
 #![no_main]
 
 use std::collections::BTreeMap;
@@ -15,8 +18,9 @@ use std::net::Ipv4Addr;
 
 use libfuzzer_sys::fuzz_target;
 use mycni_fuzz::peers::{
-    ANNOTATION_HOST_IP, ANNOTATION_VTEP_MAC, Cidr, Cidr6, ClusterCidrs, Mac, NodeView, Peer,
-    PodCidrs, parse_peer, select_peers,
+    ANNOTATION_HOST_IP, ANNOTATION_HOST_IP6, ANNOTATION_VTEP_MAC, ANNOTATION_VTEP_MAC6, Cidr,
+    Cidr6, ClusterCidrs, Mac, NodeView, Peer, PodCidrs, Reject, Selection, parse_peer,
+    parse_underlay6, select_all, select_peers,
 };
 
 const OWN: &str = "n0";
@@ -80,7 +84,18 @@ fn check_peer(p: &Peer, node: &NodeView, cluster: ClusterCidrs) {
     }
 }
 
-fn rejected_set(r: &[(String, mycni_fuzz::peers::Reject)]) -> Vec<(String, String)> {
+/// A reason about a Node's IPv6 underlay annotations, not its podCIDR.
+fn is_underlay6(r: &Reject) -> bool {
+    matches!(
+        r,
+        Reject::IncompleteUnderlay6(_)
+            | Reject::BadHostIp6(_)
+            | Reject::BadMac6(_)
+            | Reject::DuplicateVtepMac6(_)
+    )
+}
+
+fn rejected_set(r: &[(String, Reject)]) -> Vec<(String, String)> {
     let mut v: Vec<_> = r
         .iter()
         .map(|(n, why)| (n.clone(), why.to_string()))
@@ -119,11 +134,21 @@ fuzz_target!(|data: &[u8]| {
         .enumerate()
         .map(|(i, c)| {
             let mut annotations = BTreeMap::new();
-            if let Some(m) = present(c.get(1)) {
-                annotations.insert(ANNOTATION_VTEP_MAC.to_string(), m);
-            }
-            if let Some(ip) = present(c.get(2)) {
-                annotations.insert(ANNOTATION_HOST_IP.to_string(), ip);
+            for (field, key, key6) in [
+                (c.get(1), ANNOTATION_VTEP_MAC, ANNOTATION_VTEP_MAC6),
+                (c.get(2), ANNOTATION_HOST_IP, ANNOTATION_HOST_IP6),
+            ] {
+                let Some(f) = present(field) else { continue };
+                let (v4, v6) = match f.split_once(',') {
+                    Some((a, b)) => (a.to_string(), Some(b.to_string())),
+                    None => (f, None),
+                };
+                if !v4.is_empty() {
+                    annotations.insert(key.to_string(), v4);
+                }
+                if let Some(v6) = v6.filter(|v| !v.is_empty()) {
+                    annotations.insert(key6.to_string(), v6);
+                }
             }
             let pod_cidr = present(c.first());
             let pod_cidrs: Vec<String> = match &pod_cidr {
@@ -152,10 +177,20 @@ fuzz_target!(|data: &[u8]| {
         peers.len() + whole.len(),
         nodes.iter().filter(|n| n.name != OWN).count()
     );
+    // An IPv6 reason leaves out what it names, the IPv6 podCIDR or the
+    // IPv6 underlay, once each.
     for (n, r) in &v6_side {
         let p = peers.iter().find(|p| &p.name == n);
-        assert!(p.is_some_and(|p| p.pod_cidr6.is_none()), "{n}: {r}");
-        assert_eq!(v6_side.iter().filter(|(m, _)| m == n).count(), 1, "{n}");
+        if is_underlay6(r) {
+            assert!(p.is_some_and(|p| p.underlay6.is_none()), "{n}: {r}");
+        } else {
+            assert!(p.is_some_and(|p| p.pod_cidr6.is_none()), "{n}: {r}");
+        }
+        let same = v6_side
+            .iter()
+            .filter(|(m, q)| m == n && is_underlay6(q) == is_underlay6(r))
+            .count();
+        assert_eq!(same, 1, "{n}");
     }
     let mut names: Vec<&str> = peers
         .iter()
@@ -174,7 +209,10 @@ fuzz_target!(|data: &[u8]| {
         // The IPv6 side may be dropped for overlaps, which only the whole
         // set shows.
         assert_eq!(
-            parsed.as_ref().map(|q| Peer { pod_cidr6: p.pod_cidr6, ..q.clone() }),
+            parsed.as_ref().map(|q| Peer {
+                pod_cidr6: p.pod_cidr6,
+                ..q.clone()
+            }),
             Ok(p.clone())
         );
         if let Some(own) = own.v4 {
@@ -206,4 +244,116 @@ fuzz_target!(|data: &[u8]| {
     let (peers2, rejected2) = select_peers(&reversed, OWN, own, cluster);
     assert_eq!(peers, peers2);
     assert_eq!(rejected_set(&rejected), rejected_set(&rejected2));
+
+    // With the IPv6 underlays: select_all.
+    for n in &nodes {
+        check_underlay6(n);
+    }
+    let sel = select_all(&nodes, OWN, own, cluster);
+    check_selection(&sel, &nodes, &peers, own, cluster);
+    let sel2 = select_all(&reversed, OWN, own, cluster);
+    assert_eq!(sel.peers, sel2.peers);
+    assert_eq!(sel.peers6, sel2.peers6);
+    assert_eq!(rejected_set(&sel.rejected), rejected_set(&sel2.rejected));
 });
+
+/// What `parse_underlay6` takes is what the annotations say.
+fn check_underlay6(n: &NodeView) {
+    let Ok(Some(u)) = parse_underlay6(n) else {
+        return;
+    };
+    let ip = n.annotations.get(ANNOTATION_HOST_IP6);
+    let ip = ip.and_then(|s| s.trim().parse::<std::net::Ipv6Addr>().ok());
+    assert_eq!(ip, Some(u.host_ip), "{}", n.name);
+    let mac = n.annotations.get(ANNOTATION_VTEP_MAC6);
+    let mac = mac.and_then(|s| s.trim().parse::<Mac>().ok());
+    assert_eq!(mac, Some(u.vtep_mac), "{}", n.name);
+    let h = u.host_ip;
+    assert!(
+        !(h.is_unspecified()
+            || h.is_loopback()
+            || h.is_multicast()
+            || h.is_unicast_link_local()
+            || h.to_ipv4_mapped().is_some()),
+        "IPv6 host IP {h}"
+    );
+    assert!(
+        u.vtep_mac.0 != [0; 6] && u.vtep_mac.0[0] & 1 == 0,
+        "{}",
+        u.vtep_mac
+    );
+}
+
+/// select_all: the IPv4-underlay peers are select_peers' (an IPv6 side or
+/// underlay at most left out), the IPv6-only peers are valid and claim no
+/// range or MAC another party has, and every other Node is accounted for.
+fn check_selection(
+    sel: &Selection,
+    nodes: &[NodeView],
+    peers: &[Peer],
+    own: PodCidrs,
+    cluster: ClusterCidrs,
+) {
+    assert_eq!(sel.peers.len(), peers.len());
+    for (a, b) in sel.peers.iter().zip(peers) {
+        assert_eq!(
+            Peer {
+                pod_cidr6: b.pod_cidr6,
+                underlay6: b.underlay6,
+                ..a.clone()
+            },
+            *b
+        );
+        assert!(a.pod_cidr6.is_none() || a.pod_cidr6 == b.pod_cidr6);
+        assert!(a.underlay6.is_none() || a.underlay6 == b.underlay6);
+    }
+    assert!(sel.peers6.windows(2).all(|w| w[0].name < w[1].name));
+    for p in &sel.peers6 {
+        assert_ne!(p.name, OWN);
+        assert!(!sel.peers.iter().any(|q| q.name == p.name), "{}", p.name);
+        let n = nodes.iter().find(|n| n.name == p.name);
+        let n = n.unwrap_or_else(|| panic!("IPv6 peer {} is no Node", p.name));
+        // Taken over the IPv6 underlay only for want of an IPv4 one.
+        assert!(
+            !n.annotations.contains_key(ANNOTATION_HOST_IP) || n.pod_cidr_texts().v4.is_empty(),
+            "{}",
+            p.name
+        );
+        assert!(cluster.v6.is_some_and(|c| c.covers(p.pod_cidr6)));
+        assert!((16..=124).contains(&p.pod_cidr6.prefix()));
+        assert_eq!(parse_underlay6(n), Ok(Some(p.underlay6)));
+    }
+    // IPv6 ranges and IPv6 VTEP MACs across both kinds of peer.
+    let cidrs6: Vec<Cidr6> = sel
+        .peers
+        .iter()
+        .filter_map(|p| p.pod_cidr6)
+        .chain(sel.peers6.iter().map(|p| p.pod_cidr6))
+        .collect();
+    for (i, a) in cidrs6.iter().enumerate() {
+        if let Some(o) = own.v6 {
+            assert!(!o.overlaps(*a), "{a} overlaps ours");
+        }
+        for b in &cidrs6[i + 1..] {
+            assert!(!a.overlaps(*b), "{a} / {b}");
+        }
+    }
+    let mut macs6: Vec<Mac> = sel
+        .peers
+        .iter()
+        .filter_map(|p| p.underlay6.map(|u| u.vtep_mac))
+        .chain(sel.peers6.iter().map(|p| p.underlay6.vtep_mac))
+        .collect();
+    let n6 = macs6.len();
+    macs6.sort();
+    macs6.dedup();
+    assert_eq!(macs6.len(), n6, "an IPv6 VTEP MAC programmed twice");
+    // Every other Node is a peer of one kind, or has a reason.
+    for n in nodes.iter().filter(|n| n.name != OWN) {
+        let v4 = sel.peers.iter().any(|p| p.name == n.name);
+        let v6 = sel.peers6.iter().any(|p| p.name == n.name);
+        let why = sel.rejected.iter().any(|(m, _)| *m == n.name);
+        assert!(!(v4 && v6), "{} is a peer twice", n.name);
+        assert!(v4 || v6 || why, "{} vanished", n.name);
+    }
+}
