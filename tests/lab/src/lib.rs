@@ -114,19 +114,19 @@ impl Stack {
     }
 
     /// Why the agent cannot run this stack, if it cannot. An IPv6-only
-    /// lab would need the agent to take a Node with only an IPv6 podCIDR:
-    /// it rejects such a Node (`peers::Reject::NoIpv4PodCidr`, its own as
-    /// "IPv6-only nodes are not supported") and refuses a `--cluster-cidr`
-    /// without an IPv4 range, because the VXLAN overlay's VTEP address is
-    /// its IPv4 podCIDR's first address. Faking it with IPv4 podCIDRs and
-    /// pods given only their IPv6 range would not be an IPv6-only node.
+    /// lab needs the agent to run on a Node with only an IPv6 podCIDR: it
+    /// takes such Nodes as peers (over `vxlan6.1`, given an IPv6 underlay),
+    /// but refuses one as its own (`own_pod_cidrs`: "IPv6-only nodes are
+    /// not supported") and refuses a `--cluster-cidr` without an IPv4
+    /// range. Faking it with IPv4 podCIDRs and pods given only their IPv6
+    /// range would not be an IPv6-only node.
     pub fn unsupported(self) -> Option<&'static str> {
         match self {
             Stack::Ipv6Only => Some(
-                "an IPv6-only lab is not supported yet: mycni-agent rejects a Node whose \
-                 spec.podCIDRs have no IPv4 range (its VTEP is addressed from the IPv4 \
-                 podCIDR) and a --cluster-cidr without one; use the default dual-stack lab \
-                 or --ipv4-only",
+                "an IPv6-only lab is not supported yet: mycni-agent does not run on a Node \
+                 whose spec.podCIDRs have no IPv4 range (\"IPv6-only nodes are not \
+                 supported\": it takes them as peers only) and refuses a --cluster-cidr \
+                 without an IPv4 range; use the default dual-stack lab or --ipv4-only",
             ),
             Stack::Dual | Stack::Ipv4Only => None,
         }

@@ -9,15 +9,16 @@ use anyhow::{Context, Result};
 
 use crate::daemon::ns_exec;
 use crate::{
-    Counters, ECHO_PORT, IpFamily, Lab, MATRIX_BULK_BYTES, NodeDatapath, PROBE_BULK_FAILED,
+    ECHO_PORT, FamilyCounters, IpFamily, Lab, MATRIX_BULK_BYTES, NodeDatapath, PROBE_BULK_FAILED,
     PathShare, check_interrupted, describe_ipv6_overlay, describe_node, pod_label,
 };
 
 /// A matrix's tables, one per address family, its failed cells and, when
-/// counted, every node's counters before it and after each family's pod
-/// rows and node rows. The programs count paths, not families, so each
-/// family's cells run in intervals of their own and its fast share comes
-/// from the counters around them.
+/// counted, every node's counters (by family) before it and after each
+/// family's pod rows and node rows. Each family's cells run in intervals
+/// of their own, and its fast share counts the packets of that family in
+/// them (the programs count every packet under its family: ARP under
+/// `other`, VXLAN on the underlay under the family it carries).
 #[derive(Debug, Default)]
 pub struct MatrixRun {
     /// Every family's table under a line naming it.
@@ -28,7 +29,7 @@ pub struct MatrixRun {
     /// Snapshots of every node's counters: `[0]` before the matrix, then
     /// for the `k`-th family `[2k+1]` after its pod rows and `[2k+2]` after
     /// its node rows (so `[0]..[1]` is the first family's pod rows).
-    pub counters: Vec<Vec<Counters>>,
+    pub counters: Vec<Vec<FamilyCounters>>,
 }
 
 /// One family's cells in a [`MatrixRun`].
@@ -46,7 +47,7 @@ impl MatrixRun {
         let snap = |n: usize| self.counters.get(n).and_then(|c| c.get(i.checked_sub(1)?));
         let before = snap(2 * k)?;
         let after = snap(2 * k + if pod_rows { 1 } else { 2 })?;
-        Some(PathShare::between(before, after))
+        Some(PathShare::between_family(before, after, f))
     }
 }
 
@@ -85,7 +86,7 @@ impl Lab {
             ..MatrixRun::default()
         };
         if counted {
-            run.counters.push(self.all_counters());
+            run.counters.push(self.all_family_counters());
         }
         for f in run.families.clone() {
             let part = self.family_matrix(f, counted.then_some(&mut run.counters))?;
@@ -101,7 +102,7 @@ impl Lab {
     fn family_matrix(
         &self,
         f: IpFamily,
-        mut counters: Option<&mut Vec<Vec<Counters>>>,
+        mut counters: Option<&mut Vec<Vec<FamilyCounters>>>,
     ) -> Result<FamilyRun> {
         const CELL: usize = 16;
         let pods = self.pods()?;
@@ -167,7 +168,7 @@ impl Lab {
                 run.table.push('\n');
             }
             if let Some(c) = counters.as_deref_mut() {
-                c.push(self.all_counters());
+                c.push(self.all_family_counters());
             }
         }
         Ok(run)
@@ -185,8 +186,8 @@ impl Lab {
              ones that still crossed vxlan.1. Pings and each connection's SYN and FIN take the \
              kernel path by design; each cell's {} KB echo is what the fast path can take. \
              Node rows add the nodes' own addresses, which are no pod's and stay on the kernel \
-             path. The programs count paths, not families: each family's cells ran in an \
-             interval of their own, and its share is read around them.\n",
+             path. Each family's cells ran in an interval of their own, and its share counts \
+             the packets of that family (by the programs' family label) in it.\n",
             MATRIX_BULK_BYTES / 1024
         );
         for i in 1..=self.spec.nodes {
@@ -233,7 +234,18 @@ mod tests {
 
     #[test]
     fn each_familys_share_comes_from_its_own_interval() {
-        let c = |n: u64| -> Vec<Counters> { vec![[("fast_encap".to_string(), n)].into()] };
+        // IPv4 fast packets count n, IPv6 ones 2n: each family's share
+        // must read its own label.
+        let c = |n: u64| -> Vec<FamilyCounters> {
+            let fam = |k: u64| -> crate::Counters { [("fast_encap".to_string(), k)].into() };
+            vec![
+                [
+                    ("ipv4".to_string(), fam(n)),
+                    ("ipv6".to_string(), fam(2 * n)),
+                ]
+                .into(),
+            ]
+        };
         // Before, IPv4 pods, IPv4 nodes, IPv6 pods, IPv6 nodes.
         let run = MatrixRun {
             families: vec![IpFamily::V4, IpFamily::V6],
@@ -243,8 +255,8 @@ mod tests {
         let fast = |f, pods| run.share(1, f, pods).map(|s| s.fast);
         assert_eq!(fast(IpFamily::V4, true), Some(10));
         assert_eq!(fast(IpFamily::V4, false), Some(15));
-        assert_eq!(fast(IpFamily::V6, true), Some(100));
-        assert_eq!(fast(IpFamily::V6, false), Some(120));
+        assert_eq!(fast(IpFamily::V6, true), Some(200));
+        assert_eq!(fast(IpFamily::V6, false), Some(240));
         // No node 2, no node 0, no counters: no share.
         assert_eq!(run.share(2, IpFamily::V4, true), None);
         assert_eq!(run.share(0, IpFamily::V4, true), None);
