@@ -345,46 +345,12 @@ fn inspect4<const OFF: usize>(
     let saddr = unsafe { ((ip + 12) as *const u32).read_unaligned() };
     let daddr_bytes = unsafe { ((ip + 16) as *const [u8; 4]).read_unaligned() };
 
-    // SAFETY: map values are only read here; the agent replaces entries
-    // whole, so a torn read at worst sends one packet to a just-removed pod.
-    let next = match unsafe { LOCAL.get(&daddr_bytes) } {
-        Some(ep) => Next::Local(*ep),
-        None if from == From::Pod => match REMOTE.get(&Key::new(32, daddr_bytes)) {
-            Some(node) => Next::Remote(*node),
-            None => return Err(DpPath::KernelUnknownDest),
-        },
-        None => return Err(DpPath::KernelUnknownDest),
-    };
+    let next = next_hop(&LOCAL, &REMOTE, from, &daddr_bytes)?;
     if ttl <= 1 {
         return Err(DpPath::KernelTtl);
     }
     let (timeout_ms, l4_hlen, ports) = l4_check(ctx, cfg, l4, tot_len - IP_HLEN as u32, l4proto)?;
-    let src = saddr.to_ne_bytes();
-    match from {
-        // A pod may only fast-path packets that carry its own address: a
-        // spoofed source could otherwise ride another pod's established flow
-        // past conntrack. skb_iif is the host veth the packet arrived on.
-        From::Pod => {
-            // SAFETY: read-only map lookup, as above.
-            match unsafe { LOCAL.get(&src) } {
-                Some(ep) if ep.ifindex == ingress(ctx) => {}
-                _ => return Err(DpPath::KernelSourceNotPod),
-            }
-        }
-        // A peer speaks only for its own pods (and its vxlan.1 address, the
-        // first of its podCIDR).
-        From::Underlay => match REMOTE.get(&Key::new(32, src)) {
-            Some(node) if node.host_ip == peer => {}
-            _ => return Err(DpPath::KernelDecapInnerSource),
-        },
-        // Unencapsulated, the sender is known only by the inner source:
-        // a pod of a peer the agent routes directly.
-        From::Direct => match REMOTE.get(&Key::new(32, src)) {
-            Some(node) if node.flags & REMOTE_DIRECT != 0 => {}
-            _ => return Err(DpPath::KernelDecapInnerSource),
-        },
-        From::Vxlan => {}
-    }
+    check_source(ctx, &LOCAL, &REMOTE, from, peer, &saddr.to_ne_bytes())?;
     let daddr = u32::from_ne_bytes(daddr_bytes);
     // SAFETY: the gate only reads the tuple and the conntrack entry, and
     // releases the reference it takes.
@@ -412,6 +378,69 @@ fn inspect4<const OFF: usize>(
         },
         next,
     ))
+}
+
+/// A family's pod map (`LOCAL`, `LOCAL6`), keyed by an `N`-byte address.
+type LocalMap<const N: usize> = HashMap<[u8; N], LocalEndpoint, { LOCAL_MAX as usize }>;
+/// A family's podCIDR trie (`REMOTE`, `REMOTE6`), keyed by an `N`-byte address.
+type RemoteMap<const N: usize> = LpmTrie<[u8; N], RemoteNode, { REMOTE_MAX as usize }>;
+
+/// Where `dst` goes: a pod of this node, or (only from a pod) a pod of a
+/// peer; anything else is the kernel's.
+#[inline(always)]
+fn next_hop<const N: usize>(
+    local: &LocalMap<N>,
+    remote: &RemoteMap<N>,
+    from: From,
+    dst: &[u8; N],
+) -> Result<Next, DpPath> {
+    // SAFETY: map values are only read here; the agent replaces entries
+    // whole, so a torn read at worst sends one packet to a just-removed pod.
+    match unsafe { local.get(dst) } {
+        Some(ep) => Ok(Next::Local(*ep)),
+        None if from == From::Pod => match remote.get(&Key::new((N * 8) as u32, *dst)) {
+            Some(node) => Ok(Next::Remote(*node)),
+            None => Err(DpPath::KernelUnknownDest),
+        },
+        None => Err(DpPath::KernelUnknownDest),
+    }
+}
+
+/// Whether `src` may send what arrived `from` there.
+#[inline(always)]
+fn check_source<const N: usize>(
+    ctx: &TcContext,
+    local: &LocalMap<N>,
+    remote: &RemoteMap<N>,
+    from: From,
+    peer: u32,
+    src: &[u8; N],
+) -> Result<(), DpPath> {
+    match from {
+        // A pod may only fast-path packets that carry its own address: a
+        // spoofed source could otherwise ride another pod's established flow
+        // past conntrack. skb_iif is the host veth the packet arrived on.
+        From::Pod => {
+            // SAFETY: read-only map lookup, as in `next_hop`.
+            match unsafe { local.get(src) } {
+                Some(ep) if ep.ifindex == ingress(ctx) => Ok(()),
+                _ => Err(DpPath::KernelSourceNotPod),
+            }
+        }
+        // A peer speaks only for its own pods (and its vxlan.1 address, the
+        // first of its podCIDR).
+        From::Underlay => match remote.get(&Key::new((N * 8) as u32, *src)) {
+            Some(node) if node.host_ip == peer => Ok(()),
+            _ => Err(DpPath::KernelDecapInnerSource),
+        },
+        // Unencapsulated, the sender is known only by the inner source:
+        // a pod of a peer the agent routes directly.
+        From::Direct => match remote.get(&Key::new((N * 8) as u32, *src)) {
+            Some(node) if node.flags & REMOTE_DIRECT != 0 => Ok(()),
+            _ => Err(DpPath::KernelDecapInnerSource),
+        },
+        From::Vxlan => Ok(()),
+    }
 }
 
 /// [`inspect`] for IPv6: the fixed 40-byte header followed directly by TCP
@@ -470,39 +499,14 @@ fn inspect6<const OFF: usize>(
         return Err(DpPath::KernelIpOptionsOrFragment);
     }
 
-    // SAFETY: read-only map lookups, as for IPv4.
-    let next = match unsafe { LOCAL6.get(&dst) } {
-        Some(ep) => Next::Local(*ep),
-        None if from == From::Pod => match REMOTE6.get(&Key::new(128, dst)) {
-            Some(node) => Next::Remote(*node),
-            None => return Err(DpPath::KernelUnknownDest),
-        },
-        None => return Err(DpPath::KernelUnknownDest),
-    };
+    let next = next_hop(&LOCAL6, &REMOTE6, from, &dst)?;
     if hop <= 1 {
         return Err(DpPath::KernelTtl);
     }
     let (timeout_ms, l4_hlen, ports) = l4_check(ctx, cfg, l4, payload_len, nexthdr)?;
-    match from {
-        // As for IPv4; also what the kernel's anti-spoofing rule (the
-        // agent's nftables table) would check, which a redirect skips.
-        From::Pod => {
-            // SAFETY: read-only map lookup.
-            match unsafe { LOCAL6.get(&src) } {
-                Some(ep) if ep.ifindex == ingress(ctx) => {}
-                _ => return Err(DpPath::KernelSourceNotPod),
-            }
-        }
-        From::Underlay => match REMOTE6.get(&Key::new(128, src)) {
-            Some(node) if node.host_ip == peer => {}
-            _ => return Err(DpPath::KernelDecapInnerSource),
-        },
-        From::Direct => match REMOTE6.get(&Key::new(128, src)) {
-            Some(node) if node.flags & REMOTE_DIRECT != 0 => {}
-            _ => return Err(DpPath::KernelDecapInnerSource),
-        },
-        From::Vxlan => {}
-    }
+    // For a pod, also what the kernel's anti-spoofing rule (the agent's
+    // nftables table) would check, which a redirect skips.
+    check_source(ctx, &LOCAL6, &REMOTE6, from, peer, &src)?;
     // SAFETY: the gate reads the 32 address bytes and the conntrack entry,
     // and releases the reference it takes.
     let ct = unsafe {
