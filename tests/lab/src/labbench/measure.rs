@@ -298,6 +298,22 @@ fn iperf(
     logs: &Path,
     name: &str,
 ) -> Result<Value> {
+    let (srv, client) = iperf_spawn(pair, seconds, pin, extra, logs, name)?;
+    let out = client.finish(limit(seconds))?;
+    srv.finish(Duration::from_secs(5))?;
+    iperf_json(&out)
+}
+
+/// [`iperf`] up to the running client, for a caller that samples the
+/// system while it sends: (server, client).
+fn iperf_spawn(
+    pair: &Pair,
+    seconds: u64,
+    pin: &[String],
+    extra: &[&str],
+    logs: &Path,
+    name: &str,
+) -> Result<(Proc, Proc)> {
     check_interrupted()?;
     let ip = pair.ip.to_string();
     let secs = seconds.to_string();
@@ -321,14 +337,12 @@ fn iperf(
         "3000",
     ];
     a.extend_from_slice(extra);
-    let out = Proc::spawn(
+    let client = Proc::spawn(
         &pair.client,
         &argv(pin, &a),
         &logs.join(format!("iperf-{name}-client.log")),
-    )?
-    .finish(limit(seconds))?;
-    srv.finish(Duration::from_secs(5))?;
-    iperf_json(&out)
+    )?;
+    Ok((srv, client))
 }
 
 /// One TCP flow: the receiver's rate, Gbit/s.
@@ -363,43 +377,15 @@ pub(super) struct Udp {
 /// ratio is the path's cost per packet, which does not depend on who else
 /// used the CPU.
 fn small_packets(pair: &Pair, seconds: u64, pin: &[String], logs: &Path) -> Result<Udp> {
-    check_interrupted()?;
     let len = UDP_LEN.to_string();
     let omit = UDP_OMIT.to_string();
-    let ip = pair.ip.to_string();
-    let secs = seconds.to_string();
-    let port = IPERF_PORT.to_string();
-    let srv = server(
-        &pair.server,
-        &argv(pin, &["iperf3", "-s", "-1", "-p", &port]),
-        IPERF_PORT,
-        &logs.join("iperf-udp-server.log"),
-    )?;
-    let client = Proc::spawn(
-        &pair.client,
-        &argv(
-            pin,
-            &[
-                "iperf3",
-                "-c",
-                &ip,
-                "-p",
-                &port,
-                "-t",
-                &secs,
-                "-J",
-                "--connect-timeout",
-                "3000",
-                "-u",
-                "-l",
-                &len,
-                "-b",
-                "0",
-                "-O",
-                &omit,
-            ],
-        ),
-        &logs.join("iperf-udp-client.log"),
+    let (srv, client) = iperf_spawn(
+        pair,
+        seconds,
+        pin,
+        &["-u", "-l", &len, "-b", "0", "-O", &omit],
+        logs,
+        "udp",
     )?;
     let window = udp_window(&client, &srv, seconds, pin_cpu(pin), pair.ip.is_ipv6());
     let out = client.finish(limit(seconds))?;
