@@ -4,76 +4,19 @@
 //! rejected and counted, kernel drift is repaired, a restarted agent
 //! removes what it owned for Nodes deleted while it was down.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use mycni_apiserver::node;
 use mycni_lab::Lab;
 
 mod common;
-use common::lab;
-
-fn wait_until(
-    what: &str,
-    timeout: Duration,
-    mut f: impl FnMut() -> Result<bool>,
-) -> Result<Duration> {
-    let start = Instant::now();
-    let mut last = None;
-    while start.elapsed() < timeout {
-        match f() {
-            Ok(true) => return Ok(start.elapsed()),
-            Ok(false) => {}
-            Err(e) => last = Some(e),
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    bail!("{what}: not within {timeout:?} (last error: {last:?})")
-}
-
-fn peer_node(name: &str, cidr: &str, mac: &str, ip: &str) -> k8s_openapi::api::core::v1::Node {
-    let mut n = node(name, Some(cidr));
-    let ann: BTreeMap<String, String> = [
-        ("mycni.dev/vtep-mac".to_string(), mac.to_string()),
-        ("mycni.dev/host-ip".to_string(), ip.to_string()),
-    ]
-    .into();
-    n.metadata.annotations = Some(ann);
-    n
-}
-
-/// `ip route` shows a route through a nexthop object (the agent's, where
-/// the kernel has them) as `dst nhid N via …`: the tests here check where
-/// routes go, which reads the same without the ID.
-fn without_nhid(routes: &str) -> String {
-    routes
-        .lines()
-        .map(|l| {
-            let mut out = Vec::new();
-            let mut words = l.split_whitespace();
-            while let Some(w) = words.next() {
-                if w == "nhid" {
-                    words.next();
-                } else {
-                    out.push(w);
-                }
-            }
-            out.join(" ") + "\n"
-        })
-        .collect()
-}
+use common::{lab, node_ip, peer_node, source_seen_outside, wait_until, without_nhid};
 
 /// Route, neighbour and FDB state of vxlan.1 on lab node 1, as text.
 fn overlay(l: &Lab) -> Result<String> {
     let ns = l.spec.node_name(1);
-    let ip = |args: &[&str]| -> Result<String> {
-        let mut a = vec!["-n", ns.as_str()];
-        a.extend_from_slice(args);
-        mycni_testkit::sh("ip", &a)
-    };
-    let routes = without_nhid(&ip(&["route", "show", "proto", "110"])?);
-    let neigh = ip(&["neigh", "show", "dev", "vxlan.1"])?;
+    let routes = without_nhid(&node_ip(l, 1, &["route", "show", "proto", "110"])?);
+    let neigh = node_ip(l, 1, &["neigh", "show", "dev", "vxlan.1"])?;
     let fdb = mycni_testkit::sh("bridge", &["-n", &ns, "fdb", "show", "dev", "vxlan.1"])?;
     Ok(format!("{routes}{neigh}{fdb}"))
 }
@@ -85,7 +28,7 @@ fn peers_follow_node_add_update_delete() -> Result<()> {
     let api = l.api.as_ref().context("api")?;
     api.create_node(peer_node(
         "peer-a",
-        "10.244.20.0/24",
+        &["10.244.20.0/24"],
         "02:00:00:00:20:01",
         "192.168.77.120",
     ))?;
@@ -146,20 +89,25 @@ fn hostile_nodes_are_rejected_and_counted() -> Result<()> {
             "bad-mac",
             peer_node(
                 "bad-mac",
-                "10.244.30.0/24",
+                &["10.244.30.0/24"],
                 "01:00:5e:00:00:01",
                 "192.168.77.130",
             ),
         ),
         (
             "bad-ip",
-            peer_node("bad-ip", "10.244.31.0/24", "02:00:00:00:31:01", "224.0.0.5"),
+            peer_node(
+                "bad-ip",
+                &["10.244.31.0/24"],
+                "02:00:00:00:31:01",
+                "224.0.0.5",
+            ),
         ),
         (
             "outside",
             peer_node(
                 "outside",
-                "10.99.0.0/24",
+                &["10.99.0.0/24"],
                 "02:00:00:00:32:01",
                 "192.168.77.132",
             ),
@@ -168,21 +116,21 @@ fn hostile_nodes_are_rejected_and_counted() -> Result<()> {
             "overlap",
             peer_node(
                 "overlap",
-                "10.244.1.0/25",
+                &["10.244.1.0/25"],
                 "02:00:00:00:33:01",
                 "192.168.77.133",
             ),
         ),
         (
             "garbage",
-            peer_node("garbage", "10.244.34.0/24", "\u{0}\u{1}💥", "not an ip"),
+            peer_node("garbage", &["10.244.34.0/24"], "\u{0}\u{1}💥", "not an ip"),
         ),
     ] {
         api.create_node(n).with_context(|| name.to_string())?;
     }
     api.create_node(peer_node(
         "good",
-        "10.244.40.0/24",
+        &["10.244.40.0/24"],
         "02:00:00:00:40:01",
         "192.168.77.140",
     ))?;
@@ -315,7 +263,7 @@ fn kernel_drift_is_repaired_at_once_without_waiting_for_the_periodic_pass() -> R
     let api = l.api.as_ref().context("api")?;
     api.create_node(peer_node(
         "peer-d",
-        "10.244.50.0/24",
+        &["10.244.50.0/24"],
         "02:00:00:00:50:01",
         "192.168.77.150",
     ))?;
@@ -499,7 +447,7 @@ fn the_agents_own_writes_do_not_wake_it_again() -> Result<()> {
     for k in 0..20 {
         api.create_node(peer_node(
             &format!("quiet-{k}"),
-            &format!("10.244.{}.0/24", 100 + k),
+            &[&format!("10.244.{}.0/24", 100 + k)],
             &format!("02:00:00:00:{:02x}:01", 100 + k),
             &format!("192.168.77.{}", 100 + k),
         ))?;
@@ -676,13 +624,13 @@ fn restart_removes_nodes_deleted_while_down_and_keeps_the_mac() -> Result<()> {
     let api = l.api.as_ref().context("api")?;
     api.create_node(peer_node(
         "gone",
-        "10.244.60.0/24",
+        &["10.244.60.0/24"],
         "02:00:00:00:60:01",
         "192.168.77.160",
     ))?;
     api.create_node(peer_node(
         "stays",
-        "10.244.61.0/24",
+        &["10.244.61.0/24"],
         "02:00:00:00:61:01",
         "192.168.77.161",
     ))?;
@@ -738,7 +686,7 @@ fn api_outage_keeps_the_datapath_and_recovers() -> Result<()> {
     let api = l.api.as_ref().context("api")?;
     api.create_node(peer_node(
         "p",
-        "10.244.70.0/24",
+        &["10.244.70.0/24"],
         "02:00:00:00:70:01",
         "192.168.77.170",
     ))?;
@@ -753,7 +701,7 @@ fn api_outage_keeps_the_datapath_and_recovers() -> Result<()> {
     assert!(overlay(l)?.contains("10.244.70.0/24"), "outage wiped state");
     api.create_node(peer_node(
         "q",
-        "10.244.71.0/24",
+        &["10.244.71.0/24"],
         "02:00:00:00:71:01",
         "192.168.77.171",
     ))?;
@@ -770,35 +718,11 @@ fn api_outage_keeps_the_datapath_and_recovers() -> Result<()> {
 
 #[test]
 fn pod_traffic_leaving_the_cluster_is_masqueraded_and_uninstall_cleans_up() -> Result<()> {
-    use std::io::{Read, Write};
     let t = lab(1, 1)?;
     let l = &t.0;
     let pod = l.pods()?.into_iter().next().context("a pod")?;
     // A server outside the cluster CIDR: the underlay bridge address.
-    let listener = mycni_testkit::in_netns(&l.spec.underlay_ns(), || {
-        std::net::TcpListener::bind("192.168.77.1:7001")
-    })??;
-    let server = std::thread::spawn(move || -> Result<std::net::SocketAddr> {
-        let (mut c, peer) = listener.accept()?;
-        let mut buf = [0u8; 6];
-        c.read_exact(&mut buf)?;
-        c.write_all(&buf)?;
-        Ok(peer)
-    });
-    mycni_testkit::sh(
-        "ip",
-        &[
-            "netns",
-            "exec",
-            &pod.ns,
-            &l.spec.bins.lab.to_string_lossy(),
-            "tcp-probe",
-            "192.168.77.1:7001",
-        ],
-    )?;
-    let peer = server
-        .join()
-        .map_err(|_| anyhow::anyhow!("server panicked"))??;
+    let peer = source_seen_outside(l, &pod.ns, "192.168.77.1:7001")?;
     assert_eq!(
         peer.ip().to_string(),
         "192.168.77.11",

@@ -9,10 +9,9 @@
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, Result, bail, ensure};
-use k8s_openapi::api::core::v1::Node;
+use anyhow::{Context, Result, ensure};
 use mycni_agent::ebpf::{Prog, pinned_links, read_local6, read_remote6};
 use mycni_apiserver::node;
 use mycni_common::net::Mac;
@@ -21,26 +20,10 @@ use mycni_testkit::{NetNs, sh};
 
 mod common;
 
-const CLUSTER: &str = "10.244.0.0/16,fd00:10:244::/56";
+use common::{CLUSTER_DUAL as CLUSTER, set_pod_cidrs};
 
-fn wait_until(what: &str, mut f: impl FnMut() -> Result<bool>) -> Result<()> {
-    let start = Instant::now();
-    let mut last = None;
-    while start.elapsed() < Duration::from_secs(5) {
-        match f() {
-            Ok(true) => return Ok(()),
-            Ok(false) => {}
-            Err(e) => last = Some(e),
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    bail!("{what}: not within 5 s (last error: {last:?})")
-}
-
-fn set_pod_cidrs(n: &mut Node, cidrs: &[&str]) {
-    let spec = n.spec.get_or_insert_default();
-    spec.pod_cidr = cidrs.first().map(|c| c.to_string());
-    spec.pod_cidrs = Some(cidrs.iter().map(|c| c.to_string()).collect());
+fn wait_until(what: &str, f: impl FnMut() -> Result<bool>) -> Result<()> {
+    common::wait_every(what, Duration::from_secs(5), Duration::from_millis(20), f).map(drop)
 }
 
 fn remote6(pin: &Path) -> Result<BTreeMap<(Ipv6Addr, u8), RemoteNode>> {

@@ -5,84 +5,31 @@
 //! only and is counted, and IPv6 drift is repaired from the kernel's
 //! notifications, long before the periodic pass.
 
-use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
-use k8s_openapi::api::core::v1::Node;
-use mycni_apiserver::node;
+use anyhow::{Context, Result};
 use mycni_lab::Lab;
 
 mod common;
 
-/// The lab's IPv4 range, with the IPv6 range next to it.
-const CLUSTER: &str = "10.244.0.0/16,fd00:10:244::/56";
+use common::{CLUSTER_DUAL as CLUSTER, peer_node, set_pod_cidrs, without_nhid};
 
-fn wait_until(
-    what: &str,
-    timeout: Duration,
-    mut f: impl FnMut() -> Result<bool>,
-) -> Result<Duration> {
-    let start = Instant::now();
-    let mut last = None;
-    while start.elapsed() < timeout {
-        match f() {
-            Ok(true) => return Ok(start.elapsed()),
-            Ok(false) => {}
-            Err(e) => last = Some(e),
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    bail!("{what}: not within {timeout:?} (last error: {last:?})")
+/// [`common::wait_every`] at the 20 ms these tests were timed with.
+fn wait_until(what: &str, timeout: Duration, f: impl FnMut() -> Result<bool>) -> Result<Duration> {
+    common::wait_every(what, timeout, Duration::from_millis(20), f)
 }
 
-/// `spec.podCIDRs` as given, and `spec.podCIDR` its first, as the API
-/// keeps them (it resets podCIDRs to a podCIDR that is not its first).
-/// The real API allows this change only from none; the fixture's direct
-/// update stands for a Node deleted and made again.
-fn set_pod_cidrs(n: &mut Node, cidrs: &[&str]) {
-    let spec = n.spec.get_or_insert_default();
-    spec.pod_cidr = cidrs.first().map(|c| c.to_string());
-    spec.pod_cidrs = Some(cidrs.iter().map(|c| c.to_string()).collect());
-}
-
-/// A peer Node with `spec.podCIDRs` as given and its annotations.
-fn peer_node(name: &str, cidrs: &[&str], mac: &str, ip: &str) -> Node {
-    let mut n = node(name, None);
-    set_pod_cidrs(&mut n, cidrs);
-    let ann: BTreeMap<String, String> = [
-        ("mycni.dev/vtep-mac".to_string(), mac.to_string()),
-        ("mycni.dev/host-ip".to_string(), ip.to_string()),
-    ]
-    .into();
-    n.metadata.annotations = Some(ann);
-    n
-}
-
+/// `ip` on lab node 1.
 fn ip(l: &Lab, args: &[&str]) -> Result<String> {
-    let ns = l.spec.node_name(1);
-    let mut a = vec!["-n", ns.as_str()];
-    a.extend_from_slice(args);
-    mycni_testkit::sh("ip", &a)
+    common::node_ip(l, 1, args)
 }
 
 /// The agent's IPv6 routes on lab node 1, without nexthop IDs.
 fn routes6(l: &Lab) -> Result<String> {
-    Ok(ip(l, &["-6", "route", "show", "proto", "110"])?
-        .lines()
-        .map(|line| {
-            let mut out = Vec::new();
-            let mut words = line.split_whitespace();
-            while let Some(w) = words.next() {
-                if w == "nhid" {
-                    words.next();
-                } else {
-                    out.push(w);
-                }
-            }
-            out.join(" ") + "\n"
-        })
-        .collect())
+    Ok(without_nhid(&ip(
+        l,
+        &["-6", "route", "show", "proto", "110"],
+    )?))
 }
 
 fn neighbours6(l: &Lab) -> Result<String> {
@@ -402,7 +349,6 @@ fn dual_stack_nodes_reach_each_other_over_ipv6() -> Result<()> {
 /// IPv4 one: the outside does not route the pods' ULA range back.
 #[test]
 fn ipv6_pod_traffic_leaving_the_cluster_is_masqueraded() -> Result<()> {
-    use std::io::{Read, Write};
     let t = common::lab_stack(1, 1, mycni_lab::Stack::Dual, &[])?;
     let l = &t.0;
     let pod = l.pods()?.into_iter().next().context("a pod")?;
@@ -453,29 +399,7 @@ fn ipv6_pod_traffic_leaving_the_cluster_is_masqueraded() -> Result<()> {
         a.extend_from_slice(args);
         mycni_testkit::sh("ip", &a)?;
     }
-    let listener =
-        mycni_testkit::in_netns(&u, || std::net::TcpListener::bind("[2001:db8:77::1]:7001"))??;
-    let server = std::thread::spawn(move || -> Result<std::net::SocketAddr> {
-        let (mut c, peer) = listener.accept()?;
-        let mut buf = [0u8; 6];
-        c.read_exact(&mut buf)?;
-        c.write_all(&buf)?;
-        Ok(peer)
-    });
-    mycni_testkit::sh(
-        "ip",
-        &[
-            "netns",
-            "exec",
-            &pod.ns,
-            &l.spec.bins.lab.to_string_lossy(),
-            "tcp-probe",
-            "[2001:db8:77::1]:7001",
-        ],
-    )?;
-    let peer = server
-        .join()
-        .map_err(|_| anyhow::anyhow!("server panicked"))??;
+    let peer = common::source_seen_outside(l, &pod.ns, "[2001:db8:77::1]:7001")?;
     assert_eq!(
         peer.ip().to_string(),
         "2001:db8:77::11",

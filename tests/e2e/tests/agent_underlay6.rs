@@ -13,31 +13,15 @@
 //! here, as the agent will for a peer without IPv4 host address.
 
 use std::net::{Ipv6Addr, SocketAddr, UdpSocket};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use mycni_lab::{Lab, Stack};
 use mycni_testkit::{in_netns, sh};
 
 mod common;
 
-fn wait_until(
-    what: &str,
-    timeout: Duration,
-    mut f: impl FnMut() -> Result<bool>,
-) -> Result<Duration> {
-    let start = Instant::now();
-    let mut last = None;
-    while start.elapsed() < timeout {
-        match f() {
-            Ok(true) => return Ok(start.elapsed()),
-            Ok(false) => {}
-            Err(e) => last = Some(e),
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    bail!("{what}: not within {timeout:?} (last error: {last:?})")
-}
+use common::wait_until;
 
 /// Node `i`'s IPv6 host address (the underlay bridge has `fd00:77::1`).
 fn host6(i: usize) -> Ipv6Addr {
@@ -45,10 +29,7 @@ fn host6(i: usize) -> Ipv6Addr {
 }
 
 fn ip(l: &Lab, i: usize, args: &[&str]) -> Result<String> {
-    let ns = l.spec.node_name(i);
-    let mut a = vec!["-n", ns.as_str()];
-    a.extend_from_slice(args);
-    sh("ip", &a)
+    common::node_ip(l, i, args)
 }
 
 fn nft(l: &Lab, i: usize, args: &[&str]) -> Result<String> {

@@ -1,5 +1,6 @@
 //! What the lab-based tests share: the binaries and a lab torn down on drop.
 
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
@@ -8,6 +9,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
+use k8s_openapi::api::core::v1::Node;
 use mycni_e2e::bins;
 use mycni_lab::{Lab, Spec, Stack};
 use mycni_testkit::{in_netns, unique};
@@ -121,4 +123,153 @@ pub fn delta(
     k: &str,
 ) -> u64 {
     after.get(k).copied().unwrap_or(0) - before.get(k).copied().unwrap_or(0)
+}
+
+/// The lab's IPv4 cluster range with an IPv6 range beside it, for
+/// `--cluster-cidr` of a dual-stack agent.
+#[allow(
+    dead_code,
+    reason = "not every test binary that includes common uses it"
+)]
+pub const CLUSTER_DUAL: &str = "10.244.0.0/16,fd00:10:244::/56";
+
+/// Polls `f` every 50 ms until it says yes; how long that took.
+#[allow(
+    dead_code,
+    reason = "not every test binary that includes common uses it"
+)]
+pub fn wait_until(
+    what: &str,
+    timeout: Duration,
+    f: impl FnMut() -> Result<bool>,
+) -> Result<Duration> {
+    wait_every(what, timeout, Duration::from_millis(50), f)
+}
+
+/// [`wait_until`], polling every `poll`; the last error `f` returned is
+/// part of the failure.
+#[allow(
+    dead_code,
+    reason = "not every test binary that includes common uses it"
+)]
+pub fn wait_every(
+    what: &str,
+    timeout: Duration,
+    poll: Duration,
+    mut f: impl FnMut() -> Result<bool>,
+) -> Result<Duration> {
+    let start = Instant::now();
+    let mut last = None;
+    while start.elapsed() < timeout {
+        match f() {
+            Ok(true) => return Ok(start.elapsed()),
+            Ok(false) => {}
+            Err(e) => last = Some(e),
+        }
+        std::thread::sleep(poll);
+    }
+    anyhow::bail!("{what}: not within {timeout:?} (last error: {last:?})")
+}
+
+/// `spec.podCIDRs` as given, and `spec.podCIDR` its first, as the API
+/// keeps them (it resets podCIDRs to a podCIDR that is not its first).
+/// The real API allows this change only from none; the fixture's direct
+/// update stands for a Node deleted and made again.
+#[allow(
+    dead_code,
+    reason = "not every test binary that includes common uses it"
+)]
+pub fn set_pod_cidrs(n: &mut Node, cidrs: &[&str]) {
+    let spec = n.spec.get_or_insert_default();
+    spec.pod_cidr = cidrs.first().map(|c| c.to_string());
+    spec.pod_cidrs = Some(cidrs.iter().map(|c| c.to_string()).collect());
+}
+
+/// A peer Node with `spec.podCIDRs` as given and the VTEP MAC and host IP
+/// annotations the agent reads (`ip` need not be one: the tests of
+/// rejected peers give garbage).
+#[allow(
+    dead_code,
+    reason = "not every test binary that includes common uses it"
+)]
+pub fn peer_node(name: &str, cidrs: &[&str], mac: &str, ip: &str) -> Node {
+    let mut n = mycni_apiserver::node_with_cidrs(name, cidrs);
+    let ann: BTreeMap<String, String> = [
+        ("mycni.dev/vtep-mac".to_string(), mac.to_string()),
+        ("mycni.dev/host-ip".to_string(), ip.to_string()),
+    ]
+    .into();
+    n.metadata.annotations = Some(ann);
+    n
+}
+
+/// `ip -n <node i> args`.
+#[allow(
+    dead_code,
+    reason = "not every test binary that includes common uses it"
+)]
+pub fn node_ip(l: &Lab, i: usize, args: &[&str]) -> Result<String> {
+    let ns = l.spec.node_name(i);
+    let mut a = vec!["-n", ns.as_str()];
+    a.extend_from_slice(args);
+    mycni_testkit::sh("ip", &a)
+}
+
+/// `ip route` shows a route through a nexthop object (the agent's, where
+/// the kernel has them) as `dst nhid N via …`: the tests check where
+/// routes go, which reads the same without the ID.
+#[allow(
+    dead_code,
+    reason = "not every test binary that includes common uses it"
+)]
+pub fn without_nhid(routes: &str) -> String {
+    routes
+        .lines()
+        .map(|l| {
+            let mut out = Vec::new();
+            let mut words = l.split_whitespace();
+            while let Some(w) = words.next() {
+                if w == "nhid" {
+                    words.next();
+                } else {
+                    out.push(w);
+                }
+            }
+            out.join(" ") + "\n"
+        })
+        .collect()
+}
+
+/// A TCP connection from the pod netns `pod_ns` (the lab's `tcp-probe`) to
+/// a listener at `listen` in the underlay's netns, outside the cluster:
+/// the source address the outside saw.
+#[allow(
+    dead_code,
+    reason = "not every test binary that includes common uses it"
+)]
+pub fn source_seen_outside(l: &Lab, pod_ns: &str, listen: &str) -> Result<SocketAddr> {
+    let listener = in_netns(&l.spec.underlay_ns(), || {
+        std::net::TcpListener::bind(listen)
+    })??;
+    let server = std::thread::spawn(move || -> Result<SocketAddr> {
+        let (mut c, peer) = listener.accept()?;
+        let mut buf = [0u8; 6];
+        c.read_exact(&mut buf)?;
+        c.write_all(&buf)?;
+        Ok(peer)
+    });
+    mycni_testkit::sh(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            pod_ns,
+            &l.spec.bins.lab.to_string_lossy(),
+            "tcp-probe",
+            listen,
+        ],
+    )?;
+    server
+        .join()
+        .map_err(|_| anyhow::anyhow!("server panicked"))?
 }
