@@ -335,6 +335,48 @@ fn valid_host_ip6(ip: Ipv6Addr) -> bool {
         || ip.to_ipv4_mapped().is_some())
 }
 
+/// An announced host IP of either family, `bad` with the text unless it
+/// parses and is `valid`.
+fn parse_host_ip<T: std::str::FromStr + Copy>(
+    s: &str,
+    valid: fn(T) -> bool,
+    bad: fn(String) -> Reject,
+) -> Result<T, Reject> {
+    s.trim()
+        .parse()
+        .ok()
+        .filter(|ip: &T| valid(*ip))
+        .ok_or_else(|| bad(s.to_string()))
+}
+
+/// An announced VTEP MAC, `bad` with the text unless it is a unicast MAC.
+fn parse_vtep_mac(s: &str, bad: fn(String) -> Reject) -> Result<Mac, Reject> {
+    s.trim()
+        .parse::<Mac>()
+        .ok()
+        .filter(|m| m.is_unicast())
+        .ok_or_else(|| bad(s.to_string()))
+}
+
+/// A peer's podCIDR of either family: `bad` unless it is one network with
+/// a prefix in `prefixes`, `outside` unless `cluster` covers it.
+fn parse_pod_cidr<A: Family>(
+    s: &str,
+    prefixes: std::ops::RangeInclusive<u8>,
+    cluster: mycni_common::net::Cidr<A>,
+    bad: fn(String) -> Reject,
+    outside: fn(String) -> Reject,
+) -> Result<mycni_common::net::Cidr<A>, Reject> {
+    let c = mycni_common::net::Cidr::<A>::parse_network(s)
+        .ok()
+        .filter(|c| prefixes.contains(&c.prefix()))
+        .ok_or_else(|| bad(s.to_string()))?;
+    if !cluster.covers(c) {
+        return Err(outside(s.to_string()));
+    }
+    Ok(c)
+}
+
 /// A node's IPv6 underlay from its annotations: None when it announces
 /// none, an error when what it announces cannot be used.
 pub fn parse_underlay6(node: &NodeView) -> Result<Option<Underlay6>, Reject> {
@@ -345,18 +387,8 @@ pub fn parse_underlay6(node: &NodeView) -> Result<Option<Underlay6>, Reject> {
         (None, Some(_)) => return Err(Reject::IncompleteUnderlay6("no IPv6 host IP annotation")),
         (Some(i), Some(m)) => (i, m),
     };
-    let host_ip: Ipv6Addr = ip_s
-        .trim()
-        .parse()
-        .ok()
-        .filter(|ip| valid_host_ip6(*ip))
-        .ok_or_else(|| Reject::BadHostIp6(ip_s.clone()))?;
-    let vtep_mac = mac_s
-        .trim()
-        .parse::<Mac>()
-        .ok()
-        .filter(|m| m.is_unicast())
-        .ok_or_else(|| Reject::BadMac6(mac_s.clone()))?;
+    let host_ip = parse_host_ip(ip_s, valid_host_ip6, Reject::BadHostIp6)?;
+    let vtep_mac = parse_vtep_mac(mac_s, Reject::BadMac6)?;
     Ok(Some(Underlay6 { host_ip, vtep_mac }))
 }
 
@@ -372,14 +404,14 @@ pub fn parse_peer6(node: &NodeView, cluster6: Option<Cidr6>) -> Result<Option<Ci
         [one] => *one,
         many => return Err(Reject::BadPodCidr6(many.join(","))),
     };
-    let c = Cidr6::parse_network(s)
-        .ok()
-        .filter(|c| PREFIX_V6.contains(&c.prefix()))
-        .ok_or_else(|| Reject::BadPodCidr6(s.to_string()))?;
-    if !cluster6.covers(c) {
-        return Err(Reject::OutsideClusterCidr6(s.to_string()));
-    }
-    Ok(Some(c))
+    parse_pod_cidr(
+        s,
+        PREFIX_V6,
+        cluster6,
+        Reject::BadPodCidr6,
+        Reject::OutsideClusterCidr6,
+    )
+    .map(Some)
 }
 
 /// Validates one node on its own: the peer with its IPv6 side if that is
@@ -394,33 +426,23 @@ pub fn parse_peer(node: &NodeView, cluster: impl Into<ClusterCidrs>) -> Result<P
         [one] => *one,
         many => return Err(Reject::BadPodCidr(many.join(","))),
     };
-    let pod_cidr = Cidr::parse_network(cidr_s)
-        .ok()
-        .filter(|c| PREFIX_V4.contains(&c.prefix()))
-        .ok_or_else(|| Reject::BadPodCidr(cidr_s.to_string()))?;
-    if !cluster.v4.covers(pod_cidr) {
-        return Err(Reject::OutsideClusterCidr(cidr_s.to_string()));
-    }
+    let pod_cidr = parse_pod_cidr(
+        cidr_s,
+        PREFIX_V4,
+        cluster.v4,
+        Reject::BadPodCidr,
+        Reject::OutsideClusterCidr,
+    )?;
     let mac_s = node
         .annotations
         .get(ANNOTATION_VTEP_MAC)
         .ok_or(Reject::Incomplete("no VTEP MAC annotation"))?;
-    let vtep_mac = mac_s
-        .trim()
-        .parse::<Mac>()
-        .ok()
-        .filter(|m| m.is_unicast())
-        .ok_or_else(|| Reject::BadMac(mac_s.clone()))?;
+    let vtep_mac = parse_vtep_mac(mac_s, Reject::BadMac)?;
     let ip_s = node
         .annotations
         .get(ANNOTATION_HOST_IP)
         .ok_or(Reject::Incomplete("no host IP annotation"))?;
-    let host_ip: Ipv4Addr = ip_s
-        .trim()
-        .parse()
-        .ok()
-        .filter(|ip| valid_host_ip(*ip))
-        .ok_or_else(|| Reject::BadHostIp(ip_s.clone()))?;
+    let host_ip = parse_host_ip(ip_s, valid_host_ip, Reject::BadHostIp)?;
     Ok(Peer {
         name: node.name.clone(),
         pod_cidr,
@@ -449,6 +471,16 @@ fn overlapping<A: Family>(cidrs: &[mycni_common::net::Cidr<A>]) -> Vec<bool> {
         }
     }
     bad
+}
+
+/// How many times each VTEP MAC is announced: more than once, neither
+/// announcer can be told apart in the FDB.
+fn mac_counts(macs: impl Iterator<Item = Mac>) -> BTreeMap<Mac, usize> {
+    let mut n: BTreeMap<Mac, usize> = BTreeMap::new();
+    for m in macs {
+        *n.entry(m).or_default() += 1;
+    }
+    n
 }
 
 /// All peers to program, and the rejected nodes with reasons. `own_name`
@@ -490,10 +522,7 @@ pub fn select_peers(
     }
     let bad = overlapping(&ok.iter().map(|(p, _)| p.pod_cidr).collect::<Vec<_>>());
     // Two Nodes with one VTEP MAC: neither can be told apart in the FDB.
-    let mut macs: BTreeMap<Mac, usize> = BTreeMap::new();
-    for (p, _) in &ok {
-        *macs.entry(p.vtep_mac).or_default() += 1;
-    }
+    let macs = mac_counts(ok.iter().map(|(p, _)| p.vtep_mac));
     let mut peers = Vec::with_capacity(ok.len());
     for ((p, why6), b) in ok.into_iter().zip(bad) {
         if b {
@@ -524,10 +553,7 @@ pub fn select_peers(
     }
     // Two Nodes with one `vxlan6.1` MAC: the same as for `vxlan.1`, for
     // their IPv6 underlay only.
-    let mut macs6: BTreeMap<Mac, usize> = BTreeMap::new();
-    for u in peers.iter().filter_map(|p| p.underlay6) {
-        *macs6.entry(u.vtep_mac).or_default() += 1;
-    }
+    let macs6 = mac_counts(peers.iter().filter_map(|p| p.underlay6).map(|u| u.vtep_mac));
     for p in &mut peers {
         if let Some(u) = p.underlay6
             && macs6.get(&u.vtep_mac).copied().unwrap_or(0) > 1
@@ -621,14 +647,13 @@ pub fn select_all(
         .chain(peers6.iter().map(|p| p.pod_cidr6))
         .collect();
     let bad = overlapping(&cidrs);
-    let mut macs6: BTreeMap<Mac, usize> = BTreeMap::new();
-    for u in peers
-        .iter()
-        .filter_map(|p| p.underlay6)
-        .chain(peers6.iter().map(|p| p.underlay6))
-    {
-        *macs6.entry(u.vtep_mac).or_default() += 1;
-    }
+    let macs6 = mac_counts(
+        peers
+            .iter()
+            .filter_map(|p| p.underlay6)
+            .chain(peers6.iter().map(|p| p.underlay6))
+            .map(|u| u.vtep_mac),
+    );
     let mut k = 0;
     for p in &mut peers {
         if let Some(c6) = p.pod_cidr6 {
