@@ -110,32 +110,63 @@ impl Flow {
 
 /// An IPv4 packet with a 20-byte TCP header and `payload`.
 pub(crate) fn tcp(flow: Flow, flags: u8, payload: &[u8]) -> Vec<u8> {
+    let (src, dst) = (*flow.src.ip(), *flow.dst.ip());
+    let seg = tcp_segment(flow.src.port(), flow.dst.port(), flags, payload, |seg| {
+        l4_csum(IPPROTO_TCP, src, dst, seg)
+    });
+    ipv4(IPPROTO_TCP, src, dst, &[], &seg)
+}
+
+pub(crate) fn udp(flow: Flow, payload: &[u8]) -> Vec<u8> {
+    let (src, dst) = (*flow.src.ip(), *flow.dst.ip());
+    let d = udp_segment(flow.src.port(), flow.dst.port(), payload, |d| {
+        l4_csum(IPPROTO_UDP, src, dst, d)
+    });
+    ipv4(IPPROTO_UDP, src, dst, &[], &d)
+}
+
+/// A 20-byte TCP header and `payload`, for either family: `csum` is the
+/// checksum over that family's pseudo-header and the segment.
+pub(crate) fn tcp_segment(
+    sport: u16,
+    dport: u16,
+    flags: u8,
+    payload: &[u8],
+    csum: impl Fn(&[u8]) -> u16,
+) -> Vec<u8> {
     let mut seg = Vec::with_capacity(20 + payload.len());
-    seg.extend_from_slice(&flow.src.port().to_be_bytes());
-    seg.extend_from_slice(&flow.dst.port().to_be_bytes());
+    seg.extend_from_slice(&sport.to_be_bytes());
+    seg.extend_from_slice(&dport.to_be_bytes());
     seg.extend_from_slice(&0x0102_0304u32.to_be_bytes());
     seg.extend_from_slice(&0x0a0b_0c0du32.to_be_bytes());
     seg.extend_from_slice(&[0x50, flags, 0xfa, 0xf0, 0, 0, 0, 0]);
     seg.extend_from_slice(payload);
-    let c = l4_csum(IPPROTO_TCP, *flow.src.ip(), *flow.dst.ip(), &seg);
+    let c = csum(&seg);
     seg[16..18].copy_from_slice(&c.to_be_bytes());
-    ipv4(IPPROTO_TCP, *flow.src.ip(), *flow.dst.ip(), &[], &seg)
+    seg
 }
 
-pub(crate) fn udp(flow: Flow, payload: &[u8]) -> Vec<u8> {
+/// A UDP header and `payload`, for either family, as [`tcp_segment`]. A
+/// computed checksum of 0 goes out as 0xffff: 0 means none.
+pub(crate) fn udp_segment(
+    sport: u16,
+    dport: u16,
+    payload: &[u8],
+    csum: impl Fn(&[u8]) -> u16,
+) -> Vec<u8> {
     let len = u16::try_from(8 + payload.len()).expect("fits");
     let mut d = Vec::with_capacity(usize::from(len));
-    d.extend_from_slice(&flow.src.port().to_be_bytes());
-    d.extend_from_slice(&flow.dst.port().to_be_bytes());
+    d.extend_from_slice(&sport.to_be_bytes());
+    d.extend_from_slice(&dport.to_be_bytes());
     d.extend_from_slice(&len.to_be_bytes());
     d.extend_from_slice(&[0, 0]);
     d.extend_from_slice(payload);
-    let c = match l4_csum(IPPROTO_UDP, *flow.src.ip(), *flow.dst.ip(), &d) {
+    let c = match csum(&d) {
         0 => 0xffff,
         c => c,
     };
     d[6..8].copy_from_slice(&c.to_be_bytes());
-    ipv4(IPPROTO_UDP, *flow.src.ip(), *flow.dst.ip(), &[], &d)
+    d
 }
 
 pub(crate) fn icmp_echo(src: Ipv4Addr, dst: Ipv4Addr) -> Vec<u8> {

@@ -62,32 +62,19 @@ fn csum6(nexthdr: u8, src: Ipv6Addr, dst: Ipv6Addr, l4: &[u8]) -> u16 {
 }
 
 fn tcp6(flow: Flow6, flags: u8, payload: &[u8]) -> Vec<u8> {
-    let mut seg = Vec::with_capacity(20 + payload.len());
-    seg.extend_from_slice(&flow.src.port().to_be_bytes());
-    seg.extend_from_slice(&flow.dst.port().to_be_bytes());
-    seg.extend_from_slice(&0x0102_0304u32.to_be_bytes());
-    seg.extend_from_slice(&0x0a0b_0c0du32.to_be_bytes());
-    seg.extend_from_slice(&[0x50, flags, 0xfa, 0xf0, 0, 0, 0, 0]);
-    seg.extend_from_slice(payload);
-    let c = csum6(IPPROTO_TCP, *flow.src.ip(), *flow.dst.ip(), &seg);
-    seg[16..18].copy_from_slice(&c.to_be_bytes());
-    ipv6(IPPROTO_TCP, *flow.src.ip(), *flow.dst.ip(), &seg)
+    let (src, dst) = (*flow.src.ip(), *flow.dst.ip());
+    let seg = tcp_segment(flow.src.port(), flow.dst.port(), flags, payload, |seg| {
+        csum6(IPPROTO_TCP, src, dst, seg)
+    });
+    ipv6(IPPROTO_TCP, src, dst, &seg)
 }
 
 fn udp6(flow: Flow6, payload: &[u8]) -> Vec<u8> {
-    let len = u16::try_from(8 + payload.len()).expect("fits");
-    let mut d = Vec::with_capacity(usize::from(len));
-    d.extend_from_slice(&flow.src.port().to_be_bytes());
-    d.extend_from_slice(&flow.dst.port().to_be_bytes());
-    d.extend_from_slice(&len.to_be_bytes());
-    d.extend_from_slice(&[0, 0]);
-    d.extend_from_slice(payload);
-    let c = match csum6(IPPROTO_UDP, *flow.src.ip(), *flow.dst.ip(), &d) {
-        0 => 0xffff,
-        c => c,
-    };
-    d[6..8].copy_from_slice(&c.to_be_bytes());
-    ipv6(IPPROTO_UDP, *flow.src.ip(), *flow.dst.ip(), &d)
+    let (src, dst) = (*flow.src.ip(), *flow.dst.ip());
+    let d = udp_segment(flow.src.port(), flow.dst.port(), payload, |d| {
+        csum6(IPPROTO_UDP, src, dst, d)
+    });
+    ipv6(IPPROTO_UDP, src, dst, &d)
 }
 
 /// An ICMPv6 message of `ty`pe with `body` behind the 4-byte header.
@@ -265,21 +252,7 @@ fn fast6(
     want: DpPath,
     macs: ([u8; 6], [u8; 6]),
 ) -> Result<()> {
-    let (path, out) = dp.run(prog, pkt).with_context(|| what.to_string())?;
-    ensure!(
-        path == want && out.retval == TC_ACT_REDIRECT,
-        "{what}: {} counted under {} with verdict {}, expected {} with {TC_ACT_REDIRECT}\n  in: {}",
-        prog.name(),
-        path.name(),
-        out.retval,
-        want.name(),
-        hex(pkt)
-    );
-    ensure!(
-        dp.family() == Some(DpFamily::Ipv6),
-        "{what}: counted as {:?}, expected ipv6",
-        dp.family()
-    );
+    let (path, out) = dp.redirected(what, prog, pkt, want, DpFamily::Ipv6)?;
     let expected = routed6(pkt, macs);
     ensure!(
         out.data == expected,

@@ -291,16 +291,16 @@ impl Dp<'_> {
         Ok(())
     }
 
-    /// A packet the program must forward under `want`, as a router would:
-    /// new MACs, TTL one less, a valid checksum, nothing else changed.
-    pub(crate) fn fast(
+    /// `pkt` run through `prog`: redirected, counted under `want` in the
+    /// row of `family`.
+    pub(crate) fn redirected(
         &self,
         what: &str,
         prog: Prog,
         pkt: &[u8],
         want: DpPath,
-        macs: ([u8; 6], [u8; 6]),
-    ) -> Result<()> {
+        family: DpFamily,
+    ) -> Result<(DpPath, Outcome)> {
         let (path, out) = self.run(prog, pkt).with_context(|| what.to_string())?;
         ensure!(
             path == want && out.retval == TC_ACT_REDIRECT,
@@ -312,10 +312,25 @@ impl Dp<'_> {
             hex(pkt)
         );
         ensure!(
-            self.family() == Some(DpFamily::Ipv4),
-            "{what}: counted as {:?}, expected ipv4",
-            self.family()
+            self.family() == Some(family),
+            "{what}: counted as {:?}, expected {}",
+            self.family(),
+            family.name()
         );
+        Ok((path, out))
+    }
+
+    /// A packet the program must forward under `want`, as a router would:
+    /// new MACs, TTL one less, a valid checksum, nothing else changed.
+    pub(crate) fn fast(
+        &self,
+        what: &str,
+        prog: Prog,
+        pkt: &[u8],
+        want: DpPath,
+        macs: ([u8; 6], [u8; 6]),
+    ) -> Result<()> {
+        let (path, out) = self.redirected(what, prog, pkt, want, DpFamily::Ipv4)?;
         let expected = routed(pkt, macs);
         ensure!(
             ip_csum_ok(&out.data),
