@@ -292,15 +292,17 @@ impl Dp<'_> {
     }
 
     /// `pkt` run through `prog`: redirected, counted under `want` in the
-    /// row of `family`.
-    pub(crate) fn redirected(
+    /// row of `family`, and out as `expected` makes it (with a valid IPv4
+    /// header checksum; IPv6 has none).
+    pub(crate) fn forwarded(
         &self,
         what: &str,
         prog: Prog,
         pkt: &[u8],
         want: DpPath,
         family: DpFamily,
-    ) -> Result<(DpPath, Outcome)> {
+        expected: impl FnOnce() -> Vec<u8>,
+    ) -> Result<()> {
         let (path, out) = self.run(prog, pkt).with_context(|| what.to_string())?;
         ensure!(
             path == want && out.retval == TC_ACT_REDIRECT,
@@ -317,7 +319,20 @@ impl Dp<'_> {
             self.family(),
             family.name()
         );
-        Ok((path, out))
+        let expected = expected();
+        ensure!(
+            family != DpFamily::Ipv4 || ip_csum_ok(&out.data),
+            "{what}: invalid IP checksum in {}",
+            hex(&out.data)
+        );
+        ensure!(
+            out.data == expected,
+            "{what}: rewritten packet differs\n  want: {}\n  got:  {}",
+            hex(&expected),
+            hex(&out.data)
+        );
+        eprintln!("ok  {:<16} {what:<48} -> {}", prog.name(), path.name());
+        Ok(())
     }
 
     /// A packet the program must forward under `want`, as a router would:
@@ -330,21 +345,7 @@ impl Dp<'_> {
         want: DpPath,
         macs: ([u8; 6], [u8; 6]),
     ) -> Result<()> {
-        let (path, out) = self.redirected(what, prog, pkt, want, DpFamily::Ipv4)?;
-        let expected = routed(pkt, macs);
-        ensure!(
-            ip_csum_ok(&out.data),
-            "{what}: invalid IP checksum in {}",
-            hex(&out.data)
-        );
-        ensure!(
-            out.data == expected,
-            "{what}: rewritten packet differs\n  want: {}\n  got:  {}",
-            hex(&expected),
-            hex(&out.data)
-        );
-        eprintln!("ok  {:<16} {what:<48} -> {}", prog.name(), path.name());
-        Ok(())
+        self.forwarded(what, prog, pkt, want, DpFamily::Ipv4, || routed(pkt, macs))
     }
 }
 
