@@ -15,22 +15,35 @@ pub(crate) fn sockaddr(a: SocketAddrV4) -> libc::sockaddr_in {
 
 /// `connect` from a chosen source address (std cannot bind before connect).
 pub(crate) fn tcp_connect_from(src: Ipv4Addr, dst: SocketAddrV4) -> Result<TcpStream> {
+    let local = sockaddr(SocketAddrV4::new(src, 0));
+    connect_from(libc::AF_INET, &local, &sockaddr(dst), src, dst)
+}
+
+/// [`tcp_connect_from`] for either family: `local` and `remote` are that
+/// family's `sockaddr_in` or `sockaddr_in6` of `domain`; `src` and `dst`
+/// name them in errors.
+pub(crate) fn connect_from<S>(
+    domain: libc::c_int,
+    local: &S,
+    remote: &S,
+    src: impl std::fmt::Display,
+    dst: impl std::fmt::Display,
+) -> Result<TcpStream> {
     // SAFETY: plain socket(2); the fd is owned right after.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    let fd = unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
         bail!("socket: {}", std::io::Error::last_os_error());
     }
     // SAFETY: `fd` is a fresh socket nobody else owns.
     let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-    let local = sockaddr(SocketAddrV4::new(src, 0));
-    let remote = sockaddr(dst);
-    // SAFETY: both addresses are valid sockaddr_in of `len` bytes.
+    let len = std::mem::size_of::<S>() as libc::socklen_t;
+    // SAFETY: both addresses are valid for `len` bytes; the kernel reads
+    // them as the `domain`'s sockaddr.
     unsafe {
-        if libc::bind(fd, (&raw const local).cast(), len) != 0 {
+        if libc::bind(fd, std::ptr::from_ref(local).cast(), len) != 0 {
             bail!("bind {src}: {}", std::io::Error::last_os_error());
         }
-        if libc::connect(fd, (&raw const remote).cast(), len) != 0 {
+        if libc::connect(fd, std::ptr::from_ref(remote).cast(), len) != 0 {
             bail!("connect {dst}: {}", std::io::Error::last_os_error());
         }
     }

@@ -150,26 +150,8 @@ fn sockaddr6(a: SocketAddrV6) -> libc::sockaddr_in6 {
 
 /// `connect` from a chosen IPv6 source address.
 fn tcp_connect_from6(src: Ipv6Addr, dst: SocketAddrV6) -> Result<TcpStream> {
-    // SAFETY: plain socket(2); the fd is owned right after.
-    let fd = unsafe { libc::socket(libc::AF_INET6, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        bail!("socket: {}", std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh socket nobody else owns.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-    let len = std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t;
     let local = sockaddr6(SocketAddrV6::new(src, 0, 0, 0));
-    let remote = sockaddr6(dst);
-    // SAFETY: both addresses are valid sockaddr_in6 of `len` bytes.
-    unsafe {
-        if libc::bind(fd, (&raw const local).cast(), len) != 0 {
-            bail!("bind {src}: {}", std::io::Error::last_os_error());
-        }
-        if libc::connect(fd, (&raw const remote).cast(), len) != 0 {
-            bail!("connect {dst}: {}", std::io::Error::last_os_error());
-        }
-    }
-    Ok(TcpStream::from(sock))
+    connect_from(libc::AF_INET6, &local, &sockaddr6(dst), src, dst)
 }
 
 fn v6(a: std::net::SocketAddr) -> Result<SocketAddrV6> {
