@@ -289,23 +289,8 @@ fn latency_rr(pair: &Pair, seconds: u64, pin: &[String], logs: &Path) -> Result<
 }
 
 /// An iperf3 server for one test on `pair`, then its client with `extra`
-/// arguments; the client's JSON report.
-fn iperf(
-    pair: &Pair,
-    seconds: u64,
-    pin: &[String],
-    extra: &[&str],
-    logs: &Path,
-    name: &str,
-) -> Result<Value> {
-    let (srv, client) = iperf_spawn(pair, seconds, pin, extra, logs, name)?;
-    let out = client.finish(limit(seconds))?;
-    srv.finish(Duration::from_secs(5))?;
-    iperf_json(&out)
-}
-
-/// [`iperf`] up to the running client, for a caller that samples the
-/// system while it sends: (server, client).
+/// arguments, running: (server, client), so that a caller can sample the
+/// system while it sends.
 fn iperf_spawn(
     pair: &Pair,
     seconds: u64,
@@ -347,7 +332,10 @@ fn iperf_spawn(
 
 /// One TCP flow: the receiver's rate, Gbit/s.
 fn stream(pair: &Pair, seconds: u64, pin: &[String], logs: &Path) -> Result<f64> {
-    let v = iperf(pair, seconds, pin, &[], logs, "tcp")?;
+    let (srv, client) = iperf_spawn(pair, seconds, pin, &[], logs, "tcp")?;
+    let out = client.finish(limit(seconds))?;
+    srv.finish(Duration::from_secs(5))?;
+    let v = iperf_json(&out)?;
     Ok(v["end"]["sum_received"]["bits_per_second"]
         .as_f64()
         .context("iperf3 TCP: no end.sum_received.bits_per_second")?
