@@ -732,26 +732,9 @@ fn pod_traffic_leaving_the_cluster_is_masqueraded_and_uninstall_cleans_up() -> R
 
     // uninstall removes what run installed (the agent is stopped first, as
     // the documented procedure does).
+    common::uninstall(l, 1)?;
     let ns = l.spec.node_name(1);
-    l.stop_agent(1);
     let dir = l.spec.node_dir(1);
-    let p = |s: &str| dir.join(s).to_string_lossy().into_owned();
-    mycni_testkit::sh(
-        "ip",
-        &[
-            "netns",
-            "exec",
-            &ns,
-            &l.spec.bins.agent.to_string_lossy(),
-            "uninstall",
-            "--cni-conf-dir",
-            &p("net.d"),
-            "--state-dir",
-            &p("run"),
-            "--proc-sys",
-            "/proc/sys",
-        ],
-    )?;
     let tables = mycni_testkit::sh("ip", &["netns", "exec", &ns, "nft", "list", "tables"])?;
     assert!(!tables.contains("mycni"), "{tables}");
     assert!(mycni_testkit::sh("ip", &["-n", &ns, "link", "show", "vxlan.1"]).is_err());

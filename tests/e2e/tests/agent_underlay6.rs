@@ -39,6 +39,27 @@ fn nft(l: &Lab, i: usize, args: &[&str]) -> Result<String> {
     sh("ip", &a)
 }
 
+/// A dual-stack lab of one node whose agent (with `args`) started after
+/// the node got its IPv6 host address.
+fn one_node_with_host6(args: &[&str]) -> Result<common::TestLab> {
+    let t = common::lab_stack(1, 0, Stack::Dual, args)?;
+    let l = &t.0;
+    ip(
+        l,
+        1,
+        &[
+            "addr",
+            "add",
+            &format!("{}/64", host6(1)),
+            "dev",
+            "eth0",
+            "nodad",
+        ],
+    )?;
+    l.restart_agent(1)?;
+    Ok(t)
+}
+
 /// `vxlan6.1`'s MAC on node `i`, if it exists.
 fn vxlan6_mac(l: &Lab, i: usize) -> Result<String> {
     let t = ip(l, i, &["link", "show", "vxlan6.1"])?;
@@ -227,25 +248,7 @@ fn vxlan6_comes_up_over_an_ipv6_underlay_is_filtered_repaired_and_uninstalled() 
     );
 
     // uninstall removes it and the ip6 table with the rest.
-    l.stop_agent(1);
-    let dir = l.spec.node_dir(1);
-    let p = |s: &str| dir.join(s).to_string_lossy().into_owned();
-    sh(
-        "ip",
-        &[
-            "netns",
-            "exec",
-            &ns1,
-            &l.spec.bins.agent.to_string_lossy(),
-            "uninstall",
-            "--cni-conf-dir",
-            &p("net.d"),
-            "--state-dir",
-            &p("run"),
-            "--proc-sys",
-            "/proc/sys",
-        ],
-    )?;
+    common::uninstall(l, 1)?;
     ensure!(
         ip(l, 1, &["link", "show", "vxlan6.1"]).is_err(),
         "vxlan6.1 left"
@@ -261,22 +264,9 @@ fn vxlan6_comes_up_over_an_ipv6_underlay_is_filtered_repaired_and_uninstalled() 
 
 #[test]
 fn underlay6_off_makes_no_vxlan6_and_announces_none() -> Result<()> {
-    let t = common::lab_stack(1, 0, Stack::Dual, &["--underlay6", "off"])?;
+    let t = one_node_with_host6(&["--underlay6", "off"])?;
     let l = &t.0;
     let api = l.api.as_ref().context("api")?;
-    ip(
-        l,
-        1,
-        &[
-            "addr",
-            "add",
-            &format!("{}/64", host6(1)),
-            "dev",
-            "eth0",
-            "nodad",
-        ],
-    )?;
-    l.restart_agent(1)?;
     ensure!(
         ip(l, 1, &["link", "show", "vxlan6.1"]).is_err(),
         "vxlan6.1 with --underlay6 off"
@@ -331,22 +321,9 @@ fn vxlan6_drift_is_repaired_from_notifications() -> Result<()> {
 /// `check_flapping`: whether the agent's full passes (one a second by
 /// default in the lab) leave the route alone.
 fn ipv6_only_peer(args: &[&str], check_flapping: bool) -> Result<()> {
-    let t = common::lab_stack(1, 0, Stack::Dual, args)?;
+    let t = one_node_with_host6(args)?;
     let l = &t.0;
     let api = l.api.as_ref().context("api")?;
-    ip(
-        l,
-        1,
-        &[
-            "addr",
-            "add",
-            &format!("{}/64", host6(1)),
-            "dev",
-            "eth0",
-            "nodad",
-        ],
-    )?;
-    l.restart_agent(1)?;
     let (cidr, vtep, mac, host) = (
         "fd00:10:244:50::/64",
         "fd00:10:244:50::",

@@ -273,3 +273,33 @@ pub fn source_seen_outside(l: &Lab, pod_ns: &str, listen: &str) -> Result<Socket
         .join()
         .map_err(|_| anyhow::anyhow!("server panicked"))?
 }
+
+/// Stops node `i`'s agent and runs `mycni-agent uninstall` there, as the
+/// documented procedure does.
+#[allow(
+    dead_code,
+    reason = "not every test binary that includes common uses it"
+)]
+pub fn uninstall(l: &Lab, i: usize) -> Result<()> {
+    let ns = l.spec.node_name(i);
+    l.stop_agent(i);
+    let dir = l.spec.node_dir(i);
+    let p = |s: &str| dir.join(s).to_string_lossy().into_owned();
+    mycni_testkit::sh(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &ns,
+            &l.spec.bins.agent.to_string_lossy(),
+            "uninstall",
+            "--cni-conf-dir",
+            &p("net.d"),
+            "--state-dir",
+            &p("run"),
+            "--proc-sys",
+            "/proc/sys",
+        ],
+    )?;
+    Ok(())
+}
