@@ -459,13 +459,7 @@ fn the_agents_own_writes_do_not_wake_it_again() -> Result<()> {
     let ns = l.spec.node_name(1);
     mycni_lab::soak::faults::flush_agent_routes(&ns)?;
     mycni_testkit::sh("ip", &["-n", &ns, "link", "del", "vxlan.1"])?;
-    let runs = || -> Result<u64> {
-        let m = l.metrics(1)?;
-        m.lines()
-            .find_map(|x| x.strip_prefix("mycni_reconcile_runs_total "))
-            .and_then(|v| v.trim().parse().ok())
-            .context("no mycni_reconcile_runs_total")
-    };
+    let runs = || common::counter(l, 1, "mycni_reconcile_runs_total");
     wait_until("repaired", Duration::from_secs(5), || {
         let routes = mycni_testkit::sh("ip", &["-n", &ns, "route", "show", "proto", "110"])?;
         Ok(routes.lines().filter(|r| r.contains("dev vxlan.1")).count() == 20)
@@ -591,13 +585,7 @@ fn an_idle_loop_stays_live_with_a_long_resync() -> Result<()> {
             mycni_lab::http_get(&addr, "/healthz")
         })?
     };
-    let runs = || -> Result<u64> {
-        l.metrics(1)?
-            .lines()
-            .find_map(|x| x.strip_prefix("mycni_reconcile_runs_total "))
-            .and_then(|v| v.trim().parse().ok())
-            .context("no mycni_reconcile_runs_total")
-    };
+    let runs = || common::counter(l, 1, "mycni_reconcile_runs_total");
     wait_until("ready", Duration::from_secs(10), || {
         Ok(l.metrics(1)?.contains("mycni_ready 1"))
     })?;

@@ -150,18 +150,10 @@ fn a_bad_ipv6_podcidr_rejects_the_peers_ipv6_side_and_is_counted() -> Result<()>
     }
     assert!(m.contains("mycni_peers_programmed 4"), "{m}");
     // The agent told the IPv6 range masquerades IPv6 leaving it.
-    let nat6 = mycni_testkit::sh(
-        "ip",
-        &[
-            "netns",
-            "exec",
-            &l.spec.node_name(1),
-            "nft",
-            "list",
-            "table",
-            "ip6",
-            "mycni",
-        ],
+    let nat6 = common::ns_sh(
+        &l.spec.node_name(1),
+        "nft",
+        &["list", "table", "ip6", "mycni"],
     )?;
     assert!(
         nat6.contains("ip6 saddr fd00:10:244::/56 ip6 daddr != fd00:10:244::/56 masquerade"),
@@ -225,13 +217,7 @@ fn ipv6_drift_is_repaired_from_notifications() -> Result<()> {
             words(&format!("nexthop del id {id}")),
         ));
     }
-    let repaired = || -> Result<u64> {
-        let m = l.metrics(1)?;
-        m.lines()
-            .find_map(|x| x.strip_prefix("mycni_kernel_drift_repaired_total "))
-            .and_then(|v| v.trim().parse().ok())
-            .context("no drift counter")
-    };
+    let repaired = || common::counter(l, 1, "mycni_kernel_drift_repaired_total");
     for (what, args) in &faults {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let before = repaired()?;
@@ -246,13 +232,7 @@ fn ipv6_drift_is_repaired_from_notifications() -> Result<()> {
         assert!(took < Duration::from_secs(10), "{what}: {took:?}");
     }
     // The repairs' own IPv6 writes notify too, and must wake nothing.
-    let runs = || -> Result<u64> {
-        let m = l.metrics(1)?;
-        m.lines()
-            .find_map(|x| x.strip_prefix("mycni_reconcile_runs_total "))
-            .and_then(|v| v.trim().parse().ok())
-            .context("no mycni_reconcile_runs_total")
-    };
+    let runs = || common::counter(l, 1, "mycni_reconcile_runs_total");
     std::thread::sleep(Duration::from_millis(500));
     let before = runs()?;
     std::thread::sleep(Duration::from_secs(2));

@@ -33,10 +33,7 @@ fn ip(l: &Lab, i: usize, args: &[&str]) -> Result<String> {
 }
 
 fn nft(l: &Lab, i: usize, args: &[&str]) -> Result<String> {
-    let ns = l.spec.node_name(i);
-    let mut a = vec!["netns", "exec", ns.as_str(), "nft"];
-    a.extend_from_slice(args);
-    sh("ip", &a)
+    common::ns_sh(&l.spec.node_name(i), "nft", args)
 }
 
 /// A dual-stack lab of one node whose agent (with `args`) started after

@@ -303,3 +303,16 @@ pub fn uninstall(l: &Lab, i: usize) -> Result<()> {
     )?;
     Ok(())
 }
+
+/// The value of the unlabelled metric `name` on node `i`.
+#[allow(
+    dead_code,
+    reason = "not every test binary that includes common uses it"
+)]
+pub fn counter(l: &Lab, i: usize, name: &str) -> Result<u64> {
+    let m = l.metrics(i)?;
+    m.lines()
+        .find_map(|x| x.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no {name} in the metrics"))
+}
