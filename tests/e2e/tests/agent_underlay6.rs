@@ -57,6 +57,24 @@ fn one_node_with_host6(args: &[&str]) -> Result<common::TestLab> {
     Ok(t)
 }
 
+/// Waits until Node `name`'s annotations show its IPv6 underlay as `ok`
+/// wants it.
+fn announced(
+    api: &mycni_apiserver::ApiServer,
+    name: &str,
+    ok: impl Fn(&std::collections::BTreeMap<String, String>) -> bool,
+) -> Result<()> {
+    wait_until(
+        "the IPv6 underlay announced",
+        Duration::from_secs(5),
+        || {
+            let n = api.get_node(name).context("node")?;
+            Ok(ok(&n.metadata.annotations.unwrap_or_default()))
+        },
+    )?;
+    Ok(())
+}
+
 /// `vxlan6.1`'s MAC on node `i`, if it exists.
 fn vxlan6_mac(l: &Lab, i: usize) -> Result<String> {
     let t = ip(l, i, &["link", "show", "vxlan6.1"])?;
@@ -139,17 +157,10 @@ fn vxlan6_comes_up_over_an_ipv6_underlay_is_filtered_repaired_and_uninstalled() 
     let (mac1, mac2) = (vxlan6_mac(l, 1)?, vxlan6_mac(l, 2)?);
     ensure!(mac1 != mac2);
     for (i, mac) in [(1, &mac1), (2, &mac2)] {
-        let name = l.spec.node_name(i);
-        wait_until(
-            "the IPv6 underlay announced",
-            Duration::from_secs(5),
-            || {
-                let n = api.get_node(&name).context("node")?;
-                let a = n.metadata.annotations.unwrap_or_default();
-                Ok(a.get("mycni.dev/host-ip-v6") == Some(&host6(i).to_string())
-                    && a.get("mycni.dev/vtep-mac-v6") == Some(mac))
-            },
-        )?;
+        announced(api, &l.spec.node_name(i), |a| {
+            a.get("mycni.dev/host-ip-v6") == Some(&host6(i).to_string())
+                && a.get("mycni.dev/vtep-mac-v6") == Some(mac)
+        })?;
     }
     // Node 1 lets node 2's IPv6 host address in, nobody else's.
     wait_until("the peer in the ip6 set", Duration::from_secs(5), || {
@@ -461,17 +472,7 @@ fn nodes_without_ipv4_host_address_reach_each_other_over_vxlan6() -> Result<()> 
     }
     for i in 1..=2 {
         let name = l.spec.node_name(i);
-        wait_until(
-            "the IPv6 underlay announced",
-            Duration::from_secs(5),
-            || {
-                let n = api.get_node(&name).context("node")?;
-                Ok(n.metadata
-                    .annotations
-                    .unwrap_or_default()
-                    .contains_key("mycni.dev/host-ip-v6"))
-            },
-        )?;
+        announced(api, &name, |a| a.contains_key("mycni.dev/host-ip-v6"))?;
         api.update_node(&name, |n| {
             if let Some(a) = n.metadata.annotations.as_mut() {
                 a.remove("mycni.dev/host-ip");
