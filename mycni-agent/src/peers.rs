@@ -60,6 +60,18 @@ pub struct PodCidrs {
     pub v6: Option<Cidr6>,
 }
 
+/// As an operator reads them in a log: `10.244.2.0/24, fd00:10:244:2::/64`.
+impl std::fmt::Display for PodCidrs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (&self.v4, &self.v6) {
+            (Some(v4), Some(v6)) => write!(f, "{v4}, {v6}"),
+            (Some(v4), None) => write!(f, "{v4}"),
+            (None, Some(v6)) => write!(f, "{v6}"),
+            (None, None) => f.write_str("none"),
+        }
+    }
+}
+
 impl From<Option<Cidr>> for PodCidrs {
     fn from(v4: Option<Cidr>) -> Self {
         PodCidrs { v4, v6: None }
@@ -712,6 +724,19 @@ mod tests {
 
     fn cluster() -> Cidr {
         Cidr::parse_network("10.244.0.0/16").unwrap()
+    }
+
+    #[test]
+    fn pod_cidrs_read_as_an_operator_writes_them() {
+        let v4 = Cidr::parse_network("10.244.2.0/24").unwrap();
+        let v6 = Cidr6::parse_network("fd00:10:244:2::/64").unwrap();
+        let both = PodCidrs {
+            v4: Some(v4),
+            v6: Some(v6),
+        };
+        assert_eq!(both.to_string(), "10.244.2.0/24, fd00:10:244:2::/64");
+        assert_eq!(PodCidrs::from(v4).to_string(), "10.244.2.0/24");
+        assert_eq!(PodCidrs { v4: None, v6: None }.to_string(), "none");
     }
 
     fn view(name: &str, cidr: Option<&str>, mac: Option<&str>, ip: Option<&str>) -> NodeView {

@@ -575,8 +575,8 @@ fn ensure_pod_cidr_unchanged(
         let now = view.own_pod_cidrs(cluster);
         if now.as_ref().ok() != Some(&own) {
             bail!(
-                "this Node's podCIDRs changed from {own:?} to {:?}; exiting so the agent restarts with them",
-                now.map_or_else(|e| e, |c| format!("{c:?}"))
+                "this Node's podCIDRs changed from {own} to {}; exiting so the agent restarts with them",
+                now.map_or_else(|e| e, |c| c.to_string())
             );
         }
     }

@@ -613,7 +613,7 @@ pub fn node_readded(lab: &Lab) -> Result<CaseResult> {
     wait_for(
         Duration::from_secs(30),
         "node 2's agent to notice its new podCIDR",
-        || Ok(std::fs::read_to_string(&log)?.contains("podCIDR changed")),
+        || Ok(std::fs::read_to_string(&log)?.contains("podCIDRs changed")),
     )?;
     lab.kill_agent(2);
     lab.start_agent(2)?;
