@@ -303,6 +303,30 @@ fn dual_stack_nodes_reach_each_other_over_ipv6() -> Result<()> {
         mycni_testkit::sh("ip", &["-n", &ns, "-6", "route"])?,
         mycni_testkit::sh("ip", &["-n", &ns2, "-6", "route"])?
     );
+    // The first datagram over a fresh overlay may wait on the underlay's
+    // ARP for the peer and be dropped: reachable first, then no loss.
+    wait_until(
+        "a first IPv6 echo reply from node 2's VTEP address",
+        Duration::from_secs(5),
+        || {
+            Ok(mycni_testkit::sh(
+                "ip",
+                &[
+                    "netns",
+                    "exec",
+                    &ns,
+                    "ping",
+                    "-6",
+                    "-c",
+                    "1",
+                    "-W",
+                    "1",
+                    "fd00:10:244:2::",
+                ],
+            )
+            .is_ok_and(|out| out.contains(" 0% packet loss")))
+        },
+    )?;
     let ping = mycni_testkit::sh(
         "ip",
         &[
