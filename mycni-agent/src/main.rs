@@ -432,10 +432,11 @@ fn main() -> Result<()> {
             let (opts, stale_after) = (args.options(), args.stale_after());
             let cfg = args.config()?;
             println!(
-                "configuration ok: cluster-cidr={}{} underlay={} mtu={} datapath={} direct-routing={} masquerade={} metrics-addr={} resync={:?} liveness-stale-after={:?}",
+                "configuration ok: cluster-cidr={}{} underlay={} underlay6={} mtu={} datapath={} direct-routing={} masquerade={} metrics-addr={} resync={:?} liveness-stale-after={:?}",
                 cfg.cluster_cidr,
                 cfg.cluster_cidr6.map_or(String::new(), |c| format!(",{c}")),
                 cfg.underlay()?,
+                cfg.underlay6,
                 opts.mtu.map_or("auto".to_string(), |m| m.to_string()),
                 format!("{:?}", cfg.datapath).to_lowercase(),
                 cfg.direct_routing,

@@ -24,6 +24,7 @@ pub(crate) const SETTINGS: &[(&str, &str, &str)] = &[
     ("cluster-cidr", "MYCNI_CLUSTER_CIDR", CLUSTER_CIDR),
     ("mtu", "MYCNI_MTU", "auto"),
     ("underlay", "MYCNI_IFACE", "default-route"),
+    ("underlay6", "MYCNI_UNDERLAY6", "auto"),
     ("datapath", "MYCNI_DATAPATH", "ebpf"),
     ("direct-routing", "MYCNI_DIRECT_ROUTING", "false"),
     ("masquerade", "MYCNI_MASQUERADE", "true"),
