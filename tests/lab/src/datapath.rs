@@ -10,7 +10,7 @@ use anyhow::{Result, bail};
 
 use mycni_testkit::{in_netns, sh};
 
-use crate::{IpFamily, Lab, METRICS_PORT, http_get, node_ip, wait_for};
+use crate::{IpFamily, Lab, http_get, wait_for};
 
 /// Packets per path name (`mycni_common::DpPath::name`), as a node's agent
 /// exports them (all address families together).
@@ -90,6 +90,8 @@ const EBPF_TC_ENCAP_DETAIL: &str = "datapath ebpf, tc encap";
 const EBPF_VXLAN_DETAIL: &str = "datapath ebpf, via vxlan.1";
 /// The agents' VXLAN device (mycni-agent's `--vxlan-name` default).
 pub const VXLAN_DEV: &str = "vxlan.1";
+/// The agents' VXLAN device over the IPv6 underlay (`--vxlan6-name`).
+pub const VXLAN6_DEV: &str = mycni_common::contract::DEFAULT_VXLAN6_DEVICE;
 
 /// The reason in a `/readyz` answer for running the kernel datapath, or the
 /// whole answer when it gives none.
@@ -132,7 +134,8 @@ impl std::fmt::Display for NodeDatapath {
 }
 
 /// How a node's agent routes its peers' podCIDRs (its routes of protocol
-/// 110): through `vxlan.1` (gateway podCIDR.0, onlink) or straight to the
+/// 110): through `vxlan.1` (gateway podCIDR.0, onlink), through `vxlan6.1`
+/// (a peer reached over the IPv6 underlay only) or straight to the
 /// peer's host over the underlay (`--direct-routing`). The agent's own
 /// readiness detail says whether it encapsulates in tc, not whether it
 /// encapsulates at all, so the routes are what tell direct routing.
@@ -142,6 +145,8 @@ pub struct PeerRoutes {
     pub direct: usize,
     /// Peers routed through `vxlan.1`.
     pub vxlan: usize,
+    /// Peers routed through `vxlan6.1`.
+    pub vxlan6: usize,
 }
 
 impl PeerRoutes {
@@ -150,10 +155,15 @@ impl PeerRoutes {
         let mut r = PeerRoutes::default();
         for line in routes.lines().filter(|l| !l.trim().is_empty()) {
             let mut words = line.split_whitespace();
-            if words.any(|w| w == "dev") && words.next() == Some(VXLAN_DEV) {
-                r.vxlan += 1;
+            let dev = if words.any(|w| w == "dev") {
+                words.next()
             } else {
-                r.direct += 1;
+                None
+            };
+            match dev {
+                Some(VXLAN_DEV) => r.vxlan += 1,
+                Some(VXLAN6_DEV) => r.vxlan6 += 1,
+                _ => r.direct += 1,
             }
         }
         r
@@ -182,6 +192,29 @@ pub fn describe_node(d: &NodeDatapath, r: &PeerRoutes) -> String {
         NodeDatapath::Kernel(_) => d.to_string(),
     };
     format!("{base}, direct routing to {}{overlay}", peers(r.direct))
+}
+
+/// A node's datapath and its peer routes of both families, for the lab's
+/// summaries: [`describe_node`] and [`describe_ipv6_overlay`], or, on a
+/// node that reaches every peer over the IPv6 underlay (an IPv6-only lab),
+/// `ebpf, 2 peers through vxlan6.1 over the IPv6 underlay`: whether the
+/// programs encapsulate in tc says nothing there (their outer header is
+/// IPv4); what they forward is in the share's fast paths.
+pub fn describe_node_routes(d: &NodeDatapath, r: &PeerRoutes, r6: &PeerRoutes) -> String {
+    let peers = |n: usize| format!("{n} peer{}", if n == 1 { "" } else { "s" });
+    let over6 = format!("through {VXLAN6_DEV} over the IPv6 underlay");
+    if *r == PeerRoutes::default() && r6.vxlan6 > 0 && r6.vxlan == 0 && r6.direct == 0 {
+        let base = match d {
+            NodeDatapath::EbpfTcEncap | NodeDatapath::EbpfVxlan => "ebpf".to_string(),
+            NodeDatapath::Kernel(_) => d.to_string(),
+        };
+        return format!("{base}, {} {over6}", peers(r6.vxlan6));
+    }
+    let mut s = describe_node(d, r) + &describe_ipv6_overlay(d, r, r6);
+    if r6.vxlan6 > 0 {
+        let _ = write!(s, "; IPv6 to {} {over6}", peers(r6.vxlan6));
+    }
+    s
 }
 
 /// What [`describe_node`] leaves out when direct routing takes IPv4 peers
@@ -219,6 +252,8 @@ pub struct PathShare {
     pub crossed_vxlan: u64,
     /// Pod packets left to the kernel, by path name.
     pub kernel: Counters,
+    /// Of `fast`, by path name (`fast_local`, `fast_encap`, ...).
+    pub fast_paths: Counters,
 }
 
 impl PathShare {
@@ -240,6 +275,7 @@ impl PathShare {
             match path {
                 Some(p) if p.is_fast() => {
                     s.fast += d;
+                    *s.fast_paths.entry(name.clone()).or_default() += d;
                     if p.crossed_vxlan() {
                         s.crossed_vxlan += d;
                     }
@@ -269,6 +305,9 @@ impl PathShare {
         for (k, v) in &o.kernel {
             *self.kernel.entry(k.clone()).or_default() += v;
         }
+        for (k, v) in &o.fast_paths {
+            *self.fast_paths.entry(k.clone()).or_default() += v;
+        }
     }
 
     /// Fast packets per pod packet, in percent; None when no pod packet was seen.
@@ -284,12 +323,34 @@ impl PathShare {
     /// `87.3% fast of 2345 pod packets, 0.0% of those through vxlan.1;
     /// kernel: kernel_tcp_control 300, ...`
     pub fn describe(&self) -> String {
+        self.describe_as(false)
+    }
+
+    /// [`Self::describe`] with the fast packets by path, for a node without
+    /// `vxlan.1` (an IPv6-only lab), where crossing it cannot happen and
+    /// the paths say what matters: `40.0% fast of 1000 pod packets
+    /// (fast_local 300, fast_vxlan6 100); kernel: ...`. A packet that
+    /// crossed `vxlan.1` all the same is still named.
+    pub fn describe_by_path(&self) -> String {
+        self.describe_as(true)
+    }
+
+    fn describe_as(&self, by_path: bool) -> String {
         let Some(fast) = self.fast_pct() else {
             return "the programs saw no pod packets".into();
         };
         let mut s = format!("{fast:.1}% fast of {} pod packets", self.pod);
-        if let Some(c) = self.crossed_pct() {
-            let _ = write!(s, ", {c:.1}% of those through vxlan.1");
+        if by_path && !self.fast_paths.is_empty() {
+            let mut paths: Vec<(&String, &u64)> = self.fast_paths.iter().collect();
+            paths.sort_by(|a, b| b.1.cmp(a.1));
+            let paths: Vec<String> = paths.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            let _ = write!(s, " ({})", paths.join(", "));
+        }
+        match self.crossed_pct() {
+            Some(c) if !by_path || self.crossed_vxlan > 0 => {
+                let _ = write!(s, ", {c:.1}% of those through {VXLAN_DEV}");
+            }
+            _ => {}
         }
         let mut kernel: Vec<(&String, &u64)> = self.kernel.iter().collect();
         kernel.sort_by(|a, b| b.1.cmp(a.1));
@@ -309,14 +370,14 @@ impl Lab {
     /// Reads a node's Prometheus metrics (from the underlay, where its
     /// metrics address is reachable).
     pub fn metrics(&self, i: usize) -> Result<String> {
-        let addr = format!("{}:{METRICS_PORT}", node_ip(i));
+        let addr = self.spec.metrics_socket(i).to_string();
         in_netns(&self.spec.underlay_ns(), || http_get(&addr, "/metrics"))?
     }
 
     /// A node's `/readyz` answer: status line and the agent's readiness
     /// detail (which says why a node runs the kernel datapath).
     pub fn readyz(&self, i: usize) -> Result<String> {
-        let addr = format!("{}:{METRICS_PORT}", node_ip(i));
+        let addr = self.spec.metrics_socket(i).to_string();
         in_netns(&self.spec.underlay_ns(), || http_get(&addr, "/readyz"))?
     }
 
@@ -478,12 +539,50 @@ impl Lab {
     }
 
     /// Node `i`'s datapath and routes in a few words, e.g. `ebpf, direct
-    /// routing to 1 peer (no VXLAN)` (see [`describe_node`]).
+    /// routing to 1 peer (no VXLAN)` (see [`describe_node_routes`]).
     pub fn describe_datapath(&self, i: usize) -> Result<String> {
         let d = self.datapath(i)?;
         let r = self.peer_routes(i)?;
         let r6 = self.peer_routes6(i).unwrap_or_default();
-        Ok(describe_node(&d, &r) + &describe_ipv6_overlay(&d, &r, &r6))
+        Ok(describe_node_routes(&d, &r, &r6))
+    }
+
+    /// Fails unless every node of an IPv6-only lab is one: no IPv4 address
+    /// on its underlay, no `vxlan.1`, a `vxlan6.1`, and every peer's
+    /// podCIDR routed through it. An agent that made an IPv4 overlay
+    /// anyway, or routed a peer elsewhere, would pass the matrix on a
+    /// path the lab does not claim to test.
+    pub fn check_ipv6_only_underlay(&self) -> Result<()> {
+        let peers = self.spec.nodes - 1;
+        let mut wrong = Vec::new();
+        for i in 1..=self.spec.nodes {
+            let ns = self.spec.node_name(i);
+            let v4 = sh(
+                "ip",
+                &["-4", "-n", &ns, "-o", "addr", "show", "dev", "eth0"],
+            )?;
+            if !v4.trim().is_empty() {
+                wrong.push(format!("{ns} has IPv4 on its underlay: {}", v4.trim()));
+            }
+            if sh("ip", &["-n", &ns, "link", "show", VXLAN_DEV]).is_ok() {
+                wrong.push(format!("{ns} has {VXLAN_DEV}"));
+            }
+            if let Err(e) = sh("ip", &["-n", &ns, "link", "show", VXLAN6_DEV]) {
+                wrong.push(format!("{ns} has no {VXLAN6_DEV} ({e:#})"));
+            }
+            let r6 = self.peer_routes6(i)?;
+            if r6.vxlan6 != peers || r6.vxlan + r6.direct > 0 {
+                wrong.push(format!(
+                    "{ns} routes {} of its {peers} peers' IPv6 podCIDRs through {VXLAN6_DEV}, \
+                     {} through {VXLAN_DEV}, {} directly",
+                    r6.vxlan6, r6.vxlan, r6.direct
+                ));
+            }
+        }
+        if !wrong.is_empty() {
+            bail!("not an IPv6-only lab: {}", wrong.join("; "));
+        }
+        Ok(())
     }
 
     /// Restarts every agent with `--datapath mode` (`ebpf` or `kernel`) and
@@ -656,13 +755,15 @@ mod tests {
             r,
             PeerRoutes {
                 direct: 1,
-                vxlan: 1
+                vxlan: 1,
+                vxlan6: 0,
             }
         );
         assert_eq!(PeerRoutes::parse(""), PeerRoutes::default());
         let all_direct = PeerRoutes {
             direct: 2,
             vxlan: 0,
+            vxlan6: 0,
         };
         assert_eq!(
             describe_node(&NodeDatapath::EbpfTcEncap, &all_direct),
@@ -679,6 +780,7 @@ mod tests {
         let overlay = PeerRoutes {
             direct: 0,
             vxlan: 2,
+            vxlan6: 0,
         };
         assert_eq!(
             describe_node(&NodeDatapath::EbpfTcEncap, &overlay),
@@ -688,6 +790,7 @@ mod tests {
         let v6 = PeerRoutes {
             direct: 0,
             vxlan: 2,
+            vxlan6: 0,
         };
         assert_eq!(
             describe_ipv6_overlay(&NodeDatapath::EbpfTcEncap, &all_direct, &v6),
@@ -704,6 +807,93 @@ mod tests {
                 &PeerRoutes::default()
             ),
             ""
+        );
+    }
+
+    #[test]
+    fn an_ipv6_only_node_reaches_its_peers_through_vxlan6() {
+        let routes6 = "fd00:10:244:2::/64 via fd00:77::12 dev vxlan6.1 proto 110 onlink \n\
+                       fd00:10:244:3::/64 nhid 12 via fd00:77::13 dev vxlan6.1 proto 110 onlink \n";
+        let r6 = PeerRoutes::parse(routes6);
+        assert_eq!(
+            r6,
+            PeerRoutes {
+                direct: 0,
+                vxlan: 0,
+                vxlan6: 2
+            }
+        );
+        let none = PeerRoutes::default();
+        assert_eq!(
+            describe_node_routes(&NodeDatapath::EbpfTcEncap, &none, &r6),
+            "ebpf, 2 peers through vxlan6.1 over the IPv6 underlay"
+        );
+        assert_eq!(
+            describe_node_routes(&NodeDatapath::EbpfVxlan, &none, &r6),
+            "ebpf, 2 peers through vxlan6.1 over the IPv6 underlay"
+        );
+        assert_eq!(
+            describe_node_routes(
+                &NodeDatapath::Kernel("--datapath kernel".into()),
+                &none,
+                &PeerRoutes::parse(routes6.lines().next().unwrap_or_default())
+            ),
+            "kernel (--datapath kernel), 1 peer through vxlan6.1 over the IPv6 underlay"
+        );
+        // A dual-stack node keeps its summary, and names a peer it reaches
+        // over the IPv6 underlay alone.
+        let dual = PeerRoutes {
+            direct: 0,
+            vxlan: 2,
+            vxlan6: 0,
+        };
+        assert_eq!(
+            describe_node_routes(&NodeDatapath::EbpfTcEncap, &dual, &dual),
+            "ebpf with tc encap"
+        );
+        let one6 = PeerRoutes {
+            direct: 0,
+            vxlan: 1,
+            vxlan6: 1,
+        };
+        assert_eq!(
+            describe_node_routes(&NodeDatapath::EbpfTcEncap, &dual, &one6),
+            "ebpf with tc encap; IPv6 to 1 peer through vxlan6.1 over the IPv6 underlay"
+        );
+    }
+
+    #[test]
+    fn an_ipv6_only_share_names_its_fast_paths() {
+        let c = |v: &[(&str, u64)]| -> Counters {
+            v.iter().map(|(k, n)| (k.to_string(), *n)).collect()
+        };
+        let after = c(&[("fast_local", 300), ("kernel_unknown_dest", 700)]);
+        let s = PathShare::between(&Counters::new(), &after);
+        assert_eq!(
+            s.describe_by_path(),
+            "30.0% fast of 1000 pod packets (fast_local 300); kernel: kernel_unknown_dest 700"
+        );
+        // The line of a node with vxlan.1 is as it was.
+        assert_eq!(
+            s.describe(),
+            "30.0% fast of 1000 pod packets, 0.0% of those through vxlan.1; kernel: \
+             kernel_unknown_dest 700"
+        );
+        // What did cross vxlan.1 is named all the same.
+        let crossed = PathShare::between(
+            &Counters::new(),
+            &c(&[("fast_local", 300), ("fast_decap", 100)]),
+        );
+        assert_eq!(
+            crossed.describe_by_path(),
+            "100.0% fast of 400 pod packets (fast_local 300, fast_decap 100), 25.0% of those \
+             through vxlan.1"
+        );
+        let mut sum = s.clone();
+        sum.add(&crossed);
+        assert_eq!(
+            (sum.fast_paths["fast_local"], sum.fast_paths["fast_decap"]),
+            (600, 100)
         );
     }
 }

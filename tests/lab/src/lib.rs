@@ -8,7 +8,7 @@
 //! `matrix` (the connectivity matrix), `datapath` (the agents' datapath,
 //! their counters and the fast share), `daemon` (processes in namespaces).
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -28,8 +28,9 @@ pub mod soak;
 pub use daemon::spawn_daemon;
 pub(crate) use daemon::wait_for;
 pub use datapath::{
-    Counters, FamilyCounters, NodeDatapath, PathShare, PeerRoutes, VXLAN_DEV,
-    describe_ipv6_overlay, describe_node, family_label, parse_counters, parse_family_counters,
+    Counters, FamilyCounters, NodeDatapath, PathShare, PeerRoutes, VXLAN_DEV, VXLAN6_DEV,
+    describe_ipv6_overlay, describe_node, describe_node_routes, family_label, parse_counters,
+    parse_family_counters,
 };
 pub use matrix::{FamilyRun, MatrixRun};
 pub use pods::{
@@ -96,7 +97,10 @@ pub enum Stack {
     #[default]
     Dual,
     Ipv4Only,
-    /// Refused by [`Lab::up`]: see [`Stack::unsupported`].
+    /// IPv6 only, underlay included: the bridge and the nodes have IPv6
+    /// addresses alone ([`API_ADDR6`], [`node_ip6`]), the Nodes an IPv6
+    /// podCIDR, the agents an IPv6 `--cluster-cidr`, and the pods cross the
+    /// underlay through `vxlan6.1`.
     Ipv6Only,
 }
 
@@ -113,30 +117,40 @@ impl Stack {
         self.families().contains(&f)
     }
 
-    /// Why the agent cannot run this stack, if it cannot. An IPv6-only
-    /// lab needs the agent to run on a Node with only an IPv6 podCIDR: it
-    /// takes such Nodes as peers (over `vxlan6.1`, given an IPv6 underlay),
-    /// but refuses one as its own (`own_pod_cidrs`: "IPv6-only nodes are
-    /// not supported") and refuses a `--cluster-cidr` without an IPv4
-    /// range. Faking it with IPv4 podCIDRs and pods given only their IPv6
-    /// range would not be an IPv6-only node.
-    pub fn unsupported(self) -> Option<&'static str> {
+    /// The family of the underlay's addresses (the bridge's, the nodes',
+    /// the API fixture's, the agents' metrics): IPv6 in an IPv6-only lab,
+    /// else IPv4 (a dual-stack lab's IPv6 crosses the IPv4 underlay inside
+    /// VXLAN).
+    pub fn underlay_family(self) -> IpFamily {
         match self {
-            Stack::Ipv6Only => Some(
-                "an IPv6-only lab is not supported yet: mycni-agent does not run on a Node \
-                 whose spec.podCIDRs have no IPv4 range (\"IPv6-only nodes are not \
-                 supported\": it takes them as peers only) and refuses a --cluster-cidr \
-                 without an IPv4 range; use the default dual-stack lab or --ipv4-only",
-            ),
-            Stack::Dual | Stack::Ipv4Only => None,
+            Stack::Ipv6Only => IpFamily::V6,
+            Stack::Dual | Stack::Ipv4Only => IpFamily::V4,
         }
+    }
+
+    /// How `mycni-lab` spells it (its flags), and how the lab's state
+    /// records it for `test`, `status` and `down`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stack::Dual => "dual-stack",
+            Stack::Ipv4Only => "ipv4-only",
+            Stack::Ipv6Only => "ipv6-only",
+        }
+    }
+
+    /// The inverse of [`Stack::name`].
+    pub fn from_name(s: &str) -> Option<Stack> {
+        [Stack::Dual, Stack::Ipv4Only, Stack::Ipv6Only]
+            .into_iter()
+            .find(|k| k.name() == s.trim())
     }
 
     /// The agents' `--cluster-cidr`.
     pub fn cluster_cidr(self) -> String {
         match self {
             Stack::Ipv4Only => CLUSTER_CIDR.to_string(),
-            Stack::Dual | Stack::Ipv6Only => format!("{CLUSTER_CIDR},{CLUSTER_CIDR6}"),
+            Stack::Ipv6Only => CLUSTER_CIDR6.to_string(),
+            Stack::Dual => format!("{CLUSTER_CIDR},{CLUSTER_CIDR6}"),
         }
     }
 
@@ -152,7 +166,15 @@ impl Stack {
     }
 }
 
+/// The underlay bridge's address: the API fixture and Prometheus listen
+/// there, and it is every node's default gateway.
 pub const API_ADDR: Ipv4Addr = Ipv4Addr::new(192, 168, 77, 1);
+/// [`API_ADDR`] of an IPv6-only lab, in the ULA underlay `fd00:77::/64`
+/// (the prefix the agent tests give nodes an IPv6 host address in).
+pub const API_ADDR6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x77, 0, 0, 0, 0, 0, 1);
+/// The prefix lengths of the underlay's subnets.
+pub const UNDERLAY_PREFIX_LEN: u8 = 24;
+pub const UNDERLAY6_PREFIX_LEN: u8 = 64;
 pub const API_PORT: u16 = 6443;
 pub const ECHO_PORT: u16 = 7777;
 pub const METRICS_PORT: u16 = 9971;
@@ -181,6 +203,12 @@ pub fn pod_cidr6(i: usize) -> String {
 
 pub fn node_ip(i: usize) -> Ipv4Addr {
     Ipv4Addr::new(192, 168, 77, 10 + i as u8)
+}
+
+/// Node `i`'s underlay address in an IPv6-only lab: `fd00:77::11` for
+/// node 1, as `192.168.77.11` is in the others.
+pub fn node_ip6(i: usize) -> Ipv6Addr {
+    Ipv6Addr::new(0xfd00, 0x77, 0, 0, 0, 0, 0, 0x10 + i as u16)
 }
 
 // ---------------------------------------------------------------- interrupts
@@ -240,6 +268,82 @@ impl Spec {
     pub(crate) fn pods_file(&self) -> PathBuf {
         self.root.join("pods.json")
     }
+    /// Where `up` records the lab's [`Stack`], so a lab attached later
+    /// (`test`, `status`, `down`) finds its addresses without the flags
+    /// it was brought up with.
+    pub(crate) fn stack_file(&self) -> PathBuf {
+        self.root.join("stack")
+    }
+
+    /// The underlay bridge's address (see [`API_ADDR`]), of the
+    /// underlay's family.
+    pub fn api_addr(&self) -> IpAddr {
+        match self.stack.underlay_family() {
+            IpFamily::V4 => API_ADDR.into(),
+            IpFamily::V6 => API_ADDR6.into(),
+        }
+    }
+
+    /// Node `i`'s underlay address: its agent's host IP and metrics address.
+    pub fn node_addr(&self, i: usize) -> IpAddr {
+        match self.stack.underlay_family() {
+            IpFamily::V4 => node_ip(i).into(),
+            IpFamily::V6 => node_ip6(i).into(),
+        }
+    }
+
+    /// The API fixture's listening address.
+    pub fn api_socket(&self) -> SocketAddr {
+        SocketAddr::from((self.api_addr(), API_PORT))
+    }
+
+    /// Node `i`'s agent's `--metrics-addr` (`[fd00:77::11]:9971` on IPv6).
+    pub fn metrics_socket(&self, i: usize) -> SocketAddr {
+        SocketAddr::from((self.node_addr(i), METRICS_PORT))
+    }
+
+    fn underlay_prefix_len(&self) -> u8 {
+        match self.stack.underlay_family() {
+            IpFamily::V4 => UNDERLAY_PREFIX_LEN,
+            IpFamily::V6 => UNDERLAY6_PREFIX_LEN,
+        }
+    }
+
+    /// `ip` arguments (in the underlay namespace) that address the bridge.
+    /// IPv6 addresses skip duplicate address detection: the lab assigns
+    /// every address on the segment itself, and a tentative address could
+    /// not be bound (the API fixture, an agent's metrics) for a second or two.
+    pub(crate) fn bridge_addr_args(&self) -> Vec<String> {
+        self.addr_args(self.api_addr(), "br0")
+    }
+
+    /// The two `ip` commands (in node `i`'s namespace) that give `eth0`
+    /// its underlay address (before it goes up) and the node its default
+    /// route via the bridge (after).
+    pub(crate) fn node_underlay_cmds(&self, i: usize) -> [Vec<String>; 2] {
+        let mut route: Vec<String> = Vec::new();
+        if self.stack.underlay_family() == IpFamily::V6 {
+            route.push("-6".into());
+        }
+        route.extend(["route", "add", "default", "via"].map(String::from));
+        route.push(self.api_addr().to_string());
+        [self.addr_args(self.node_addr(i), "eth0"), route]
+    }
+
+    fn addr_args(&self, addr: IpAddr, dev: &str) -> Vec<String> {
+        let mut a: Vec<String> = [
+            "addr".to_string(),
+            "add".to_string(),
+            format!("{addr}/{}", self.underlay_prefix_len()),
+            "dev".to_string(),
+            dev.to_string(),
+        ]
+        .into();
+        if addr.is_ipv6() {
+            a.push("nodad".into());
+        }
+        a
+    }
 }
 
 /// One pod of the lab.
@@ -248,8 +352,11 @@ pub struct Pod {
     pub node: usize,
     pub index: usize,
     pub ns: String,
+    /// Its IPv4 address; unspecified (`0.0.0.0`) in an IPv6-only lab,
+    /// whose pods have none: [`Pod::addr`] tells. (Not an `Option`: the
+    /// tests of every IPv4 lab read it as it is.)
     pub ip: Ipv4Addr,
-    /// Its IPv6 address, in a dual-stack lab.
+    /// Its IPv6 address, in a dual-stack or IPv6-only lab.
     pub ip6: Option<Ipv6Addr>,
 }
 
@@ -257,9 +364,19 @@ impl Pod {
     /// The pod's address of family `f`, if it has one.
     pub fn addr(&self, f: IpFamily) -> Option<IpAddr> {
         match f {
-            IpFamily::V4 => Some(IpAddr::V4(self.ip)),
+            IpFamily::V4 => (!self.ip.is_unspecified()).then_some(IpAddr::V4(self.ip)),
             IpFamily::V6 => self.ip6.map(IpAddr::V6),
         }
+    }
+
+    /// Its addresses, IPv4 first, space-separated.
+    pub fn addresses(&self) -> String {
+        [IpFamily::V4, IpFamily::V6]
+            .into_iter()
+            .filter_map(|f| self.addr(f))
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 }
 
@@ -288,9 +405,13 @@ mod tests {
         assert_eq!(Stack::Ipv4Only.pod_cidrs(1), ["10.244.1.0/24"]);
         assert_eq!(Stack::Dual.cluster_cidr(), "10.244.0.0/16,fd00:10:244::/56");
         assert_eq!(Stack::Ipv4Only.cluster_cidr(), "10.244.0.0/16");
-        assert!(Stack::Dual.unsupported().is_none() && Stack::Ipv4Only.unsupported().is_none());
-        let why = Stack::Ipv6Only.unsupported().unwrap_or_default();
-        assert!(why.contains("no IPv4 range"), "{why}");
+        // IPv6-only: no IPv4 range anywhere, for the Nodes or the agents.
+        assert_eq!(Stack::Ipv6Only.pod_cidrs(3), ["fd00:10:244:3::/64"]);
+        assert_eq!(Stack::Ipv6Only.cluster_cidr(), "fd00:10:244::/56");
+        for s in [Stack::Dual, Stack::Ipv4Only, Stack::Ipv6Only] {
+            assert_eq!(Stack::from_name(s.name()), Some(s));
+        }
+        assert_eq!(Stack::from_name("ipv6"), None);
         let pod = Pod {
             node: 1,
             index: 1,
@@ -300,5 +421,86 @@ mod tests {
         };
         assert_eq!(pod.addr(IpFamily::V6), None);
         assert_eq!(pod.addr(IpFamily::V4), Some(IpAddr::from([10, 244, 1, 1])));
+        assert_eq!(pod.addresses(), "10.244.1.1");
+        let pod6 = Pod {
+            ip: Ipv4Addr::UNSPECIFIED,
+            ip6: "fd00:10:244:1::2".parse().ok(),
+            ..pod
+        };
+        assert_eq!(pod6.addr(IpFamily::V4), None);
+        assert_eq!(pod6.addresses(), "fd00:10:244:1::2");
+    }
+
+    fn spec(stack: Stack) -> Spec {
+        let bin = PathBuf::from("/nonexistent");
+        Spec {
+            prefix: "t".into(),
+            nodes: 3,
+            pods: 2,
+            root: bin.clone(),
+            bins: Bins {
+                agent: bin.clone(),
+                plugin: bin.clone(),
+                apiserver: bin.clone(),
+                lab: bin,
+            },
+            agent_args: vec![],
+            in_process_api: false,
+            stack,
+        }
+    }
+
+    fn words(v: &[&str]) -> Vec<String> {
+        v.iter().map(|w| w.to_string()).collect()
+    }
+
+    #[test]
+    fn the_underlay_of_an_ipv6_only_lab_has_ipv6_addresses_only() {
+        let s = spec(Stack::Ipv6Only);
+        assert_eq!(s.api_addr().to_string(), "fd00:77::1");
+        assert_eq!(s.api_socket().to_string(), "[fd00:77::1]:6443");
+        assert_eq!(s.node_addr(2).to_string(), "fd00:77::12");
+        assert_eq!(s.metrics_socket(3).to_string(), "[fd00:77::13]:9971");
+        assert_eq!(
+            s.bridge_addr_args(),
+            words(&["addr", "add", "fd00:77::1/64", "dev", "br0", "nodad"])
+        );
+        assert_eq!(
+            s.node_underlay_cmds(1),
+            [
+                words(&["addr", "add", "fd00:77::11/64", "dev", "eth0", "nodad"]),
+                words(&["-6", "route", "add", "default", "via", "fd00:77::1"]),
+            ]
+        );
+        // Node 10 and beyond stay inside the /64 and apart from the bridge.
+        assert_eq!(node_ip6(10).to_string(), "fd00:77::1a");
+        // Nothing IPv4 on the underlay.
+        for i in 1..=s.nodes {
+            let cmds = s.node_underlay_cmds(i).concat().join(" ");
+            assert!(
+                !cmds.contains("192.168.") && !cmds.contains("/24"),
+                "{cmds}"
+            );
+        }
+    }
+
+    #[test]
+    fn dual_stack_and_ipv4_only_labs_keep_their_ipv4_underlay() {
+        for stack in [Stack::Dual, Stack::Ipv4Only] {
+            let s = spec(stack);
+            assert_eq!(s.api_socket().to_string(), "192.168.77.1:6443");
+            assert_eq!(s.metrics_socket(2).to_string(), "192.168.77.12:9971");
+            assert_eq!(
+                s.bridge_addr_args(),
+                words(&["addr", "add", "192.168.77.1/24", "dev", "br0"])
+            );
+            assert_eq!(
+                s.node_underlay_cmds(3),
+                [
+                    words(&["addr", "add", "192.168.77.13/24", "dev", "eth0"]),
+                    words(&["route", "add", "default", "via", "192.168.77.1"]),
+                ]
+            );
+        }
     }
 }

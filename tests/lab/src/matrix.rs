@@ -10,7 +10,8 @@ use anyhow::{Context, Result};
 use crate::daemon::ns_exec;
 use crate::{
     ECHO_PORT, FamilyCounters, IpFamily, Lab, MATRIX_BULK_BYTES, NodeDatapath, PROBE_BULK_FAILED,
-    PathShare, check_interrupted, describe_ipv6_overlay, describe_node, pod_label,
+    PathShare, Stack, VXLAN_DEV, VXLAN6_DEV, check_interrupted, describe_node,
+    describe_node_routes, pod_label,
 };
 
 /// A matrix's tables, one per address family, its failed cells and, when
@@ -52,15 +53,18 @@ impl MatrixRun {
 }
 
 impl Lab {
-    /// The families the lab's pods have addresses of: every pod's IPv4
-    /// one, and IPv6 when every pod has one too (a dual-stack lab).
+    /// The families the lab's pods have addresses of, IPv4 first: each
+    /// one some pod has (a pod without one fails its cells), or without
+    /// pods the lab's stack.
     pub fn families(&self) -> Result<Vec<IpFamily>> {
         let pods = self.pods()?;
-        let mut f = vec![IpFamily::V4];
-        if !pods.is_empty() && pods.iter().all(|p| p.ip6.is_some()) {
-            f.push(IpFamily::V6);
+        if pods.is_empty() {
+            return Ok(self.spec.stack.families());
         }
-        Ok(f)
+        Ok([IpFamily::V4, IpFamily::V6]
+            .into_iter()
+            .filter(|f| pods.iter().any(|p| p.addr(*f).is_some()))
+            .collect())
     }
 
     /// Connectivity matrix: every pod and node to every pod, by ping, a TCP
@@ -133,7 +137,8 @@ impl Lab {
                         continue;
                     }
                     let Some(addr) = p.addr(f) else {
-                        // families() only lists what every pod has.
+                        // Its family's other pods have one: this pod
+                        // cannot be reached over it.
                         let _ = write!(run.table, "{:>CELL$}", "no address");
                         run.failed += 1;
                         continue;
@@ -178,12 +183,20 @@ impl Lab {
     /// and the share of the pod packets its programs saw that the fast path
     /// forwarded, for the pod-to-pod cells and for all cells.
     pub fn datapath_report(&self, run: &MatrixRun) -> String {
+        // An IPv6-only lab has no vxlan.1 to cross: its share lines name the
+        // fast paths instead (local delivery, and to and from vxlan6.1).
+        let ipv6_only = self.spec.stack == Stack::Ipv6Only;
+        let which = if ipv6_only {
+            format!("by the path they took (to and from {VXLAN6_DEV}: fast_vxlan6*)")
+        } else {
+            format!("and of those the ones that still crossed {VXLAN_DEV}")
+        };
         let mut out = format!(
             "datapath per node, and the fast share: of the pod packets the node's programs saw \
              during the matrix (as the programs count them: a GSO batch of segments is one \
              packet, and a packet counts on each node whose program sees it; the node's own \
-             underlay traffic is left out), those the fast path forwarded, and of those the \
-             ones that still crossed vxlan.1. Pings and each connection's SYN and FIN take the \
+             underlay traffic is left out), those the fast path forwarded, {which}. Pings and \
+             each connection's SYN and FIN take the \
              kernel path by design; each cell's {} KB echo is what the fast path can take. \
              Node rows add the nodes' own addresses, which are no pod's and stay on the kernel \
              path. Each family's cells ran in an interval of their own, and its share counts \
@@ -194,27 +207,37 @@ impl Lab {
             // The routes, not the agent's encapsulation mode, say whether
             // peers are reached through VXLAN at all (`--direct-routing`).
             let routes = self.peer_routes(i).unwrap_or_default();
+            let r6 = self.peer_routes6(i).unwrap_or_default();
             let d = match self.datapath(i) {
                 Ok(d @ NodeDatapath::Kernel(_)) => {
                     let _ = writeln!(
                         out,
                         "  {}: {}: no tc program attached, every packet takes the kernel path",
                         self.spec.node_name(i),
-                        describe_node(&d, &routes)
+                        if ipv6_only {
+                            describe_node_routes(&d, &routes, &r6)
+                        } else {
+                            describe_node(&d, &routes)
+                        }
                     );
                     continue;
                 }
-                Ok(d) => {
-                    let r6 = self.peer_routes6(i).unwrap_or_default();
-                    describe_node(&d, &routes) + &describe_ipv6_overlay(&d, &routes, &r6)
-                }
+                Ok(d) => describe_node_routes(&d, &routes, &r6),
                 Err(e) => format!("unknown ({e:#})"),
             };
             let _ = writeln!(out, "  {}: {d}", self.spec.node_name(i));
             for f in &run.families {
                 let describe = |pod_rows| {
-                    run.share(i, *f, pod_rows)
-                        .map_or_else(|| "not counted".to_string(), |s| s.describe())
+                    run.share(i, *f, pod_rows).map_or_else(
+                        || "not counted".to_string(),
+                        |s| {
+                            if ipv6_only {
+                                s.describe_by_path()
+                            } else {
+                                s.describe()
+                            }
+                        },
+                    )
                 };
                 let _ = writeln!(
                     out,

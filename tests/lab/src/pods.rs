@@ -2,7 +2,7 @@
 //! (the echo server, the probes the matrix sends it).
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -12,7 +12,7 @@ use serde_json::Value;
 use mycni_testkit::sh;
 
 use crate::daemon::{ns_exec, spawn_daemon};
-use crate::{ECHO_PORT, IpFamily, Lab, Pod};
+use crate::{ECHO_PORT, IpFamily, Lab, Pod, Stack};
 
 impl Lab {
     /// The runtime's part: plugin ADD with the network from the agent's conflist.
@@ -34,21 +34,28 @@ impl Lab {
             .flatten()
             .filter_map(|ip| ip["address"].as_str()?.split('/').next()?.parse().ok())
             .collect();
-        let ip = addrs
-            .iter()
-            .find_map(|a| match a {
-                IpAddr::V4(a) => Some(*a),
-                IpAddr::V6(_) => None,
-            })
-            .with_context(|| format!("no IPv4 address in ADD result {result}"))?;
+        let ip = addrs.iter().find_map(|a| match a {
+            IpAddr::V4(a) => Some(*a),
+            IpAddr::V6(_) => None,
+        });
         let ip6 = addrs.iter().find_map(|a| match a {
             IpAddr::V6(a) => Some(*a),
             IpAddr::V4(_) => None,
         });
         // A dual-stack lab whose pod got one family would test half of it
-        // and call that green.
-        if s.stack.has(IpFamily::V6) && ip6.is_none() {
-            bail!("no IPv6 address in ADD result {result}, though node {i} has an IPv6 podCIDR");
+        // and call that green; an IPv6-only lab whose pod got an IPv4
+        // address would not be IPv6-only.
+        for (f, got) in [(IpFamily::V4, ip.is_some()), (IpFamily::V6, ip6.is_some())] {
+            match (s.stack.has(f), got) {
+                (true, false) => bail!(
+                    "no {f} address in ADD result {result}, though node {i} has an {f} podCIDR"
+                ),
+                (false, true) if s.stack == Stack::Ipv6Only => bail!(
+                    "an {f} address in ADD result {result} in an IPv6-only lab (node {i} has \
+                     no {f} podCIDR)"
+                ),
+                _ => {}
+            }
         }
         let pod_dir = s.node_dir(i).join(format!("pod{j}"));
         std::fs::create_dir_all(&pod_dir)?;
@@ -63,7 +70,7 @@ impl Lab {
             node: i,
             index: j,
             ns,
-            ip,
+            ip: ip.unwrap_or(Ipv4Addr::UNSPECIFIED),
             ip6,
         })
     }
@@ -145,7 +152,12 @@ impl Lab {
                     node: p["node"].as_u64().context("node")? as usize,
                     index: p["index"].as_u64().context("index")? as usize,
                     ns: p["ns"].as_str().context("ns")?.to_string(),
-                    ip: p["ip"].as_str().context("ip")?.parse()?,
+                    // null: a pod of an IPv6-only lab.
+                    ip: p["ip"]
+                        .as_str()
+                        .map(str::parse)
+                        .transpose()?
+                        .unwrap_or(Ipv4Addr::UNSPECIFIED),
                     ip6: p["ip6"].as_str().map(str::parse).transpose()?,
                 })
             })

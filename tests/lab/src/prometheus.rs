@@ -4,6 +4,7 @@
 //! so a lab shows the metrics, the rules and the dashboard's queries
 //! working against live agents.
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
@@ -11,7 +12,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
 use crate::daemon::{ns_exec, spawn_daemon, stop_pidfile};
-use crate::{API_ADDR, Lab, METRICS_PORT, node_ip, wait_for};
+use crate::{Lab, wait_for};
 
 pub const PROMETHEUS_PORT: u16 = 9090;
 const BINARY: &str = "/usr/bin/prometheus";
@@ -19,7 +20,11 @@ const BINARY: &str = "/usr/bin/prometheus";
 impl Lab {
     /// Where the lab's Prometheus answers (inside the underlay namespace).
     pub fn prometheus_url(&self) -> String {
-        format!("http://{API_ADDR}:{PROMETHEUS_PORT}")
+        format!("http://{}", self.prometheus_socket())
+    }
+
+    fn prometheus_socket(&self) -> SocketAddr {
+        SocketAddr::from((self.spec.api_addr(), PROMETHEUS_PORT))
     }
 
     /// Starts Prometheus scraping every node's agent each second, with the
@@ -30,7 +35,7 @@ impl Lab {
         let dir = s.root.join("prometheus");
         std::fs::create_dir_all(&dir)?;
         let targets: Vec<String> = (1..=s.nodes)
-            .map(|i| format!("'{}:{METRICS_PORT}'", node_ip(i)))
+            .map(|i| format!("'{}'", s.metrics_socket(i)))
             .collect();
         let rules = rules_dir.join("alerts.yaml");
         let config = format!(
@@ -45,7 +50,7 @@ impl Lab {
         let args = vec![
             format!("--config.file={}", config_file.display()),
             format!("--storage.tsdb.path={}", dir.join("data").display()),
-            format!("--web.listen-address={API_ADDR}:{PROMETHEUS_PORT}"),
+            format!("--web.listen-address={}", self.prometheus_socket()),
         ];
         spawn_daemon(
             &s.underlay_ns(),
@@ -88,7 +93,8 @@ impl Lab {
         let body = ns_exec(
             &self.spec.underlay_ns(),
             "curl",
-            &["-sf", "--max-time", "2", &url],
+            // -g: the brackets of an IPv6 address are no glob.
+            &["-sfg", "--max-time", "2", &url],
         )?;
         let v: Value = serde_json::from_str(&body).context("Prometheus /api/v1/targets")?;
         let targets = v["data"]["activeTargets"]

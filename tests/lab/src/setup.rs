@@ -1,7 +1,6 @@
 //! Bringing a lab up and down: the underlay, the API fixture, the nodes and
 //! their agents.
 
-use std::net::SocketAddr;
 use std::process::Command;
 use std::time::Duration;
 
@@ -12,16 +11,11 @@ use mycni_apiserver::{ApiServer, node_with_cidrs};
 use mycni_testkit::{in_netns, sh};
 
 use crate::daemon::{ns_exec, spawn_daemon, stop_pidfile};
-use crate::{
-    API_ADDR, API_PORT, IpFamily, Lab, METRICS_PORT, Spec, check_interrupted, node_ip, wait_for,
-};
+use crate::{IpFamily, Lab, Spec, Stack, check_interrupted, wait_for};
 
 impl Lab {
     /// Builds the whole lab. On failure, whatever was made is torn down.
     pub fn up(spec: Spec) -> Result<Lab> {
-        if let Some(why) = spec.stack.unsupported() {
-            bail!("{why}");
-        }
         if spec.root.join("state").exists() {
             bail!(
                 "a lab is already up at {} (run `cargo xtask lab down`)",
@@ -30,6 +24,7 @@ impl Lab {
         }
         std::fs::create_dir_all(&spec.root)?;
         std::fs::write(spec.root.join("state"), "up\n")?;
+        std::fs::write(spec.stack_file(), format!("{}\n", spec.stack.name()))?;
         let mut lab = Lab { spec, api: None };
         if let Err(e) = lab.build() {
             let logs = lab.agent_log_tails();
@@ -39,8 +34,16 @@ impl Lab {
         Ok(lab)
     }
 
-    /// Attaches to a lab already up (for `lab test/status/down`).
-    pub fn attach(spec: Spec) -> Lab {
+    /// Attaches to a lab already up (for `lab test/status/down`), with the
+    /// stack it was brought up with (its addresses depend on it), whatever
+    /// `spec` says.
+    pub fn attach(mut spec: Spec) -> Lab {
+        if let Some(stack) = std::fs::read_to_string(spec.stack_file())
+            .ok()
+            .and_then(|s| Stack::from_name(&s))
+        {
+            spec.stack = stack;
+        }
         Lab { spec, api: None }
     }
 
@@ -67,16 +70,10 @@ impl Lab {
                 "bridge",
             ],
         )?;
-        ns_exec(
-            &u,
-            "ip",
-            &["addr", "add", &format!("{API_ADDR}/24"), "dev", "br0"],
-        )?;
+        ns_exec(&u, "ip", &str_args(&self.spec.bridge_addr_args()))?;
         ns_exec(&u, "ip", &["link", "set", "br0", "up"])?;
         if self.spec.in_process_api {
-            let api = in_netns(&u, || {
-                ApiServer::start(SocketAddr::from((API_ADDR, API_PORT)))
-            })??;
+            let api = in_netns(&u, || ApiServer::start(self.spec.api_socket()))??;
             for i in 1..=self.spec.nodes {
                 let cidrs = self.spec.stack.pod_cidrs(i);
                 let cidrs: Vec<&str> = cidrs.iter().map(String::as_str).collect();
@@ -127,6 +124,9 @@ impl Lab {
                 },
             )?;
         }
+        if s.stack == Stack::Ipv6Only {
+            self.check_ipv6_only_underlay()?;
+        }
         let mut pods = Vec::new();
         for i in 1..=s.nodes {
             for j in 1..=s.pods {
@@ -156,11 +156,34 @@ impl Lab {
         let listing: Vec<Value> = pods
             .iter()
             .map(|p| {
-                json!({"node": p.node, "index": p.index, "ns": p.ns, "ip": p.ip.to_string(),
+                json!({"node": p.node, "index": p.index, "ns": p.ns,
+                       "ip": p.addr(IpFamily::V4).map(|a| a.to_string()),
                        "ip6": p.ip6.map(|a| a.to_string())})
             })
             .collect();
         std::fs::write(s.pods_file(), serde_json::to_vec_pretty(&listing)?)?;
+        self.check_ready()
+    }
+
+    /// Fails unless every agent answers `/readyz` with 200 within a few
+    /// seconds, naming each node that does not and what it answered.
+    pub fn check_ready(&self) -> Result<()> {
+        let s = &self.spec;
+        let not_ready = || -> Vec<String> {
+            (1..=s.nodes)
+                .filter_map(|i| match self.readyz(i) {
+                    Ok(r) if r.starts_with("HTTP/1.1 200 ") => None,
+                    Ok(r) => Some(format!("{}: {}", s.node_name(i), r.trim())),
+                    Err(e) => Some(format!("{}: /readyz unreachable: {e:#}", s.node_name(i))),
+                })
+                .collect()
+        };
+        let waited = wait_for("every agent to be ready", Duration::from_secs(10), || {
+            not_ready().is_empty()
+        });
+        if let Err(e) = waited {
+            bail!("{e:#}: {}", not_ready().join("; "));
+        }
         Ok(())
     }
 
@@ -169,7 +192,7 @@ impl Lab {
         let u = s.underlay_ns();
         let mut api_args = vec![
             "--listen".to_string(),
-            format!("{API_ADDR}:{API_PORT}"),
+            s.api_socket().to_string(),
             "--kubeconfig".to_string(),
             s.kubeconfig().to_string_lossy().into_owned(),
         ];
@@ -237,17 +260,10 @@ impl Lab {
             "ip",
             &["link", "set", &port, "master", "br0", "up"],
         )?;
-        ns_exec(
-            &ns,
-            "ip",
-            &["addr", "add", &format!("{}/24", node_ip(i)), "dev", "eth0"],
-        )?;
+        let [addr, route] = s.node_underlay_cmds(i);
+        ns_exec(&ns, "ip", &str_args(&addr))?;
         ns_exec(&ns, "ip", &["link", "set", "eth0", "up"])?;
-        ns_exec(
-            &ns,
-            "ip",
-            &["route", "add", "default", "via", &API_ADDR.to_string()],
-        )?;
+        ns_exec(&ns, "ip", &str_args(&route))?;
         self.start_agent(i)
     }
 
@@ -274,7 +290,7 @@ impl Lab {
             "--proc-sys".into(),
             "/proc/sys".into(),
             "--metrics-addr".into(),
-            format!("{}:{METRICS_PORT}", node_ip(i)),
+            s.metrics_socket(i).to_string(),
             "--bpffs".into(),
             s.bpffs()
                 .join(format!("node{i}"))
@@ -335,11 +351,12 @@ impl Lab {
     pub fn status(&self) -> Result<String> {
         let s = &self.spec;
         let mut out = format!(
-            "API fixture: http://{API_ADDR}:{API_PORT} (kubeconfig {})\n",
+            "API fixture: http://{} (kubeconfig {})\n",
+            s.api_socket(),
             s.kubeconfig().display()
         );
         for i in 1..=s.nodes {
-            let url = format!("{}:{METRICS_PORT}", node_ip(i));
+            let url = s.metrics_socket(i).to_string();
             let ready = ns_exec(
                 &s.underlay_ns(),
                 &s.bins.lab.to_string_lossy(),
@@ -355,17 +372,16 @@ impl Lab {
             out.push_str(&format!(
                 "{}  underlay {}  metrics http://{url}/metrics  {}\n    datapath: {datapath}\n",
                 s.node_name(i),
-                node_ip(i),
+                s.node_addr(i),
                 ready.trim()
             ));
         }
         for p in self.pods().unwrap_or_default() {
             out.push_str(&format!(
-                "  pod {} on {}: {}{}\n",
+                "  pod {} on {}: {}\n",
                 p.ns,
                 s.node_name(p.node),
-                p.ip,
-                p.ip6.map(|a| format!(" {a}")).unwrap_or_default()
+                p.addresses()
             ));
         }
         Ok(out)
@@ -416,4 +432,9 @@ impl Lab {
         let _ = Command::new("umount").arg(s.bpffs()).output();
         let _ = std::fs::remove_dir_all(&s.root);
     }
+}
+
+/// `ip` arguments as `ns_exec` takes them.
+fn str_args(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
 }

@@ -63,8 +63,12 @@ struct UpArgs {
     /// and pods with an address of each).
     #[arg(long, global = true, conflicts_with = "ipv6_only")]
     ipv4_only: bool,
-    /// IPv6 podCIDRs only: refused, with the reason, while mycni-agent
-    /// does not support IPv6-only Nodes.
+    /// IPv6 only, underlay included: the bridge and the nodes get IPv6
+    /// addresses alone (fd00:77::/64: the bridge ::1, node i ::1i), the
+    /// Nodes podCIDRs fd00:10:244:<i>::/64, the agents --cluster-cidr
+    /// fd00:10:244::/56, the pods an IPv6 address each, reached through
+    /// vxlan6.1; the matrix has the IPv6 table alone. `test`, `status` and
+    /// `down` find the lab's stack without the flag.
     #[arg(long, global = true)]
     ipv6_only: bool,
     /// Extra agent arguments, e.g. `--agent-arg=--resync --agent-arg=1s`.
@@ -239,21 +243,18 @@ fn spec(cli: &Cli, agent_args: Vec<String>) -> Result<Spec> {
         bins: bins(cli)?,
         agent_args,
         in_process_api: false,
-        stack: stack(cli)?,
+        stack: stack(cli),
     })
 }
 
-/// The families `--ipv4-only` / `--ipv6-only` narrow the lab to.
-fn stack(cli: &Cli) -> Result<Stack> {
-    let s = match (cli.up.ipv4_only, cli.up.ipv6_only) {
+/// The families `--ipv4-only` / `--ipv6-only` narrow the lab to (a lab
+/// already up keeps its own: see `Lab::attach`).
+fn stack(cli: &Cli) -> Stack {
+    match (cli.up.ipv4_only, cli.up.ipv6_only) {
         (true, _) => Stack::Ipv4Only,
         (false, true) => Stack::Ipv6Only,
         (false, false) => Stack::Dual,
-    };
-    if let Some(why) = s.unsupported() {
-        bail!("--ipv6-only: {why}");
     }
-    Ok(s)
 }
 
 /// `up`: the lab, with every agent on the datapath and routing asked for.
@@ -311,8 +312,14 @@ fn up(cli: &Cli) -> Result<()> {
     );
     print!("{}", lab.status()?);
     if u.prometheus {
+        // curl reads the brackets of an IPv6 URL as a glob without -g.
+        let curl = if lab.spec.api_addr().is_ipv6() {
+            "curl -gs"
+        } else {
+            "curl -s"
+        };
         println!(
-            "prometheus: {} scrapes all {} agents (every target up); from the host: ip netns exec {} curl -s '{}/api/v1/query?query=mycni_ready'",
+            "prometheus: {} scrapes all {} agents (every target up); from the host: ip netns exec {} {curl} '{}/api/v1/query?query=mycni_ready'",
             lab.prometheus_url(),
             cli.nodes,
             lab.spec.underlay_ns(),
@@ -338,10 +345,7 @@ fn test(cli: &Cli) -> Result<()> {
     let pods: Vec<String> = lab
         .pods()?
         .iter()
-        .map(|p| {
-            let ip6 = p.ip6.map(|a| format!(" {a}")).unwrap_or_default();
-            format!("{} {}{ip6}", lab::pod_label(p), p.ip)
-        })
+        .map(|p| format!("{} {}", lab::pod_label(p), p.addresses()))
         .collect();
     println!("pods: {}", pods.join(", "));
     println!("matrix took {:.1} s", took.as_secs_f64());
