@@ -91,11 +91,23 @@ impl Lab {
         }
         for i in 1..=s.nodes {
             let conflist = s.node_dir(i).join("net.d/00-mycni.conflist");
+            // An agent that refuses its flags or its Node exits at once:
+            // its error (in the logs `up` fails with) need not wait 30 s.
+            let mut exited = false;
             wait_for(
                 &format!("{} to write its conflist", s.node_name(i)),
                 Duration::from_secs(30),
-                || conflist.exists(),
+                || {
+                    exited = !self.agent_running(i);
+                    exited || conflist.exists()
+                },
             )?;
+            if exited && !conflist.exists() {
+                bail!(
+                    "{}'s agent exited before writing its conflist",
+                    s.node_name(i)
+                );
+            }
         }
         // Up means converged: every node routes to every other node's pods
         // before any pod exists, so the first packet of a test never races
@@ -315,6 +327,23 @@ impl Lab {
     /// SIGTERM, wait, SIGKILL: the agent's datapath must stay in place.
     pub fn stop_agent(&self, i: usize) {
         stop_pidfile(&self.spec.node_dir(i).join("agent.pid"));
+    }
+
+    /// Whether node `i`'s agent process is still running (a child of this
+    /// process that exited is reaped here).
+    fn agent_running(&self, i: usize) -> bool {
+        let Some(pid) = std::fs::read_to_string(self.spec.node_dir(i).join("agent.pid"))
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+        else {
+            return false;
+        };
+        // SAFETY: WNOHANG waitpid and signal 0 on a pid this lab started;
+        // waitpid is ECHILD when it is not our child.
+        unsafe {
+            libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) != pid
+                && libc::kill(pid, 0) == 0
+        }
     }
 
     /// SIGKILL, no warning: what an OOM kill or a node hiccup does.
