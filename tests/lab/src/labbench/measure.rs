@@ -1,12 +1,14 @@
 //! One measurement of one path: sockperf's TCP ping-pong, an iperf3 TCP
 //! stream and 64-byte UDP, in the path's namespaces.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use mycni_common::COUNTERS_MAP;
 use mycni_testkit::sh;
 use serde_json::Value;
 
@@ -123,7 +125,7 @@ pub(super) fn argv(prefix: &[String], rest: &[&str]) -> Vec<String> {
 // -------------------------------------------------------------- measurement
 
 /// One run's figures for one variant.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub(super) struct Sample {
     /// One-way latency (sockperf's RTT/2), microseconds.
     pub(super) p50_us: f64,
@@ -140,6 +142,9 @@ pub(super) struct Sample {
     /// (both iperf3 ends and ksoftirqd) ran, thousands: the per-packet
     /// cost of the path, whatever share of the CPU the tools got.
     pub(super) udp_kpps_per_cpu: f64,
+    /// What the mycni programs ran during the same window, when the
+    /// measure watched them (the fast columns).
+    pub(super) progs: ProgWindow,
 }
 
 /// Client namespace -> server namespace and address.
@@ -187,16 +192,20 @@ fn pin_prefix(o: &Options) -> Vec<String> {
 /// CPU all of a flow's work (both ends, and the softirq that carries the
 /// packet between them) queues on that CPU, which is the per-packet cost a
 /// datapath changes.
-pub(super) fn measure(pair: &Pair, o: &Options, logs: &Path) -> Result<Sample> {
+///
+/// `progs`: the programs whose run time the UDP window also reads (none
+/// for a column no program sees).
+pub(super) fn measure(pair: &Pair, o: &Options, logs: &Path, progs: &[Watched]) -> Result<Sample> {
     let pin = pin_prefix(o);
     let mut s = Sample::default();
     (s.p50_us, s.p99_us) = latency(pair, o.seconds, &pin, logs)?;
     s.stream_gbps = stream(pair, o.seconds, &pin, logs)?;
-    let udp = small_packets(pair, o.seconds, &pin, logs)?;
+    let udp = small_packets(pair, o.seconds, &pin, logs, progs)?;
     s.udp_kpps = udp.received_kpps;
     s.udp_loss_pct = udp.loss_pct;
     s.udp_delivered_kpps = udp.delivered_kpps;
     s.udp_kpps_per_cpu = udp.kpps_per_cpu;
+    s.progs = udp.progs;
     Ok(s)
 }
 
@@ -348,6 +357,7 @@ pub(super) struct Udp {
     pub(super) loss_pct: f64,
     pub(super) delivered_kpps: f64,
     pub(super) kpps_per_cpu: f64,
+    pub(super) progs: ProgWindow,
 }
 
 /// Small packets: UDP, 64-byte payload, unlimited send rate.
@@ -364,7 +374,13 @@ pub(super) struct Udp {
 /// where the packets' softirq work runs when it is not in theirs): their
 /// ratio is the path's cost per packet, which does not depend on who else
 /// used the CPU.
-fn small_packets(pair: &Pair, seconds: u64, pin: &[String], logs: &Path) -> Result<Udp> {
+fn small_packets(
+    pair: &Pair,
+    seconds: u64,
+    pin: &[String],
+    logs: &Path,
+    progs: &[Watched],
+) -> Result<Udp> {
     let len = UDP_LEN.to_string();
     let omit = UDP_OMIT.to_string();
     let (srv, client) = iperf_spawn(
@@ -375,10 +391,17 @@ fn small_packets(pair: &Pair, seconds: u64, pin: &[String], logs: &Path) -> Resu
         logs,
         "udp",
     )?;
-    let window = udp_window(&client, &srv, seconds, pin_cpu(pin), pair.ip.is_ipv6());
+    let window = udp_window(
+        &client,
+        &srv,
+        seconds,
+        pin_cpu(pin),
+        pair.ip.is_ipv6(),
+        progs,
+    );
     let out = client.finish(limit(seconds))?;
     srv.finish(Duration::from_secs(5))?;
-    let (delivered_kpps, kpps_per_cpu) = window?;
+    let (delivered_kpps, kpps_per_cpu, progs) = window?;
     let v = iperf_json(&out)?;
     let rx = &v["end"]["sum_received"];
     let bytes = rx["bytes"]
@@ -401,6 +424,7 @@ fn small_packets(pair: &Pair, seconds: u64, pin: &[String], logs: &Path) -> Resu
         loss_pct: loss,
         delivered_kpps,
         kpps_per_cpu,
+        progs,
     })
 }
 
@@ -419,18 +443,21 @@ struct UdpMark {
     delivered: u64,
     /// Scheduler run time of the measure's tasks, nanoseconds.
     cpu_ns: u64,
+    /// The watched programs' bpf_stats, by program id.
+    progs: BTreeMap<u32, ProgRun>,
 }
 
-/// Delivered kpps and kpps per CPU-second over a window that starts after
-/// the omitted seconds (and the client's start-up) and ends before the
-/// client stops sending.
+/// Delivered kpps, kpps per CPU-second and what the watched programs ran,
+/// over a window that starts after the omitted seconds (and the client's
+/// start-up) and ends before the client stops sending.
 fn udp_window(
     client: &Proc,
     srv: &Proc,
     seconds: u64,
     cpu: Option<usize>,
     ipv6: bool,
-) -> Result<(f64, f64)> {
+    progs: &[Watched],
+) -> Result<(f64, f64, ProgWindow)> {
     let start = Instant::now();
     let lead = Duration::from_secs(UDP_OMIT) + Duration::from_millis(300);
     let span = Duration::from_millis((seconds * 1000).saturating_sub(500).max(500));
@@ -438,9 +465,22 @@ fn udp_window(
     let pids = [client.child.id(), srv.child.id()];
     let server = srv.child.id();
     sleep_until(start + lead)?;
-    let a = udp_mark(server, &pids, &softirqd, ipv6)?;
+    // Run-time stats only inside the window: they cost two clock reads per
+    // program run, which the latency and stream measures should not pay.
+    // The kernel counts this fd as one more user of its stats switch and
+    // drops it when the fd closes, however the bench ends; the
+    // kernel.bpf_stats_enabled sysctl keeps its own value throughout.
+    let _stats = if progs.is_empty() {
+        None
+    } else {
+        Some(
+            aya::sys::enable_stats(aya::sys::Stats::RunTime)
+                .context("enabling the kernel's BPF run-time stats (BPF_ENABLE_STATS)")?,
+        )
+    };
+    let a = udp_mark(server, &pids, &softirqd, ipv6, progs)?;
     sleep_until(a.at + span)?;
-    let b = udp_mark(server, &pids, &softirqd, ipv6)?;
+    let b = udp_mark(server, &pids, &softirqd, ipv6, progs)?;
     // The client must still have been sending: a window that ran past its
     // end would count idle time.
     if std::fs::metadata(format!("/proc/{}", client.child.id())).is_err() {
@@ -452,7 +492,11 @@ fn udp_window(
     if packets == 0.0 || cpu_s == 0.0 {
         bail!("no UDP datagram reached the server during the measuring window");
     }
-    Ok((packets / secs / 1e3, packets / cpu_s / 1e3))
+    let window = ProgWindow {
+        runs: prog_deltas(progs, &a.progs, &b.progs),
+        datagrams: b.delivered.saturating_sub(a.delivered),
+    };
+    Ok((packets / secs / 1e3, packets / cpu_s / 1e3, window))
 }
 
 fn sleep_until(t: Instant) -> Result<()> {
@@ -463,7 +507,13 @@ fn sleep_until(t: Instant) -> Result<()> {
     Ok(())
 }
 
-fn udp_mark(server: u32, pids: &[u32], softirqd: &[u32], ipv6: bool) -> Result<UdpMark> {
+fn udp_mark(
+    server: u32,
+    pids: &[u32],
+    softirqd: &[u32],
+    ipv6: bool,
+    progs: &[Watched],
+) -> Result<UdpMark> {
     // IPv6 datagrams count in the UDP6 MIB (snmp6), never in snmp's Udp.
     let (file, parse): (&str, fn(&str) -> Option<u64>) = if ipv6 {
         ("snmp6", udp6_delivered)
@@ -489,6 +539,7 @@ fn udp_mark(server: u32, pids: &[u32], softirqd: &[u32], ipv6: bool) -> Result<U
         at: Instant::now(),
         delivered,
         cpu_ns,
+        progs: read_runs(progs),
     })
 }
 
@@ -559,6 +610,137 @@ fn ksoftirqd(cpu: Option<usize>) -> Vec<u32> {
         .collect()
 }
 
+// ------------------------------------------------------ the programs' cost
+
+/// The tc programs whose run time the bench reads.
+pub(super) const PROGRAMS: [&str; 3] =
+    ["mycni_from_pod", "mycni_from_underlay", "mycni_from_vxlan"];
+
+/// The full name of a mycni program from the name the kernel keeps (its
+/// first 15 bytes: BPF_OBJ_NAME_LEN with the NUL).
+pub(super) fn program_name(kernel: &str) -> Option<&'static str> {
+    PROGRAMS
+        .into_iter()
+        .find(|p| p.get(..p.len().min(15)) == Some(kernel))
+}
+
+/// One program a lab node's agent loaded, by the kernel's id for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Watched {
+    /// 1-based, as the lab names nodes.
+    pub(super) node: usize,
+    pub(super) program: &'static str,
+    pub(super) id: u32,
+}
+
+/// A program's bpf_stats (cumulative while run-time stats are on), or the
+/// difference of two reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct ProgRun {
+    pub(super) run_time_ns: u64,
+    pub(super) run_cnt: u64,
+}
+
+impl ProgRun {
+    pub(super) fn ns_per_run(self) -> Option<f64> {
+        (self.run_cnt > 0).then(|| self.run_time_ns as f64 / self.run_cnt as f64)
+    }
+}
+
+/// What the programs ran during one UDP window: per (node, program) over
+/// that node's instances of the program, and the datagrams the window
+/// counted as delivered.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(super) struct ProgWindow {
+    pub(super) runs: BTreeMap<(usize, &'static str), ProgRun>,
+    pub(super) datagrams: u64,
+}
+
+impl ProgWindow {
+    /// The run time of every program on every node per datagram delivered,
+    /// nanoseconds: the programs' share of a datagram's cost.
+    pub(super) fn ns_per_datagram(&self) -> Option<f64> {
+        let ns: u64 = self.runs.values().map(|r| r.run_time_ns).sum();
+        (self.datagrams > 0 && !self.runs.is_empty()).then(|| ns as f64 / self.datagrams as f64)
+    }
+}
+
+/// The mycni programs the lab's agents loaded, by node: an agent's
+/// programs are those using the counter map it pinned under its node's
+/// pin directory (programs are not per network namespace; names alone
+/// would also find other labs' and tests' programs). A program left from a
+/// previous agent of the node counts with it: unattached, it runs no more.
+pub(super) fn watch_programs(pin_dirs: &[(usize, PathBuf)]) -> Result<Vec<Watched>> {
+    let mut counters = BTreeMap::new();
+    for (node, dir) in pin_dirs {
+        let path = dir.join(COUNTERS_MAP);
+        let map = aya::maps::MapInfo::from_pin(&path)
+            .with_context(|| format!("reading the map pinned at {}", path.display()))?;
+        counters.insert(map.id(), *node);
+    }
+    let mut found = vec![];
+    // A program unloaded while the list is read is skipped: it runs no more.
+    for info in aya::programs::loaded_programs().flatten() {
+        let Some(program) = info.name_as_str().and_then(program_name) else {
+            continue;
+        };
+        let Ok(Some(maps)) = info.map_ids() else {
+            continue;
+        };
+        if let Some(&node) = maps.iter().find_map(|m| counters.get(m)) {
+            found.push(Watched {
+                node,
+                program,
+                id: info.id(),
+            });
+        }
+    }
+    if found.is_empty() {
+        bail!("no mycni program uses the counter maps pinned under {pin_dirs:?}");
+    }
+    found.sort_by_key(|w| (w.node, w.program, w.id));
+    Ok(found)
+}
+
+/// The watched programs' bpf_stats now, by id; a program gone meanwhile is
+/// absent.
+fn read_runs(progs: &[Watched]) -> BTreeMap<u32, ProgRun> {
+    if progs.is_empty() {
+        return BTreeMap::new();
+    }
+    aya::programs::loaded_programs()
+        .flatten()
+        .filter(|info| progs.iter().any(|w| w.id == info.id()))
+        .map(|info| {
+            let run = ProgRun {
+                run_time_ns: u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX),
+                run_cnt: info.run_count(),
+            };
+            (info.id(), run)
+        })
+        .collect()
+}
+
+/// Per (node, program): what its instances ran between two reads. An
+/// instance missing from either read is left out (it was loaded or
+/// unloaded inside the window, which an agent restart alone does).
+pub(super) fn prog_deltas(
+    progs: &[Watched],
+    before: &BTreeMap<u32, ProgRun>,
+    after: &BTreeMap<u32, ProgRun>,
+) -> BTreeMap<(usize, &'static str), ProgRun> {
+    let mut out: BTreeMap<(usize, &'static str), ProgRun> = BTreeMap::new();
+    for w in progs {
+        let (Some(a), Some(b)) = (before.get(&w.id), after.get(&w.id)) else {
+            continue;
+        };
+        let d = out.entry((w.node, w.program)).or_default();
+        d.run_time_ns += b.run_time_ns.saturating_sub(a.run_time_ns);
+        d.run_cnt += b.run_cnt.saturating_sub(a.run_cnt);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -603,5 +785,77 @@ mod tests {
         // IPv4's file has no UDP6 counters, and the reverse.
         assert_eq!(udp6_delivered("Udp: InDatagrams\nUdp: 5\n"), None);
         assert_eq!(udp_delivered(snmp6), None);
+    }
+
+    #[test]
+    fn program_names_from_the_kernels_15_bytes() {
+        assert_eq!(program_name("mycni_from_pod"), Some("mycni_from_pod"));
+        assert_eq!(program_name("mycni_from_unde"), Some("mycni_from_underlay"));
+        assert_eq!(program_name("mycni_from_vxla"), Some("mycni_from_vxlan"));
+        // A prefix shorter than the kernel keeps is another program.
+        assert_eq!(program_name("mycni_from"), None);
+        assert_eq!(program_name("mycni_from_underlay"), None);
+        assert_eq!(program_name("cil_from_contai"), None);
+        assert_eq!(program_name(""), None);
+    }
+
+    #[test]
+    fn prog_deltas_sum_a_nodes_instances_and_skip_what_came_or_went() {
+        let w = |node, program, id| Watched { node, program, id };
+        let progs = [
+            w(1, "mycni_from_pod", 10),
+            w(1, "mycni_from_underlay", 11),
+            w(2, "mycni_from_underlay", 21),
+            // An older instance of node2's program (an agent restart),
+            // still attached for part of the window.
+            w(2, "mycni_from_underlay", 20),
+            // Loaded inside the window: no first read.
+            w(2, "mycni_from_pod", 22),
+        ];
+        let run = |run_time_ns, run_cnt| ProgRun {
+            run_time_ns,
+            run_cnt,
+        };
+        let before = BTreeMap::from([
+            (10, run(1_000, 10)),
+            (11, run(500, 5)),
+            (20, run(7_000, 70)),
+            (21, run(0, 0)),
+        ]);
+        let after = BTreeMap::from([
+            (10, run(9_900, 20)),
+            (11, run(500, 5)),
+            (20, run(7_600, 71)),
+            (21, run(5_400, 9)),
+            (22, run(1_000, 1)),
+        ]);
+        let d = prog_deltas(&progs, &before, &after);
+        assert_eq!(d[&(1, "mycni_from_pod")], run(8_900, 10));
+        assert_eq!(d[&(1, "mycni_from_underlay")], run(0, 0));
+        assert_eq!(d[&(2, "mycni_from_underlay")], run(6_000, 10));
+        assert!(!d.contains_key(&(2, "mycni_from_pod")));
+        assert_eq!(d[&(1, "mycni_from_pod")].ns_per_run(), Some(890.0));
+        assert_eq!(d[&(2, "mycni_from_underlay")].ns_per_run(), Some(600.0));
+        assert_eq!(d[&(1, "mycni_from_underlay")].ns_per_run(), None);
+        // A counter that went backwards (a new program under an old id
+        // cannot happen, but a bad read must not wrap).
+        let back = prog_deltas(&progs[..1], &after, &before);
+        assert_eq!(back[&(1, "mycni_from_pod")], run(0, 0));
+
+        let window = ProgWindow {
+            runs: d,
+            datagrams: 10,
+        };
+        assert_eq!(window.ns_per_datagram(), Some(1_490.0));
+        let none = ProgWindow {
+            datagrams: 10,
+            ..Default::default()
+        };
+        assert_eq!(none.ns_per_datagram(), None);
+        let idle = ProgWindow {
+            datagrams: 0,
+            ..window
+        };
+        assert_eq!(idle.ns_per_datagram(), None);
     }
 }

@@ -46,7 +46,8 @@
 //! table shows medians over runs with their min-max, ratios against the
 //! issue's targets, and, for the fast columns, from the programs' counters,
 //! the share of pod packets fast-pathed and of those the share that still
-//! crossed vxlan.1.
+//! crossed vxlan.1, and the programs' own run time per run (bpf_stats,
+//! over the UDP measure's window).
 //!
 //! Parts: `variants` (the columns, the agents' flags for each, the checks
 //! that a column takes its path), `rulesets` (pure functions of their size,
@@ -70,7 +71,7 @@ use crate::{
     Bins, Counters, IpFamily, Lab, PathShare, Spec, Stack, VXLAN_DEV, catch_interrupts,
     check_interrupted, node_ip,
 };
-use measure::{Pair, Sample, measure};
+use measure::{Pair, Sample, measure, watch_programs};
 use report::render;
 use rulesets::Installed;
 pub use rulesets::{Rules, cluster_ip, kube_proxy_ruleset, rule_count, synthetic_ruleset};
@@ -80,6 +81,8 @@ use variants::{Agents, DirectVeth, Variant, check_route, first_inet, switch, vte
 /// (`mycni`, /run/mycni-lab), so a bench never touches a lab someone is using.
 pub const PREFIX: &str = "mycnib";
 pub const ROOT: &str = "/run/mycni-bench-lab";
+/// Nodes of the bench's lab: node1's pod is the client, node2's the server.
+pub(super) const NODES: usize = 2;
 /// The pods' cluster CIDR, which kube-proxy's masquerade rule excludes.
 pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
 
@@ -171,7 +174,7 @@ pub fn run(bins: Bins, o: &Options) -> Result<()> {
     let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let spec = Spec {
         prefix: PREFIX.into(),
-        nodes: 2,
+        nodes: NODES,
         pods: 1,
         root: PathBuf::from(ROOT),
         bins,
@@ -350,7 +353,16 @@ fn measure_all(mut lab: BenchLab, o: &Options, logs: &Path) -> Result<Results> {
                 } else {
                     (vec![], 0)
                 };
-                let s = measure(pair, o, logs)?;
+                // Found again for every measure: a switch restarts the
+                // agents, which load their programs afresh.
+                let progs = if v.is_fast() {
+                    let pins: Vec<(usize, PathBuf)> =
+                        (1..=spec.nodes).map(|i| (i, spec.pin_dir(i))).collect();
+                    watch_programs(&pins)?
+                } else {
+                    vec![]
+                };
+                let s = measure(pair, o, logs, &progs)?;
                 if lab_variant {
                     let after = lab.0.all_counters();
                     let vx = vxlan_packets(&nodes)?.saturating_sub(vx_before);

@@ -5,10 +5,10 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use super::measure::Sample;
+use super::measure::{PROGRAMS, Sample};
 use super::rulesets::{Rules, kube_proxy_ruleset, rule_count, synthetic_ruleset};
 use super::variants::Variant;
-use super::{Options, Results, UDP_OMIT};
+use super::{NODES, Options, Results, UDP_OMIT};
 use crate::PathShare;
 
 pub(super) fn median(mut v: Vec<f64>) -> f64 {
@@ -150,16 +150,54 @@ pub(super) fn ratio_runs(num: &[f64], den: &[f64], target: Option<Target>) -> St
 /// alone for one run, `-` for none. The range is what says whether two
 /// columns differ or only their noise does.
 pub(super) fn spread(m: Measure, v: &[f64]) -> String {
+    spread_by(v, |x| m.fmt(x))
+}
+
+/// [`spread`] with its own number format.
+pub(super) fn spread_by(v: &[f64], fmt: impl Fn(f64) -> String) -> String {
     if v.is_empty() {
         return "-".into();
     }
-    let mid = m.fmt(median(v.to_vec()));
+    let mid = fmt(median(v.to_vec()));
     if v.len() == 1 {
         return mid;
     }
     let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    format!("{mid} ({}–{})", m.fmt(lo), m.fmt(hi))
+    format!("{mid} ({}–{})", fmt(lo), fmt(hi))
+}
+
+/// The report's name of a program: without the `mycni_` every one has.
+pub(super) fn short(program: &str) -> &str {
+    program.strip_prefix("mycni_").unwrap_or(program)
+}
+
+/// One row's figure from one run's sample.
+pub(super) type ProgFigure = Box<dyn Fn(&Sample) -> Option<f64>>;
+
+/// The rows of the programs' own cost, each with its figure from one
+/// run's sample (None: that program did not run in the window): run time
+/// per run of each program on each node, then all of them per datagram.
+pub(super) fn prog_rows() -> Vec<(String, ProgFigure)> {
+    let mut rows: Vec<(String, ProgFigure)> = vec![];
+    for node in 1..=NODES {
+        for program in PROGRAMS {
+            rows.push((
+                format!("{} ns/run (node{node})", short(program)),
+                Box::new(move |s: &Sample| {
+                    s.progs
+                        .runs
+                        .get(&(node, program))
+                        .and_then(|r| r.ns_per_run())
+                }),
+            ));
+        }
+    }
+    rows.push((
+        "programs ns per datagram (both nodes)".into(),
+        Box::new(|s: &Sample| s.progs.ns_per_datagram()),
+    ));
+    rows
 }
 
 pub(super) fn pct(v: Option<f64>) -> String {
@@ -298,7 +336,15 @@ pub(super) fn render(
          own underlay traffic is left out). It includes each connection's SYN and FIN and \
          the UDP test's first {UDP_OMIT} s, before conntrack assures the flow, all on the \
          kernel path by design. Via vxlan.1: of the fast-pathed ones, those that still \
-         crossed vxlan.1 (handed to it, or decapsulated by it).\n"
+         crossed vxlan.1 (handed to it, or decapsulated by it);\n\
+         - the programs' own cost (fast columns): each mycni program's run time per run on \
+         each node, from the kernel's BPF run-time stats (run_time_ns / run_cnt) over the \
+         same window as the per-CPU figure, and all programs' run time per datagram \
+         delivered. On the UDP test node1's from_pod encapsulates (or redirects) every \
+         datagram and node2's from_underlay (or from_vxlan, via vxlan.1) hands it to the pod: \
+         against the per-packet CPU time (10^6 / per CPU-s kpps, in ns) the last row is the \
+         programs' share of it. The stats are on only during that window, and themselves \
+         cost two clock reads per program run, there only.\n"
     );
     let cols = Variant::ALL;
     let ratio_cols = [
@@ -392,6 +438,30 @@ pub(super) fn render(
                 .map(|&v| {
                     if v.is_fast() && v.rulesets().contains(&rules) {
                         pct(r.shares.get(&(v, rules)).and_then(get))
+                    } else {
+                        String::new()
+                    }
+                })
+                .collect();
+            cells.extend(std::iter::repeat_n(String::new(), ratio_cols.len()));
+            let _ = writeln!(
+                w,
+                "| {label} | {} | {} |",
+                rules.label(o),
+                cells.join(" | ")
+            );
+        }
+        for (label, get) in prog_rows() {
+            let mut cells: Vec<String> = cols
+                .iter()
+                .map(|&v| {
+                    if v.is_fast() && v.rulesets().contains(&rules) {
+                        let runs: Vec<f64> = r
+                            .samples
+                            .get(&(v, rules))
+                            .map(|ss| ss.iter().filter_map(&get).collect())
+                            .unwrap_or_default();
+                        spread_by(&runs, |x| format!("{x:.0}"))
                     } else {
                         String::new()
                     }
@@ -504,6 +574,48 @@ pub(super) fn render(
         );
     }
 
+    let watched: Vec<_> = r
+        .samples
+        .iter()
+        .filter(|(_, v)| v.iter().any(|s| !s.progs.runs.is_empty()))
+        .collect();
+    if !watched.is_empty() {
+        let _ = writeln!(
+            w,
+            "\n## The programs' own cost per run (UDP window: ns/run over runs)\n"
+        );
+        let _ = writeln!(w, "| variant | node rules | program | ns/run | runs |");
+        let _ = writeln!(w, "|---|---|---|---|---|");
+        for ((variant, rules), v) in watched {
+            let keys: std::collections::BTreeSet<(usize, &str)> = v
+                .iter()
+                .flat_map(|s| s.progs.runs.keys().copied())
+                .collect();
+            for (node, program) in keys {
+                let col = |f: &dyn Fn(super::measure::ProgRun) -> String| -> String {
+                    v.iter()
+                        .map(|s| {
+                            s.progs
+                                .runs
+                                .get(&(node, program))
+                                .map_or("-".into(), |r| f(*r))
+                        })
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                let _ = writeln!(
+                    w,
+                    "| {} | {} | {} (node{node}) | {} | {} |",
+                    variant.label(),
+                    rules.label(o),
+                    short(program),
+                    col(&|r| r.ns_per_run().map_or("-".into(), |n| format!("{n:.0}"))),
+                    col(&|r| r.run_cnt.to_string()),
+                );
+            }
+        }
+    }
+
     let _ = writeln!(
         w,
         "\n## Fast-path counters (pod packets the tc programs saw, over each fast column's measurements)\n"
@@ -548,6 +660,7 @@ mod tests {
             udp_loss_pct: 0.0,
             udp_delivered_kpps: 1100.0 / p50_us,
             udp_kpps_per_cpu: 1200.0 / p50_us,
+            progs: Default::default(),
         }
     }
 
@@ -780,5 +893,75 @@ mod tests {
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(vec![4.0, 1.0]), 2.5);
         assert!(median(vec![]).is_nan());
+    }
+
+    #[test]
+    fn render_shows_the_programs_own_cost() {
+        use crate::labbench::measure::{ProgRun, ProgWindow};
+        let mut r = lab_results();
+        let with = |p50: f64, pod_ns: u64, under_ns: u64| {
+            let run = |ns_per_run: u64| ProgRun {
+                run_time_ns: ns_per_run * 1000,
+                run_cnt: 1000,
+            };
+            let mut s = sample(p50);
+            s.progs = ProgWindow {
+                runs: [
+                    ((1, "mycni_from_pod"), run(pod_ns)),
+                    ((2, "mycni_from_underlay"), run(under_ns)),
+                    // Ran no time in the window.
+                    ((2, "mycni_from_pod"), ProgRun::default()),
+                ]
+                .into(),
+                datagrams: 1000,
+            };
+            s
+        };
+        r.samples.insert(
+            (Variant::Fast, Rules::None),
+            vec![
+                with(16.0, 900, 550),
+                with(16.0, 850, 560),
+                with(16.0, 880, 600),
+            ],
+        );
+        r.samples.insert(
+            (Variant::FastDirect, Rules::None),
+            vec![with(15.5, 700, 400)],
+        );
+        let report = render(&r, &options(), Duration::from_secs(1), "", "");
+        let header = report
+            .lines()
+            .find(|l| l.starts_with("| measure |"))
+            .expect("header");
+        let cells = header.matches('|').count() - 1;
+        let pod = row(&report, "from_pod ns/run (node1)", "none");
+        assert_eq!(pod.len(), cells);
+        // Fast columns only: via vxlan.1 ran without program figures.
+        assert_eq!(
+            pod[2..12],
+            ["", "", "", "", "-", "880 (850–900)", "", "700", "", "-"]
+        );
+        assert!(pod[12..].iter().all(String::is_empty));
+        let under = row(&report, "from_underlay ns/run (node2)", "none");
+        assert_eq!(under[7], "560 (550–600)");
+        assert_eq!(row(&report, "from_pod ns/run (node2)", "none")[7], "-");
+        assert_eq!(row(&report, "from_vxlan ns/run (node1)", "none")[7], "-");
+        // Per datagram, both nodes' programs: 900 + 550, 850 + 560, 880 + 600.
+        let per = row(&report, "programs ns per datagram (both nodes)", "none");
+        assert_eq!(per[7], "1450 (1410–1480)");
+        assert_eq!(per[9], "1100");
+        // Fast columns under rules measured nothing here.
+        let kp = row(&report, "from_pod ns/run (node1)", "kube-proxy, 2000 svc");
+        assert_eq!(kp[7], "-");
+        assert_eq!(kp[4], "");
+        assert!(report.contains("the programs' own cost (fast columns)"));
+        assert!(report.contains(
+            "| fast path (tc encap) | none | from_pod (node1) | 900, 850, 880 | 1000, 1000, 1000 |"
+        ));
+        assert!(
+            report
+                .contains("| fast path (tc encap) | none | from_pod (node2) | -, -, - | 0, 0, 0 |")
+        );
     }
 }
