@@ -32,7 +32,7 @@ static EMBEDDED_OBJECT: &[u8] =
 pub enum Prog {
     /// Ingress of every pod's host-side veth.
     FromPod,
-    /// Ingress of `vxlan.1`.
+    /// Ingress of `vxlan.1` and of `vxlan6.1`.
     FromVxlan,
     /// Ingress of the underlay device (tc decapsulation).
     FromUnderlay,
@@ -406,19 +406,22 @@ pub struct AttachedMaps {
 
 impl AttachedMaps {
     /// Starts at `vxlan` (its program uses the config, which names the
-    /// underlay, and the local endpoints, which name the pod veths), then
-    /// visits the underlay and every pod veth. None when no mycni program
-    /// is attached to `vxlan`.
+    /// underlay and `vxlan6.1`, and the local endpoints, which name the pod
+    /// veths), then visits those and every pod veth. None when no mycni
+    /// program is attached to `vxlan`.
     pub fn discover(vxlan: u32) -> Result<Option<Self>, DatapathError> {
         let mut found = Self::default();
         found.visit(vxlan)?;
         if found.links.is_empty() {
             return Ok(None);
         }
-        if let Ok(cfg) = read_config(&found)
-            && cfg.underlay_ifindex != 0
-        {
-            found.visit(cfg.underlay_ifindex)?;
+        if let Ok(cfg) = read_config(&found) {
+            // The underlay and vxlan6.1, where the config names them.
+            for i in [cfg.underlay_ifindex, cfg.vxlan6_ifindex] {
+                if i != 0 && i != vxlan {
+                    found.visit(i)?;
+                }
+            }
         }
         // Every pod veth, so the attachments shown are all of them.
         if let Ok(local) = read_local(&found) {

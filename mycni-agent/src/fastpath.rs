@@ -12,6 +12,12 @@
 //! VXLAN themselves: the config carries what `vxlan.1` is set up with (VNI,
 //! port, local address, TTL, source port range) and the underlay device gets
 //! the decapsulating program on its ingress.
+//!
+//! Peers over the IPv6 underlay are reached through `vxlan6.1` whatever
+//! `--tc-encap` says (the programs build no IPv6 outer header): their IPv6
+//! podCIDRs go into `mycni_remote6` flagged `REMOTE_VXLAN6`, mirrored from
+//! `vxlan6.1`'s routes, neighbours and FDB entries, and `vxlan6.1` gets the
+//! program `vxlan.1` has on its ingress.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -21,14 +27,26 @@ use std::sync::atomic::Ordering;
 
 use anyhow::{Context, Result};
 use mycni_common::{
-    CFG_TC_DECAP, CFG_TC_ENCAP, DpConfig, LocalEndpoint, PeerNode, REMOTE_DIRECT, RemoteNode,
+    CFG_TC_DECAP, CFG_TC_ENCAP, DpConfig, LocalEndpoint, PeerNode, REMOTE_DIRECT, REMOTE_VXLAN6,
+    RemoteNode,
 };
 
 use crate::ebpf::{self, Datapath, DatapathError, Prog};
 use crate::kernel::{PodEndpoint, PodEndpoints, VxlanSpec};
 
 use crate::metrics::Metrics;
+use crate::peers::Mac;
 use crate::reconcile::{self, OverlayState, Remote};
+
+/// `vxlan6.1` as a reconcile pass leaves it: its ifindex, its MAC and what
+/// the agent holds on it (`Kernel::dump_vxlan6` with the pass's changes
+/// applied), for [`FastPath::sync`].
+#[derive(Debug, Clone, Copy)]
+pub struct Vxlan6State<'a> {
+    pub ifindex: u32,
+    pub mac: Mac,
+    pub overlay: &'a OverlayState,
+}
 
 /// `--datapath`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,15 +202,17 @@ impl FastPath {
 
     /// Brings maps and attachments in line with the kernel. `overlay` is what
     /// the kernel holds on `vxlan.1` after this pass; `pods` (read on full
-    /// passes) the pods the plugin set up.
+    /// passes) the pods the plugin set up; `vxlan6` the same for `vxlan6.1`
+    /// on a node with an IPv6 underlay.
     pub fn sync(
         &mut self,
         vxlan: u32,
         vx: &VxlanSpec,
         overlay: &OverlayState,
         pods: Option<&PodEndpoints>,
+        vxlan6: Option<Vxlan6State<'_>>,
     ) -> Result<(), DatapathError> {
-        let cfg = self.config(vxlan, vx);
+        let cfg = self.config(vxlan, vx, vxlan6.as_ref());
         let Some(dp) = self.dp.as_mut() else {
             return Ok(());
         };
@@ -264,7 +284,15 @@ impl FastPath {
             }
             self.remote_written = Some(remote);
         }
-        let remote6 = remote6_map(overlay.remotes6());
+        let mut remote6 = remote6_map(overlay.remotes6());
+        if let Some(v6) = &vxlan6 {
+            // A podCIDR on both devices is a pass caught between them (a
+            // peer moving from one underlay to the other): vxlan.1's wins,
+            // as run_loop programs it first.
+            for (k, v) in vxlan6_remote_map(v6.overlay) {
+                remote6.entry(k).or_insert(v);
+            }
+        }
         if full || self.remote6_written.as_ref() != Some(&remote6) {
             let st = ebpf::sync_remote6(&pin, &remote6)?;
             if full && self.remote6_written.as_ref() == Some(&remote6) && st.set + st.removed > 0 {
@@ -305,6 +333,8 @@ impl FastPath {
                 .tc_encap
                 .then_some((Prog::FromUnderlay, vx.underlay_index));
             let want: BTreeSet<(Prog, u32)> = std::iter::once((Prog::FromVxlan, vxlan))
+                // What vxlan6.1 decapsulates, as what vxlan.1 does.
+                .chain(vxlan6.map(|v| (Prog::FromVxlan, v.ifindex)))
                 .chain(underlay)
                 // Every pod veth, whatever families its pod has.
                 .chain(pods.v4.values().map(|p| (Prog::FromPod, p.ifindex)))
@@ -349,7 +379,7 @@ impl FastPath {
     /// fields are those `vxlan.1` sends with: VNI, port and local address
     /// from its spec; TTL and source ports from the sysctls the device
     /// falls back to when it sets neither (the agent sets neither).
-    fn config(&self, vxlan: u32, vx: &VxlanSpec) -> DpConfig {
+    fn config(&self, vxlan: u32, vx: &VxlanSpec, vxlan6: Option<&Vxlan6State>) -> DpConfig {
         let (port_min, port_max) = read_port_range(&self.proc_sys);
         let ttl = std::fs::read_to_string(self.proc_sys.join("net/ipv4/ip_default_ttl"))
             .ok()
@@ -380,6 +410,9 @@ impl FastPath {
             } else {
                 0
             },
+            vxlan6_ifindex: vxlan6.map_or(0, |v| v.ifindex),
+            vtep6_mac: vxlan6.map_or([0; 6], |v| v.mac.0),
+            _pad6: [0; 2],
         }
     }
 }
@@ -416,6 +449,28 @@ fn remote6_map(remotes: Vec<Remote<Ipv6Addr>>) -> BTreeMap<(Ipv6Addr, u8), Remot
                     host_ip: u32::from_ne_bytes(r.host_ip.octets()),
                 },
             )
+        })
+        .collect()
+}
+
+/// `mycni_remote6`'s entries for the peers over the IPv6 underlay: the
+/// IPv6 podCIDRs the kernel backs on `vxlan6.1` (a route whose gateway has
+/// a permanent neighbour whose MAC has an FDB entry), flagged
+/// `REMOTE_VXLAN6`, without host IP (an IPv6 one, which only the FDB needs).
+fn vxlan6_remote_map(overlay6: &OverlayState) -> BTreeMap<(Ipv6Addr, u8), RemoteNode> {
+    overlay6
+        .routes6
+        .iter()
+        .filter_map(|(cidr, gw)| {
+            let mac = overlay6.neighbours6.get(gw)?;
+            overlay6.fdb6.get(mac)?;
+            let node = RemoteNode {
+                vtep_mac: mac.0,
+                flags: REMOTE_VXLAN6,
+                _pad: 0,
+                host_ip: 0,
+            };
+            Some(((cidr.addr(), cidr.prefix()), node))
         })
         .collect()
 }
@@ -496,4 +551,45 @@ fn spawn_log_reader(dp: &mut Datapath) {
 
 fn first_line(s: &str) -> &str {
     s.lines().next().unwrap_or(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mac(b: u8) -> Mac {
+        Mac([2, 0, 0, 0, 6, b])
+    }
+
+    #[test]
+    fn vxlan6_entries_only_where_route_neighbour_and_fdb_entry_all_are() {
+        let mut o = OverlayState::default();
+        for (i, (neigh, fdb)) in [(true, true), (true, false), (false, true)]
+            .into_iter()
+            .enumerate()
+        {
+            let n = 0x50 + i as u16;
+            let cidr: crate::peers::Cidr6 = format!("fd00:10:244:{n:x}::/64").parse().unwrap();
+            let gw = cidr.network();
+            o.routes6.insert(cidr, gw);
+            if neigh {
+                o.neighbours6.insert(gw, mac(i as u8));
+            }
+            if fdb {
+                o.fdb6
+                    .insert(mac(i as u8), format!("fd00:77::{n:x}").parse().unwrap());
+            }
+        }
+        let m = vxlan6_remote_map(&o);
+        let want = RemoteNode {
+            vtep_mac: mac(0).0,
+            flags: REMOTE_VXLAN6,
+            _pad: 0,
+            host_ip: 0,
+        };
+        assert_eq!(
+            m.into_iter().collect::<Vec<_>>(),
+            vec![(("fd00:10:244:50::".parse().unwrap(), 64), want)]
+        );
+    }
 }

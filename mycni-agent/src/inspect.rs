@@ -95,6 +95,15 @@ fn render_from<S: ebpf::MapSource + ?Sized>(
         cfg.vxlan_ifindex,
         Mac(cfg.vtep_mac)
     )?;
+    if cfg.vxlan6_ifindex != 0 {
+        writeln!(
+            o,
+            "  vxlan over IPv6: {} (ifindex {}), VTEP MAC {}",
+            ifname(cfg.vxlan6_ifindex),
+            cfg.vxlan6_ifindex,
+            Mac(cfg.vtep6_mac)
+        )?;
+    }
     if cfg.flags & mycni_common::CFG_TC_ENCAP != 0 {
         writeln!(
             o,
@@ -151,18 +160,19 @@ fn render_from<S: ebpf::MapSource + ?Sized>(
         .map(|((a, p), r)| (format!("{a}/{p}"), r))
         .chain(remote6.iter().map(|((a, p), r)| (format!("{a}/{p}"), r)));
     for (cidr, r) in remotes {
-        let host = Ipv4Addr::from(r.host_ip.to_ne_bytes());
+        // A peer over the IPv6 underlay: its host address is in vxlan6.1's
+        // FDB, not in the map.
+        let host = if r.flags & mycni_common::REMOTE_VXLAN6 != 0 {
+            format!("over {}", ifname(cfg.vxlan6_ifindex))
+        } else {
+            format!("host {}", Ipv4Addr::from(r.host_ip.to_ne_bytes()))
+        };
         let how = if r.flags & mycni_common::REMOTE_DIRECT != 0 {
             "  direct"
         } else {
             ""
         };
-        writeln!(
-            o,
-            "  {cidr:<18} -> VTEP {}  host {}{how}",
-            Mac(r.vtep_mac),
-            host
-        )?;
+        writeln!(o, "  {cidr:<18} -> VTEP {}  {host}{how}", Mac(r.vtep_mac))?;
     }
 
     let peers = ebpf::read_peers(pin_dir).context("reading mycni_peers")?;
@@ -308,6 +318,8 @@ mod tests {
         // A fast path at zero still shows, for both IP families only.
         assert_eq!(row("fast_tc_decap", "ipv6"), Some(vec!["0", "0"]));
         assert_eq!(row("fast_tc_decap", "other"), None);
+        assert_eq!(row("fast_vxlan6", "ipv6"), Some(vec!["0", "0"]));
+        assert_eq!(row("kernel_vxlan6_mtu", "ipv6"), None);
         assert_eq!(row("kernel_ttl", "ipv4"), None);
     }
 }

@@ -154,11 +154,24 @@ pub enum DpPath {
     /// neighbour solicitations and advertisements, redirects), whatever the
     /// addresses.
     KernelIpv6Nd = 31,
+    /// To a remote pod through `vxlan6.1` (a peer over the IPv6 underlay):
+    /// the kernel encapsulates in an IPv6 outer header.
+    FastVxlan6 = 32,
+    /// Forwarded by the fast path from `vxlan6.1` (decapsulated by the
+    /// kernel from an IPv6 outer header) to a pod on this node. Apart from
+    /// `fast_decap`: no tc decapsulation exists for this underlay, so it
+    /// is not a datapath v2 fallback (`crossed_vxlan`).
+    FastVxlan6Decap = 33,
+    /// Left to the kernel: to a peer over `vxlan6.1`, a packet (or one GSO
+    /// segment of it) larger than `vxlan6.1`'s MTU (a pod made before the
+    /// device, with the IPv4 overlay's larger MTU): the kernel answers
+    /// with "packet too big", which a program cannot.
+    KernelVxlan6Mtu = 34,
 }
 
 impl DpPath {
     /// Number of counter slots; the counter map has exactly this many entries.
-    pub const COUNT: u32 = 32;
+    pub const COUNT: u32 = 35;
 
     pub const ALL: [DpPath; Self::COUNT as usize] = [
         DpPath::KernelNotIpv4,
@@ -193,6 +206,9 @@ impl DpPath {
         DpPath::KernelIpv6LinkLocal,
         DpPath::KernelIpv6Multicast,
         DpPath::KernelIpv6Nd,
+        DpPath::FastVxlan6,
+        DpPath::FastVxlan6Decap,
+        DpPath::KernelVxlan6Mtu,
     ];
 
     /// Stable label used in metrics and `inspect` output.
@@ -230,6 +246,9 @@ impl DpPath {
             DpPath::KernelIpv6LinkLocal => "kernel_ipv6_link_local",
             DpPath::KernelIpv6Multicast => "kernel_ipv6_multicast",
             DpPath::KernelIpv6Nd => "kernel_ipv6_nd",
+            DpPath::FastVxlan6 => "fast_vxlan6",
+            DpPath::FastVxlan6Decap => "fast_vxlan6_decap",
+            DpPath::KernelVxlan6Mtu => "kernel_vxlan6_mtu",
         }
     }
 
@@ -247,12 +266,16 @@ impl DpPath {
                 | DpPath::FastTcDecap
                 | DpPath::FastDirect
                 | DpPath::FastDirectIn
+                | DpPath::FastVxlan6
+                | DpPath::FastVxlan6Decap
         )
     }
 
     /// Fast-pathed packets that still crossed `vxlan.1` (handed to it on the
     /// way out, or decapsulated by it on the way in): what datapath v2 exists
-    /// to make rare.
+    /// to make rare. Not `vxlan6.1`'s (`FastVxlan6`, `FastVxlan6Decap`):
+    /// the programs do not encapsulate over an IPv6 underlay at all, so
+    /// that device is the only way there, not a fallback.
     pub const fn crossed_vxlan(self) -> bool {
         matches!(
             self,
@@ -313,7 +336,8 @@ impl DpFamily {
 
 /// Entries of `mycni_counters`: a row of [`DpPath::COUNT`] slots per
 /// [`DpFamily`]. A map pinned with another size (the 32-entry layout before
-/// families) is rebuilt by the agent at load, like any changed map.
+/// families, the 96-entry one before the `vxlan6.1` paths) is rebuilt by
+/// the agent at load, like any changed map.
 pub const COUNTERS_LEN: u32 = DpFamily::COUNT * DpPath::COUNT;
 
 /// The slot of `mycni_counters` a packet of `family` that took `path` is
@@ -345,7 +369,9 @@ pub struct PathCounter {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DpConfig {
-    /// ifindex of `vxlan.1`; 0 means "not configured": everything goes to the kernel.
+    /// ifindex of `vxlan.1`; 0: none (a node with an IPv6 underlay only).
+    /// With `vxlan6_ifindex` 0 too, "not configured": everything goes to
+    /// the kernel.
     pub vxlan_ifindex: u32,
     /// Conntrack timeout (ms) the fast path renews on an established TCP
     /// flow, as the kernel would on every packet it sees
@@ -374,22 +400,35 @@ pub struct DpConfig {
     pub ttl: u8,
     /// `CFG_TC_ENCAP` | `CFG_TC_DECAP`.
     pub flags: u8,
+    /// ifindex of `vxlan6.1`, the VXLAN device over the IPv6 underlay,
+    /// where packets to `REMOTE_VXLAN6` peers are handed; 0: none.
+    pub vxlan6_ifindex: u32,
+    /// MAC address of `vxlan6.1`, the source of every frame sent into it.
+    pub vtep6_mac: [u8; 6],
+    pub _pad6: [u8; 2],
 }
 
 /// `RemoteNode::flags`: the peer is routed directly (same L2 segment, no
 /// encapsulation): the kernel's route is `podCIDR via <host IP>` on the underlay.
 pub const REMOTE_DIRECT: u8 = 1;
+/// `RemoteNode::flags`: the peer is reached over the IPv6 underlay, through
+/// `vxlan6.1` (route, permanent neighbour and FDB entry on that device):
+/// `vtep_mac` is its `vxlan6.1` MAC and `host_ip` is 0 (its host address
+/// is IPv6, which the kernel's FDB holds; the programs never need it).
+pub const REMOTE_VXLAN6: u8 = 2;
 
 /// A peer Node's podCIDR in `mycni_remote` (an LPM trie keyed by the CIDR),
 /// or its IPv6 podCIDR in `mycni_remote6` (the same peer, the same IPv4
-/// underlay: only the key differs).
+/// underlay: only the key differs; or, flagged `REMOTE_VXLAN6`, a peer
+/// over the IPv6 underlay).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RemoteNode {
-    /// The peer's VTEP MAC: the destination of frames sent into `vxlan.1`,
-    /// which the kernel's FDB maps to the peer's host IP.
+    /// The peer's VTEP MAC: the destination of frames sent into `vxlan.1`
+    /// (`vxlan6.1` for `REMOTE_VXLAN6`), which the kernel's FDB maps to the
+    /// peer's host IP.
     pub vtep_mac: [u8; 6],
-    /// `REMOTE_DIRECT` or 0.
+    /// `REMOTE_DIRECT`, `REMOTE_VXLAN6` or 0.
     pub flags: u8,
     pub _pad: u8,
     /// The peer's host IP (network byte order): the outer destination of
@@ -469,14 +508,21 @@ mod tests {
         // Row 0 is "other": what was slot `p` before families stays slot `p`
         // for non-IP traffic.
         assert_eq!(counter_index(DpFamily::Other, DpPath::KernelNotIpv4), 0);
-        assert_eq!(counter_index(DpFamily::Ipv6, DpPath::FastLocal), 2 * 32 + 8);
+        assert_eq!(
+            counter_index(DpFamily::Ipv6, DpPath::FastLocal),
+            2 * DpPath::COUNT + 8
+        );
+        assert_eq!(
+            counter_index(DpFamily::Ipv6, DpPath::KernelVxlan6Mtu),
+            COUNTERS_LEN - 1
+        );
         assert_eq!(DpFamily::Ipv6.name(), "ipv6");
     }
 
     #[test]
     fn map_values_have_no_implicit_padding() {
         assert_eq!(core::mem::size_of::<PathCounter>(), 16);
-        assert_eq!(core::mem::size_of::<DpConfig>(), 40);
+        assert_eq!(core::mem::size_of::<DpConfig>(), 52);
         assert_eq!(core::mem::size_of::<PeerNode>(), 8);
         assert_eq!(core::mem::size_of::<RemoteNode>(), 12);
         assert_eq!(core::mem::size_of::<LocalEndpoint>(), 16);

@@ -12,9 +12,10 @@
 //!   this host by a known peer, for a pod on this node, is unwrapped and
 //!   handed straight to the pod. Everything else goes on to the kernel (and
 //!   `vxlan.1`) untouched.
-//! - `mycni_from_vxlan`, on ingress of `vxlan.1`: what the kernel
-//!   decapsulated (peers without the fast path, and whatever the underlay
-//!   program left alone) goes straight into the pod.
+//! - `mycni_from_vxlan`, on ingress of `vxlan.1` and `vxlan6.1`: what the
+//!   kernel decapsulated (peers without the fast path, whatever the
+//!   underlay program left alone, and everything over the IPv6 underlay)
+//!   goes straight into the pod.
 //!
 //! Only flows the kernel's conntrack already holds as established and not
 //! NATed take the fast path (the gate in c/ct_gate.c); TCP SYN, FIN and RST
@@ -28,6 +29,14 @@
 //! or UDP is fast-pathed: extension headers, neighbour discovery, link-local
 //! and multicast traffic stay with the kernel. Direct routing carries IPv4
 //! only (an IPv4 underlay cannot carry IPv6 unencapsulated).
+//!
+//! Peers over the IPv6 underlay (`REMOTE_VXLAN6`) are reached as the v1
+//! fast path reached every peer: the frame, addressed to the peer's VTEP
+//! MAC, is handed to `vxlan6.1`, whose FDB sends it in an IPv6 outer
+//! header. The programs build no IPv6 outer header themselves: IPv6 makes
+//! the outer UDP checksum mandatory (RFC 8200 8.1), over the whole inner
+//! frame, and `bpf_skb_adjust_room` marks a GSO aggregate
+//! `SKB_GSO_UDP_TUNNEL`, not `_CSUM`, so no segment would get its own.
 //!
 //! Every packet a program sees is counted exactly once in `mycni_counters`,
 //! under the path it took or the reason it was left to the kernel, in the
@@ -49,8 +58,8 @@ use aya_ebpf::{
     },
     btf_maps::{Array, HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
     helpers::generated::{
-        bpf_fib_lookup, bpf_get_hash_recalc, bpf_get_prandom_u32, bpf_redirect, bpf_redirect_neigh,
-        bpf_redirect_peer,
+        bpf_check_mtu, bpf_fib_lookup, bpf_get_hash_recalc, bpf_get_prandom_u32, bpf_redirect,
+        bpf_redirect_neigh, bpf_redirect_peer,
     },
     macros::{btf_map, classifier},
     programs::TcContext,
@@ -58,8 +67,8 @@ use aya_ebpf::{
 use aya_log_ebpf::debug;
 use mycni_common::{
     CFG_TC_DECAP, CFG_TC_ENCAP, COUNTERS_LEN, DpConfig, DpFamily, DpPath, LOCAL_MAX, LocalEndpoint,
-    PEERS_MAX, PathCounter, PeerNode, REMOTE_DIRECT, REMOTE_MAX, RemoteNode, TCX_NEXT,
-    VXLAN_OVERHEAD, counter_index,
+    PEERS_MAX, PathCounter, PeerNode, REMOTE_DIRECT, REMOTE_MAX, REMOTE_VXLAN6, RemoteNode,
+    TCX_NEXT, VXLAN_OVERHEAD, counter_index,
 };
 
 #[btf_map(name = "mycni_counters")]
@@ -82,7 +91,8 @@ static LOCAL: HashMap<[u8; 4], LocalEndpoint, { LOCAL_MAX as usize }> = HashMap:
 static PEERS: HashMap<[u8; 4], PeerNode, { PEERS_MAX as usize }> = HashMap::new();
 
 /// Peer IPv6 podCIDRs, mirrored from the agent's IPv6 routes on `vxlan.1`
-/// (the same peers, reached over the same IPv4 underlay).
+/// (the same peers, reached over the same IPv4 underlay) and on `vxlan6.1`
+/// (peers over the IPv6 underlay, flagged `REMOTE_VXLAN6`).
 #[btf_map(name = "mycni_remote6")]
 static REMOTE6: LpmTrie<[u8; 16], RemoteNode, { REMOTE_MAX as usize }> = LpmTrie::new();
 
@@ -148,6 +158,7 @@ unsafe extern "C" {
 #[repr(u32)]
 enum From {
     Pod,
+    /// Decapsulated by the kernel on `vxlan.1` or `vxlan6.1`.
     Vxlan,
     /// VXLAN on the underlay (inspected behind the outer headers).
     Underlay,
@@ -173,7 +184,8 @@ fn mycni_from_pod(ctx: TcContext) -> i32 {
     run(&ctx, From::Pod)
 }
 
-/// Decapsulated traffic from other nodes, on ingress of `vxlan.1`.
+/// Decapsulated traffic from other nodes, on ingress of `vxlan.1` and
+/// `vxlan6.1`.
 #[classifier]
 fn mycni_from_vxlan(ctx: TcContext) -> i32 {
     run(&ctx, From::Vxlan)
@@ -193,8 +205,19 @@ fn run(ctx: &TcContext, from: From) -> i32 {
     // the inner one once it looks into a packet (see `DpFamily`).
     let mut family = family_at(ctx, 0);
     let (path, verdict) = match CONFIG.get(0) {
-        Some(cfg) if cfg.vxlan_ifindex != 0 => match from {
+        Some(cfg) if cfg.vxlan_ifindex != 0 || cfg.vxlan6_ifindex != 0 => match from {
             From::Underlay => from_underlay(ctx, cfg, &mut family),
+            // The same checks on vxlan6.1 as on vxlan.1, counted apart by
+            // the device it arrived on. (A `From` of its own would inline
+            // `forward` twice into this program.)
+            From::Vxlan => match forward(ctx, from, cfg) {
+                (DpPath::FastDecap, v)
+                    if cfg.vxlan6_ifindex != 0 && ingress(ctx) == cfg.vxlan6_ifindex =>
+                {
+                    (DpPath::FastVxlan6Decap, v)
+                }
+                r => r,
+            },
             _ => forward(ctx, from, cfg),
         },
         _ => (DpPath::KernelNoConfig, TCX_NEXT),
@@ -544,7 +567,8 @@ fn is_ext_header(nexthdr: u8) -> bool {
     )
 }
 
-/// The host veth a packet from a pod arrived on.
+/// The device a packet arrived on: a pod's host veth, or `vxlan.1` /
+/// `vxlan6.1` for what the kernel decapsulated.
 #[inline(always)]
 fn ingress(ctx: &TcContext) -> u32 {
     // SAFETY: a plain read of the context, which the verifier allows.
@@ -639,6 +663,7 @@ fn forward(ctx: &TcContext, from: From, cfg: &DpConfig) -> (DpPath, i32) {
     };
     let r = match next {
         Next::Local(ep) => deliver(ctx, from, &ip, &ep),
+        Next::Remote(node) if node.flags & REMOTE_VXLAN6 != 0 => via_vxlan6(ctx, cfg, &ip, &node),
         // An IPv4 underlay cannot carry IPv6 unencapsulated; the agent marks
         // no IPv6 podCIDR direct, so this is a map the kernel does not back.
         Next::Remote(node) if node.flags & REMOTE_DIRECT != 0 && ip.v6 => {
@@ -687,6 +712,11 @@ fn via_vxlan(
     node: &RemoteNode,
     why: DpPath,
 ) -> Result<DpPath, DpPath> {
+    // No vxlan.1 (a node with an IPv6 underlay only): then the kernel has
+    // no route through it either, and the entry is one it does not back.
+    if cfg.vxlan_ifindex == 0 {
+        return Err(DpPath::KernelUnknownDest);
+    }
     dec_ttl(ctx, ETH_HLEN, ip)?;
     set_macs(ctx, 0, node.vtep_mac, cfg.vtep_mac)?;
     // SAFETY: a helper call; it only sets the redirect target.
@@ -694,6 +724,52 @@ fn via_vxlan(
         return Err(DpPath::KernelError);
     }
     Ok(why)
+}
+
+/// To a remote pod of a peer over the IPv6 underlay, through `vxlan6.1`,
+/// whose FDB maps the peer's `vxlan6.1` MAC to its IPv6 host address: the
+/// kernel encapsulates, in an IPv6 outer header.
+#[inline(always)]
+fn via_vxlan6(
+    ctx: &TcContext,
+    cfg: &DpConfig,
+    ip: &Ip,
+    node: &RemoteNode,
+) -> Result<DpPath, DpPath> {
+    // An entry ahead of the config (vxlan6.1 just gone): the kernel's.
+    if cfg.vxlan6_ifindex == 0 {
+        return Err(DpPath::KernelUnknownDest);
+    }
+    // The kernel's forwarding checks the packet against vxlan6.1's MTU and
+    // answers "packet too big"; a redirect would skip that and hand
+    // vxlan6.1 what the underlay cannot carry. Only the MTU the helper
+    // reads back is used: its own verdict is on the whole skb (Ethernet
+    // padding counted, any GSO aggregate passed), and BPF_MTU_CHK_SEGS
+    // fails where the transport header is not set.
+    let mut mtu: u32 = 0;
+    // SAFETY: the helper reads the device's MTU and writes it to `mtu`.
+    if unsafe { bpf_check_mtu(ctx.as_ptr(), cfg.vxlan6_ifindex, &mut mtu, 0, 0) } < 0 {
+        // The device is gone (-ENODEV) under a config that names it.
+        return Err(DpPath::KernelError);
+    }
+    // SAFETY: a plain read of the context.
+    let gso_size = unsafe { (*skb(ctx)).gso_size };
+    // What one packet on the wire carries, as in `encap_plan`.
+    let seg = if gso_size != 0 {
+        ip.hdr_len + gso_size
+    } else {
+        ip.tot_len
+    };
+    if seg > mtu {
+        return Err(DpPath::KernelVxlan6Mtu);
+    }
+    dec_ttl(ctx, ETH_HLEN, ip)?;
+    set_macs(ctx, 0, node.vtep_mac, cfg.vtep6_mac)?;
+    // SAFETY: a helper call; it only sets the redirect target.
+    if unsafe { bpf_redirect(cfg.vxlan6_ifindex, 0) } != TC_ACT_REDIRECT as i64 {
+        return Err(DpPath::KernelError);
+    }
+    Ok(DpPath::FastVxlan6)
 }
 
 /// To a pod of a direct-routed peer: forwarded as the kernel would, by its

@@ -187,9 +187,10 @@ impl Loop {
         let mut failed = self.kernel.apply(index, underlay, &actions).await;
         // vxlan6.1 after vxlan.1: a peer moving from it to vxlan.1 has its
         // routes replaced there first, and is then no longer here.
+        let mut state6 = None;
         if let Some(i6) = index6 {
             let want6 = reconcile::desired_underlay6(&peers6);
-            let have6 = netlink_timed(NetlinkOp::Dump, self.kernel.dump_vxlan6(i6)).await?;
+            let mut have6 = netlink_timed(NetlinkOp::Dump, self.kernel.dump_vxlan6(i6)).await?;
             let actions6 = reconcile::diff(&want6, &have6);
             if !actions6.is_empty() {
                 tracing::info!(
@@ -199,6 +200,9 @@ impl Loop {
                 );
             }
             failed += self.kernel.apply_vxlan6(i6, &actions6).await;
+            // What the fast path mirrors, used only when nothing failed.
+            reconcile::apply(&mut have6, &actions6);
+            state6 = Some((i6, have6));
         }
         // After the kernel, not before: the set is rewritten through `nft`
         // (tens of ms with 5,000 peers), which would otherwise delay every
@@ -225,8 +229,16 @@ impl Loop {
                 } else {
                     None
                 };
+                let vxlan6 = state6
+                    .as_ref()
+                    .zip(self.vx6.as_ref())
+                    .map(|((i6, o6), vx6)| crate::fastpath::Vxlan6State {
+                        ifindex: *i6,
+                        mac: vx6.mac,
+                        overlay: o6,
+                    });
                 self.fast
-                    .sync(index, &self.vx, &have, pods.as_ref())
+                    .sync(index, &self.vx, &have, pods.as_ref(), vxlan6)
                     .context("syncing the eBPF maps")?;
             }
             self.kernel_cache = Some(have);

@@ -7,21 +7,23 @@
 //! underlay, a deleted `vxlan6.1` comes back with its MAC, and `uninstall`
 //! removes it.
 //!
-//! What this does not show yet: peer routes through `vxlan6.1`. Every lab
-//! node has an IPv4 underlay too, and a peer reached over both goes over
-//! IPv4 (see `kernel.rs`); the FDB entry and neighbour are made by hand
-//! here, as the agent will for a peer without IPv4 host address.
+//! Peer routes through `vxlan6.1`: every lab node has an IPv4 underlay
+//! too, and a peer reached over both goes over IPv4 (see `kernel.rs`), so
+//! the tests make peers announce no IPv4 host address, as IPv6-only nodes
+//! do; between two such real nodes the fast path takes their pods' TCP
+//! through `vxlan6.1` both ways.
 
-use std::net::{Ipv6Addr, SocketAddr, UdpSocket};
+use std::io::{Read, Write};
+use std::net::{Ipv6Addr, SocketAddr, TcpStream, UdpSocket};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use mycni_lab::{Lab, Stack};
+use mycni_lab::{ECHO_PORT, Lab, Stack};
 use mycni_testkit::{in_netns, sh};
 
 mod common;
 
-use common::wait_until;
+use common::{delta, wait_until};
 
 /// Node `i`'s IPv6 host address (the underlay bridge has `fd00:77::1`).
 fn host6(i: usize) -> Ipv6Addr {
@@ -444,12 +446,49 @@ fn vtep6(l: &Lab, i: usize) -> Result<String> {
         .with_context(|| format!("no IPv6 VTEP in {t}"))
 }
 
+/// Sends `bytes` of a known pattern over one TCP connection from the pod
+/// netns `ns` to the echo server at `to` and checks every byte that comes
+/// back.
+fn echo_intact(ns: &str, to: SocketAddr, bytes: usize) -> Result<()> {
+    in_netns(ns, move || -> Result<()> {
+        let mut c = TcpStream::connect_timeout(&to, Duration::from_secs(2))?;
+        c.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let mut r = c.try_clone()?;
+        let reader = std::thread::spawn(move || -> Result<()> {
+            let mut buf = vec![0u8; 65536];
+            let mut seen = 0usize;
+            while seen < bytes {
+                let n = r.read(&mut buf)?;
+                ensure!(n > 0, "connection closed after {seen} bytes");
+                for (k, b) in buf[..n].iter().enumerate() {
+                    let want = ((seen + k) % 251) as u8;
+                    ensure!(*b == want, "byte {} is {b}, sent {want}", seen + k);
+                }
+                seen += n;
+            }
+            Ok(())
+        });
+        // Chunks a multiple of 251 long, so each starts the pattern anew.
+        let chunk: Vec<u8> = (0..251 * 256).map(|k| (k % 251) as u8).collect();
+        let mut sent = 0;
+        while sent < bytes {
+            let n = (bytes - sent).min(chunk.len());
+            c.write_all(&chunk[..n])?;
+            sent += n;
+        }
+        reader
+            .join()
+            .map_err(|_| anyhow::anyhow!("reader panicked"))?
+    })?
+}
+
 /// Two real nodes announcing no IPv4 host address (as IPv6-only nodes
 /// would; their agents still have an IPv4 underlay, which the lab cannot
 /// do without yet): each sends to the other's IPv6 side through
 /// `vxlan6.1` over the IPv6 underlay, and takes the other's in through its
-/// own past its ip6 filter. Their IPv4 sides are gone: IPv4 pods are not
-/// carried over an IPv6 underlay.
+/// own past its ip6 filter; the fast path hands their pods' TCP to
+/// `vxlan6.1` and takes it from there into the pod, data intact. Their
+/// IPv4 sides are gone: IPv4 pods are not carried over an IPv6 underlay.
 #[test]
 fn nodes_without_ipv4_host_address_reach_each_other_over_vxlan6() -> Result<()> {
     let t = common::lab_stack(2, 1, Stack::Dual, &[])?;
@@ -509,10 +548,7 @@ fn nodes_without_ipv4_host_address_reach_each_other_over_vxlan6() -> Result<()> 
         ],
     )
     .with_context(|| state(l))?;
-    // And pod to pod, with the fast path on where the lab has it: the
-    // programs know no IPv6-only peer (mycni_remote6 mirrors vxlan.1), so
-    // they leave these packets to the kernel, which sends them through
-    // vxlan6.1, not tc-encapsulated over IPv4.
+    // And pod to pod: ICMPv6 is the kernel's, through vxlan6.1.
     let pods = l.pods()?;
     let (p1, p2) = (
         pods.iter().find(|p| p.node == 1).context("pod on node 1")?,
@@ -542,6 +578,49 @@ fn nodes_without_ipv4_host_address_reach_each_other_over_vxlan6() -> Result<()> 
         ensure!(
             tx >= 6 && rx >= 6,
             "node {i}'s vxlan6.1: {tx} sent, {rx} received"
+        );
+    }
+
+    // TCP, with the fast path: mycni_remote6 mirrors vxlan6.1's peers, so
+    // the programs hand established segments to vxlan6.1 themselves
+    // (fast_vxlan6) and deliver what it decapsulates (fast_vxlan6_decap),
+    // both ways of the echo. The pods were made before vxlan6.1 existed,
+    // with the IPv4 overlay's MTU: their first full segments are over
+    // vxlan6.1's and go to the kernel (kernel_vxlan6_mtu), whose "packet
+    // too big" lowers the path MTU.
+    for i in 1..=2 {
+        ensure!(
+            l.readyz(i)?.contains("datapath ebpf"),
+            "node {i} runs no fast path: {}",
+            l.readyz(i)?
+        );
+    }
+    let (b1, b2) = (l.counters(1)?, l.counters(2)?);
+    let to = SocketAddr::from((p2.ip6.context("pod 2 has no IPv6")?, ECHO_PORT));
+    echo_intact(&p1.ns, to, 4 << 20)
+        .context("4 MB echoed over vxlan6.1")
+        .with_context(|| state(l))?;
+    let (a1, a2) = (l.counters(1)?, l.counters(2)?);
+    eprintln!(
+        "node 1: fast_vxlan6 +{}, fast_vxlan6_decap +{}, kernel_vxlan6_mtu +{}, kernel_unknown_dest +{}; node 2: fast_vxlan6 +{}, fast_vxlan6_decap +{}, kernel_vxlan6_mtu +{}",
+        delta(&a1, &b1, "fast_vxlan6"),
+        delta(&a1, &b1, "fast_vxlan6_decap"),
+        delta(&a1, &b1, "kernel_vxlan6_mtu"),
+        delta(&a1, &b1, "kernel_unknown_dest"),
+        delta(&a2, &b2, "fast_vxlan6"),
+        delta(&a2, &b2, "fast_vxlan6_decap"),
+        delta(&a2, &b2, "kernel_vxlan6_mtu"),
+    );
+    for (i, a, b) in [(1, &a1, &b1), (2, &a2, &b2)] {
+        // 4 MB each way, in GSO aggregates of up to 64 KB: at least 64
+        // packets each way, all but the first few fast (111 and 138 seen).
+        ensure!(
+            delta(a, b, "fast_vxlan6") >= 40 && delta(a, b, "fast_vxlan6_decap") >= 40,
+            "node {i}: not through vxlan6.1 on the fast path: {a:?}"
+        );
+        ensure!(
+            delta(a, b, "kernel_unknown_dest") < 10,
+            "node {i}: remote pods unknown to the fast path: {a:?}"
         );
     }
     Ok(())

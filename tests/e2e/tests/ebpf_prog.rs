@@ -20,8 +20,10 @@
 //!
 //! The topology and the maps are here; the node and its programs in
 //! `node`, the packets in `frames`, the real flows in `flows`, and the cases
-//! in `fast_path` (the kernel's fast path and what it leaves alone) and
-//! `encap` (datapath v2: encapsulation and decapsulation in tc).
+//! in `fast_path` (the kernel's fast path and what it leaves alone),
+//! `encap` (datapath v2: encapsulation and decapsulation in tc), `ipv6`
+//! and `vxlan6` (the peer's IPv6 pods over an IPv6 underlay, through
+//! `vxlan6.1`).
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
@@ -54,6 +56,8 @@ mod frames;
 mod ipv6;
 #[path = "ebpf_prog/node.rs"]
 mod node;
+#[path = "ebpf_prog/vxlan6.rs"]
+mod vxlan6;
 
 use flows::*;
 use frames::*;
@@ -84,6 +88,14 @@ const UL_STRANGER: Ipv4Addr = Ipv4Addr::new(192, 168, 0, 3);
 const UL_PEER_MAC: [u8; 6] = [0x02, 0x55, 0x00, 0x00, 0x00, 0x02];
 const VTEP_MAC: [u8; 6] = [0x02, 0x00, 0x00, 0x00, 0x01, 0x01];
 const PEER_VTEP_MAC: [u8; 6] = [0x02, 0x00, 0x00, 0x00, 0x02, 0x01];
+/// The IPv6 underlay (see [`Node::with_underlay6`]): this node's IPv6 host
+/// address, the peer's, both `vxlan6.1` MACs and that device's MTU (a
+/// 1500-byte underlay less the 70 bytes of VXLAN over IPv6).
+const UL6_HOST: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x77, 0, 0, 0, 0, 0, 1);
+const UL6_PEER: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x77, 0, 0, 0, 0, 0, 2);
+const VTEP6_MAC: [u8; 6] = [0x02, 0x00, 0x00, 0x00, 0x61, 0x01];
+const PEER_VTEP6_MAC: [u8; 6] = [0x02, 0x00, 0x00, 0x00, 0x62, 0x01];
+const VXLAN6_MTU: u32 = 1430;
 const POD_A_MAC: [u8; 6] = [0x02, 0xaa, 0x00, 0x00, 0x00, 0x05];
 const HOST_A_MAC: [u8; 6] = [0x02, 0xee, 0x00, 0x00, 0x00, 0x05];
 const POD_B_MAC: [u8; 6] = [0x02, 0xaa, 0x00, 0x00, 0x00, 0x09];
@@ -148,6 +160,9 @@ fn config() -> DpConfig {
         port_max: 60999,
         ttl: 64,
         flags: 0,
+        vxlan6_ifindex: 0,
+        vtep6_mac: [0; 6],
+        _pad6: [0; 2],
     }
 }
 

@@ -87,12 +87,13 @@ fn reattach_swaps_program_in_pinned_link() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// An upgrade from the counters' layout before address families (one
-/// 32-entry row) to one row per family: the new agent cannot reuse the pin,
-/// rebuilds the map and runs the fast path; `inspect` (and the metrics)
-/// meanwhile refuse the old map by name rather than misread it.
+/// Upgrades from the counters' older layouts: one 32-entry row (before
+/// address families), and three rows of 32 (before the `vxlan6.1` paths).
+/// The new agent cannot reuse the pin, rebuilds the map and runs the fast
+/// path; `inspect` (and the metrics) meanwhile refuse the old map by name
+/// rather than misread it.
 #[test]
-fn counters_pinned_by_an_agent_without_families_are_rebuilt() -> anyhow::Result<()> {
+fn counters_pinned_by_an_older_agent_are_rebuilt() -> anyhow::Result<()> {
     use mycni_agent::ebpf::{DatapathError, read_family_counters};
     use mycni_agent::fastpath::{FastPath, Mode};
     use mycni_agent::metrics::Metrics;
@@ -103,57 +104,63 @@ fn counters_pinned_by_an_agent_without_families_are_rebuilt() -> anyhow::Result<
     let object = embedded_object().ok_or_else(|| {
         anyhow::anyhow!("agent built without eBPF object: run via `cargo xtask test`")
     })?;
-    let bpffs = BpfFs::new()?;
-    let pin = bpffs.path().join(COUNTERS_MAP);
-    let old_len = DpPath::COUNT.to_string();
-    sh(
-        "bpftool",
-        &[
-            "map",
-            "create",
-            &pin.to_string_lossy(),
-            "type",
-            "percpu_array",
-            "key",
-            "4",
-            "value",
-            "16",
-            "entries",
-            &old_len,
-            "name",
-            COUNTERS_MAP,
-        ],
-    )?;
-    match read_family_counters(bpffs.path()) {
-        Err(e @ DatapathError::CounterLayout { entries, .. }) if entries == DpPath::COUNT => {
-            eprintln!("old layout refused: {e}");
+    for (what, old_len) in [("without families", 32u32), ("without vxlan6.1", 3 * 32)] {
+        anyhow::ensure!(old_len != COUNTERS_LEN);
+        let bpffs = BpfFs::new()?;
+        let pin = bpffs.path().join(COUNTERS_MAP);
+        sh(
+            "bpftool",
+            &[
+                "map",
+                "create",
+                &pin.to_string_lossy(),
+                "type",
+                "percpu_array",
+                "key",
+                "4",
+                "value",
+                "16",
+                "entries",
+                &old_len.to_string(),
+                "name",
+                COUNTERS_MAP,
+            ],
+        )?;
+        match read_family_counters(bpffs.path()) {
+            Err(e @ DatapathError::CounterLayout { entries, .. }) if entries == old_len => {
+                eprintln!("{what}: old layout refused: {e}");
+            }
+            other => anyhow::bail!("{what}: the {old_len}-entry map was read: {other:?}"),
         }
-        other => anyhow::bail!("the 32-entry map was read: {other:?}"),
-    }
 
-    let proc_sys = tempfile::tempdir()?;
-    let metrics = Arc::new(Metrics::default());
-    let fp = FastPath::start(
-        Mode::Ebpf,
-        true,
-        Some(object),
-        false,
-        bpffs.path(),
-        proc_sys.path(),
-        metrics.clone(),
-    );
-    anyhow::ensure!(fp.active(), "not loaded: {}", fp.describe());
-    anyhow::ensure!(metrics.ebpf_load_failures.load(Ordering::Relaxed) == 0);
-    let counters = read_family_counters(bpffs.path())?;
-    anyhow::ensure!(counters.len() == COUNTERS_LEN as usize);
-    anyhow::ensure!(counters.iter().any(|(f, _, _)| *f == DpFamily::Ipv6));
-    let shown = sh(
-        "bpftool",
-        &["map", "show", "pinned", &pin.to_string_lossy()],
-    )?;
-    anyhow::ensure!(
-        shown.contains(&format!("max_entries {COUNTERS_LEN}")),
-        "{shown}"
-    );
+        let proc_sys = tempfile::tempdir()?;
+        let metrics = Arc::new(Metrics::default());
+        let fp = FastPath::start(
+            Mode::Ebpf,
+            true,
+            Some(object),
+            false,
+            bpffs.path(),
+            proc_sys.path(),
+            metrics.clone(),
+        );
+        anyhow::ensure!(fp.active(), "{what}: not loaded: {}", fp.describe());
+        anyhow::ensure!(metrics.ebpf_load_failures.load(Ordering::Relaxed) == 0);
+        let counters = read_family_counters(bpffs.path())?;
+        anyhow::ensure!(counters.len() == COUNTERS_LEN as usize);
+        anyhow::ensure!(
+            counters
+                .iter()
+                .any(|(f, p, _)| *f == DpFamily::Ipv6 && *p == DpPath::KernelVxlan6Mtu)
+        );
+        let shown = sh(
+            "bpftool",
+            &["map", "show", "pinned", &pin.to_string_lossy()],
+        )?;
+        anyhow::ensure!(
+            shown.contains(&format!("max_entries {COUNTERS_LEN}")),
+            "{what}: {shown}"
+        );
+    }
     Ok(())
 }

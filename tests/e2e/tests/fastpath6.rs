@@ -232,6 +232,9 @@ impl Node {
             port_max,
             ttl: 64,
             flags: CFG_TC_ENCAP | CFG_TC_DECAP,
+            vxlan6_ifindex: 0,
+            vtep6_mac: [0; 6],
+            _pad6: [0; 2],
         };
         let local: BTreeMap<Ipv6Addr, LocalEndpoint> = self
             .pods

@@ -18,20 +18,20 @@ const GATEWAY6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
 
 /// A flow's direction over IPv6.
 #[derive(Debug, Clone, Copy)]
-struct Flow6 {
-    src: SocketAddrV6,
-    dst: SocketAddrV6,
+pub(crate) struct Flow6 {
+    pub(crate) src: SocketAddrV6,
+    pub(crate) dst: SocketAddrV6,
 }
 
 impl Flow6 {
-    fn rev(self) -> Self {
+    pub(crate) fn rev(self) -> Self {
         Self {
             src: self.dst,
             dst: self.src,
         }
     }
 
-    fn with_sport(self, port: u16) -> Self {
+    pub(crate) fn with_sport(self, port: u16) -> Self {
         let mut f = self;
         f.src.set_port(port);
         f
@@ -61,7 +61,7 @@ fn csum6(nexthdr: u8, src: Ipv6Addr, dst: Ipv6Addr, l4: &[u8]) -> u16 {
     csum(&buf)
 }
 
-fn tcp6(flow: Flow6, flags: u8, payload: &[u8]) -> Vec<u8> {
+pub(crate) fn tcp6(flow: Flow6, flags: u8, payload: &[u8]) -> Vec<u8> {
     let (src, dst) = (*flow.src.ip(), *flow.dst.ip());
     let seg = tcp_segment(flow.src.port(), flow.dst.port(), flags, payload, |seg| {
         csum6(IPPROTO_TCP, src, dst, seg)
@@ -106,11 +106,11 @@ fn with_ext(ext: u8, flow: Flow6) -> Vec<u8> {
     ipv6(ext, *flow.src.ip(), *flow.dst.ip(), &payload)
 }
 
-fn from_a6(ip: &[u8]) -> Vec<u8> {
+pub(crate) fn from_a6(ip: &[u8]) -> Vec<u8> {
     eth(HOST_A_MAC, POD_A_MAC, ETH_P_IPV6, ip)
 }
 
-fn from_b6(ip: &[u8]) -> Vec<u8> {
+pub(crate) fn from_b6(ip: &[u8]) -> Vec<u8> {
     eth(HOST_B_MAC, POD_B_MAC, ETH_P_IPV6, ip)
 }
 
@@ -119,7 +119,7 @@ fn from_peer6(ip: &[u8]) -> Vec<u8> {
     eth(VTEP_MAC, PEER_VTEP_MAC, ETH_P_IPV6, ip)
 }
 
-fn with_hop(frame: &[u8], hop: u8) -> Vec<u8> {
+pub(crate) fn with_hop(frame: &[u8], hop: u8) -> Vec<u8> {
     let mut f = frame.to_vec();
     f[HOP] = hop;
     f
@@ -128,7 +128,7 @@ fn with_hop(frame: &[u8], hop: u8) -> Vec<u8> {
 /// `frame` as a router forwards it: new MACs (dst, src), hop limit one
 /// less; IPv6 has no header checksum and the hop limit is in no
 /// pseudo-header, so nothing else changes.
-fn routed6(frame: &[u8], macs: ([u8; 6], [u8; 6])) -> Vec<u8> {
+pub(crate) fn routed6(frame: &[u8], macs: ([u8; 6], [u8; 6])) -> Vec<u8> {
     let mut f = frame.to_vec();
     f[..6].copy_from_slice(&macs.0);
     f[6..12].copy_from_slice(&macs.1);
@@ -162,16 +162,16 @@ fn v6(a: std::net::SocketAddr) -> Result<SocketAddrV6> {
 }
 
 /// An open IPv6 TCP connection (ESTABLISHED in conntrack while open).
-struct TcpConn6 {
+pub(crate) struct TcpConn6 {
     _client: TcpStream,
     _server: TcpStream,
     /// Client to server as the client sent it (before any DNAT).
-    flow: Flow6,
+    pub(crate) flow: Flow6,
     /// Server to client as the server sent it (after DNAT, its reply tuple).
-    reply: Flow6,
+    pub(crate) reply: Flow6,
 }
 
-fn tcp_conn6(src: Ipv6Addr, dst: Ipv6Addr, listener: &TcpListener) -> Result<TcpConn6> {
+pub(crate) fn tcp_conn6(src: Ipv6Addr, dst: Ipv6Addr, listener: &TcpListener) -> Result<TcpConn6> {
     tcp_conn6_to(src, SocketAddrV6::new(dst, SERVER_PORT, 0, 0), listener)
 }
 
@@ -194,7 +194,7 @@ fn tcp_conn6_to(src: Ipv6Addr, dst: SocketAddrV6, listener: &TcpListener) -> Res
     })
 }
 
-fn listen6(ip: Ipv6Addr) -> Result<TcpListener> {
+pub(crate) fn listen6(ip: Ipv6Addr) -> Result<TcpListener> {
     Ok(TcpListener::bind(SocketAddrV6::new(ip, SERVER_PORT, 0, 0))?)
 }
 
@@ -208,7 +208,7 @@ fn ct_addr(a: &Ipv6Addr) -> String {
         .join(":")
 }
 
-fn ensure_ct6(flow: Flow6, mark: &str) -> Result<()> {
+pub(crate) fn ensure_ct6(flow: Flow6, mark: &str) -> Result<()> {
     let table = std::fs::read_to_string("/proc/thread-self/net/nf_conntrack")?;
     let key = format!(
         "src={} dst={} sport={} dport={} ",
@@ -226,7 +226,7 @@ fn ensure_ct6(flow: Flow6, mark: &str) -> Result<()> {
 }
 
 /// [`Dp::fast`] for IPv6: forwarded under `want`, as a router would.
-fn fast6(
+pub(crate) fn fast6(
     dp: &Dp,
     what: &str,
     prog: Prog,

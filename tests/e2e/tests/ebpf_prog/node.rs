@@ -91,6 +91,47 @@ impl Node {
         Ok(self)
     }
 
+    /// Adds the IPv6 underlay: `ul6` (UL6_HOST/64, one end of a veth pair
+    /// whose other end `ul6p` only listens) with the peer's MAC as a
+    /// permanent neighbour of its IPv6 host address, and a `vxlan6.1` over
+    /// it set up as the agent does (MTU = `ul6`'s less 70), with the FDB
+    /// entry sending the peer's `vxlan6.1` MAC to that address.
+    pub(crate) fn with_underlay6(self) -> Result<Self> {
+        let vtep6 = Mac(VTEP6_MAC).to_string();
+        let peer_vtep6 = Mac(PEER_VTEP6_MAC).to_string();
+        let peer_mac = Mac(UL_PEER_MAC).to_string();
+        for args in [
+            "link add ul6 type veth peer name ul6p",
+            &format!("-6 addr add {UL6_HOST}/64 dev ul6 nodad"),
+            "link set ul6 up",
+            "link set ul6p up",
+            &format!("-6 neigh replace {UL6_PEER} lladdr {peer_mac} dev ul6 nud permanent"),
+            &format!(
+                "link add vxlan6.1 address {vtep6} mtu {VXLAN6_MTU} type vxlan id 1 dev ul6 \
+                 local {UL6_HOST} dstport {VXLAN_PORT} nolearning"
+            ),
+            "link set vxlan6.1 up",
+        ] {
+            let args: Vec<&str> = args.split_whitespace().collect();
+            self.ns.exec("ip", &args)?;
+        }
+        self.ns.exec(
+            "bridge",
+            &[
+                "fdb",
+                "add",
+                &peer_vtep6,
+                "dev",
+                "vxlan6.1",
+                "dst",
+                &UL6_PEER.to_string(),
+                "self",
+                "permanent",
+            ],
+        )?;
+        Ok(self)
+    }
+
     /// Also DNATs the Service IPs, like kube-proxy, to pods R and B.
     pub(crate) fn with_services(self) -> Result<Self> {
         self.ns
