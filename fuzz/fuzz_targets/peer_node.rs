@@ -119,7 +119,7 @@ fuzz_target!(|data: &[u8]| {
         .and_then(|f| check_cidr(f))
         .unwrap_or_else(default_cluster);
     let cluster = ClusterCidrs {
-        v4,
+        v4: Some(v4),
         v6: Cidr6::parse_network("fd00:10:244::/56").ok(),
     };
     let own = PodCidrs {

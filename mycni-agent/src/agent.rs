@@ -29,7 +29,10 @@ pub struct Config {
     pub pod_name: Option<String>,
     pub pod_namespace: Option<String>,
     pub kubeconfig: Option<PathBuf>,
-    pub cluster_cidr: Cidr,
+    /// The cluster's IPv4 pod CIDR; None: an IPv6-only cluster (no
+    /// `vxlan.1`, every IPv4 podCIDR ignored). At least one of the two is
+    /// set ([`ClusterCidrs::new`] at parse).
+    pub cluster_cidr: Option<Cidr>,
     /// The cluster's IPv6 pod CIDR; None: the agent does no IPv6 (every
     /// IPv6 podCIDR, its own and its peers', is ignored).
     pub cluster_cidr6: Option<Cidr6>,
@@ -98,6 +101,10 @@ pub struct RunOptions {
 }
 
 pub use mycni_common::VXLAN_OVERHEAD;
+
+/// What an IPv6-only node says where an operator looks (logs, readiness,
+/// `inspect`): it has no `vxlan.1`, by design.
+pub const IPV6_ONLY: &str = "no IPv4 underlay: IPv6-only node";
 pub use mycni_common::contract::{CONFLIST_NAME, NETWORK_NAME};
 
 fn node_view(n: &Node) -> NodeView {
@@ -176,7 +183,9 @@ pub fn ready_file(cfg: &Config) -> PathBuf {
 /// The conflist for this node, in the contract's shape the plugin parses:
 /// its IPAM gets the IPv4 podCIDR (the primary family, as the overlay's)
 /// and, on a dual-stack node, the IPv6 one. A single-family node's is the
-/// same bytes as before dual-stack.
+/// same bytes as before dual-stack. An IPv6-only node's (no IPv4
+/// podCIDR) names `vxlan6.1`, its one VXLAN device, for the plugin's
+/// STATUS to look for.
 pub fn conflist(cfg: &Config, pod_cidrs: impl Into<PodCidrs>, mtu: u32) -> Conflist {
     let pod_cidrs = pod_cidrs.into();
     let ranges: Vec<mycni_common::net::Cidr> = pod_cidrs
@@ -191,7 +200,11 @@ pub fn conflist(cfg: &Config, pod_cidrs: impl Into<PodCidrs>, mtu: u32) -> Confl
         mtu,
         ready_file: ready_file(cfg),
         plugin_type: contract::PLUGIN_TYPE.into(),
-        vxlan_device: cfg.vxlan_name.clone(),
+        vxlan_device: if pod_cidrs.v4.is_none() && pod_cidrs.v6.is_some() {
+            cfg.vxlan6_name.clone()
+        } else {
+            cfg.vxlan_name.clone()
+        },
     })
 }
 

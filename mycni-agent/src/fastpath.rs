@@ -203,11 +203,12 @@ impl FastPath {
     /// Brings maps and attachments in line with the kernel. `overlay` is what
     /// the kernel holds on `vxlan.1` after this pass; `pods` (read on full
     /// passes) the pods the plugin set up; `vxlan6` the same for `vxlan6.1`
-    /// on a node with an IPv6 underlay.
+    /// on a node with an IPv6 underlay. `vx` is None on a node without
+    /// `vxlan.1` (IPv6-only), whose `overlay` is empty.
     pub fn sync(
         &mut self,
         vxlan: u32,
-        vx: &VxlanSpec,
+        vx: Option<&VxlanSpec>,
         overlay: &OverlayState,
         pods: Option<&PodEndpoints>,
         vxlan6: Option<Vxlan6State<'_>>,
@@ -329,10 +330,12 @@ impl FastPath {
             }
             self.local6 = local6;
 
-            let underlay = self
-                .tc_encap
-                .then_some((Prog::FromUnderlay, vx.underlay_index));
-            let want: BTreeSet<(Prog, u32)> = std::iter::once((Prog::FromVxlan, vxlan))
+            let underlay = vx
+                .filter(|_| self.tc_encap)
+                .map(|v| (Prog::FromUnderlay, v.underlay_index));
+            let want: BTreeSet<(Prog, u32)> = vx
+                .map(|_| (Prog::FromVxlan, vxlan))
+                .into_iter()
                 // What vxlan6.1 decapsulates, as what vxlan.1 does.
                 .chain(vxlan6.map(|v| (Prog::FromVxlan, v.ifindex)))
                 .chain(underlay)
@@ -378,8 +381,11 @@ impl FastPath {
     /// What the programs need to know of this node. The encapsulation
     /// fields are those `vxlan.1` sends with: VNI, port and local address
     /// from its spec; TTL and source ports from the sysctls the device
-    /// falls back to when it sets neither (the agent sets neither).
-    fn config(&self, vxlan: u32, vx: &VxlanSpec, vxlan6: Option<&Vxlan6State>) -> DpConfig {
+    /// falls back to when it sets neither (the agent sets neither). No
+    /// `vxlan.1` (an IPv6-only node): no encapsulation, no IPv4 host, and
+    /// every packet for a remote pod that `vxlan6.1` does not take is the
+    /// kernel's.
+    fn config(&self, vxlan: u32, vx: Option<&VxlanSpec>, vxlan6: Option<&Vxlan6State>) -> DpConfig {
         let (port_min, port_max) = read_port_range(&self.proc_sys);
         let ttl = std::fs::read_to_string(self.proc_sys.join("net/ipv4/ip_default_ttl"))
             .ok()
@@ -396,16 +402,19 @@ impl FastPath {
                 &self.proc_sys,
                 "net/netfilter/nf_conntrack_udp_timeout_stream",
             ),
-            vtep_mac: vx.mac.0,
+            vtep_mac: vx.map_or([0; 6], |v| v.mac.0),
             _pad: [0; 2],
-            underlay_ifindex: if self.tc_encap { vx.underlay_index } else { 0 },
-            host_ip: u32::from_ne_bytes(vx.local_ip.octets()),
-            vni: vx.vni,
-            vxlan_port: vx.port,
+            underlay_ifindex: match vx {
+                Some(v) if self.tc_encap => v.underlay_index,
+                _ => 0,
+            },
+            host_ip: vx.map_or(0, |v| u32::from_ne_bytes(v.local_ip.octets())),
+            vni: vx.map_or(0, |v| v.vni),
+            vxlan_port: vx.map_or(0, |v| v.port),
             port_min,
             port_max,
             ttl,
-            flags: if self.tc_encap {
+            flags: if self.tc_encap && vx.is_some() {
                 CFG_TC_ENCAP | CFG_TC_DECAP
             } else {
                 0

@@ -56,14 +56,21 @@ pub fn render(pin_dir: &Path) -> Result<String> {
 
 /// Renders the fast path of this network namespace as the kernel holds
 /// it, found from the programs attached to `vxlan` (no bpffs path needed),
-/// or else what is pinned under `fallback`.
-pub fn render_attached(vxlan: &str, fallback: &Path) -> Result<String> {
-    let index = std::ffi::CString::new(vxlan)
-        .map(|c| {
-            // SAFETY: a NUL-terminated name; the call only reads it.
-            unsafe { libc::if_nametoindex(c.as_ptr()) }
-        })
-        .unwrap_or(0);
+/// or where there is no such device (an IPv6-only node has no `vxlan.1`)
+/// to `vxlan6`, or else what is pinned under `fallback`.
+pub fn render_attached(vxlan: &str, vxlan6: &str, fallback: &Path) -> Result<String> {
+    let by_name = |name: &str| {
+        std::ffi::CString::new(name)
+            .map(|c| {
+                // SAFETY: a NUL-terminated name; the call only reads it.
+                unsafe { libc::if_nametoindex(c.as_ptr()) }
+            })
+            .unwrap_or(0)
+    };
+    let (vxlan, index) = match by_name(vxlan) {
+        0 => (vxlan6, by_name(vxlan6)),
+        i => (vxlan, i),
+    };
     let found = if index == 0 {
         None
     } else {
@@ -88,13 +95,17 @@ fn render_from<S: ebpf::MapSource + ?Sized>(
 ) -> Result<String> {
     let mut o = String::new();
     writeln!(o, "{header}")?;
-    writeln!(
-        o,
-        "  vxlan: {} (ifindex {}), VTEP MAC {}",
-        ifname(cfg.vxlan_ifindex),
-        cfg.vxlan_ifindex,
-        Mac(cfg.vtep_mac)
-    )?;
+    if cfg.vxlan_ifindex == 0 {
+        writeln!(o, "  vxlan: none ({})", crate::agent::IPV6_ONLY)?;
+    } else {
+        writeln!(
+            o,
+            "  vxlan: {} (ifindex {}), VTEP MAC {}",
+            ifname(cfg.vxlan_ifindex),
+            cfg.vxlan_ifindex,
+            Mac(cfg.vtep_mac)
+        )?;
+    }
     if cfg.vxlan6_ifindex != 0 {
         writeln!(
             o,
@@ -117,6 +128,8 @@ fn render_from<S: ebpf::MapSource + ?Sized>(
             cfg.port_max,
             cfg.ttl
         )?;
+    } else if cfg.vxlan_ifindex == 0 {
+        writeln!(o, "  tc encap/decap: off (no vxlan.1)")?;
     } else {
         writeln!(
             o,

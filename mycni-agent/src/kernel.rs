@@ -31,7 +31,11 @@
 //! device's VTEP MAC), as flannel's `public-ip-v6` / `backend-v6-data`.
 //! Only peers without an IPv4 underlay go through it (`peers::select_all`),
 //! with onlink routes of the agent's protocol (never nexthop objects, whose
-//! table is `vxlan.1`'s): `vxlan.1`'s dumps leave routes on it alone.
+//! table is `vxlan.1`'s): `vxlan.1`'s dumps leave routes on it alone. On
+//! an IPv6-only node (an IPv6-only cluster) there is no `vxlan.1`, every
+//! peer goes through `vxlan6.1`, which then holds the node's IPv6 VTEP
+//! address too, and the underlay is found through IPv6
+//! ([`Kernel::select_underlay_ipv6`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -98,6 +102,12 @@ pub struct Vxlan6Spec {
     pub local_ip: Ipv6Addr,
     pub mtu: u32,
     pub mac: Mac,
+    /// The node's own IPv6 VTEP address (its IPv6 podCIDR's first
+    /// address) as a /128 without DAD, on a node without `vxlan.1` (an
+    /// IPv6-only cluster): what the host sends to remote pods from, so
+    /// their replies come back through the overlay. Elsewhere `vxlan.1`
+    /// holds it, and this is None.
+    pub address6: Option<Ipv6Addr>,
 }
 
 /// A VXLAN device as both families share it.
@@ -208,11 +218,12 @@ pub enum UnderlaySelect {
     /// Exactly this interface.
     Name(String),
     /// The first interface (lowest ifindex) whose name matches this glob
-    /// (`*`, `?`) and has an IPv4 address: `interface=eth*`.
+    /// (`*`, `?`) and has an IPv4 address (on an IPv6-only node: a global
+    /// or unique-local IPv6 one): `interface=eth*`.
     Pattern(String),
     /// The interface of the most specific route to this address:
-    /// `can-reach=192.168.1.1`.
-    CanReach(Ipv4Addr),
+    /// `can-reach=192.168.1.1`, `can-reach=fd00:77::1`.
+    CanReach(IpAddr),
 }
 
 /// Linux's IFNAMSIZ less the terminating NUL.
@@ -239,16 +250,16 @@ impl std::str::FromStr for UnderlaySelect {
         }
         if let Some(addr) = s.strip_prefix("can-reach=") {
             return addr
-                .parse::<Ipv4Addr>()
+                .parse::<IpAddr>()
                 .map(Self::CanReach)
-                .map_err(|_| format!("can-reach={addr:?}: not an IPv4 address"));
+                .map_err(|_| format!("can-reach={addr:?}: not an IPv4 or IPv6 address"));
         }
         if s.is_empty() || s == "default-route" {
             return Ok(Self::DefaultRoute);
         }
         if !valid_name_chars(s) || s.contains(['*', '?']) {
             return Err(format!(
-                "{s:?} is not an interface name; use a name (eth0), interface=<pattern> (interface=en*), can-reach=<IPv4 address> or default-route"
+                "{s:?} is not an interface name; use a name (eth0), interface=<pattern> (interface=en*), can-reach=<address> or default-route"
             ));
         }
         Ok(Self::Name(s.to_string()))
@@ -299,7 +310,7 @@ pub fn glob_match(pattern: &str, name: &str) -> bool {
 
 /// The route `ip route get` would most likely pick for `to` without policy
 /// rules: the longest prefix that covers it among routes with a device.
-pub fn longest_match(routes: &[netlink::Route], to: Ipv4Addr) -> Option<&netlink::Route> {
+pub fn longest_match<A: RouteFamily>(routes: &[Route<A>], to: A) -> Option<&Route<A>> {
     routes
         .iter()
         .filter(|r| r.oif.is_some() && r.dst.contains(to))
@@ -461,16 +472,94 @@ impl Kernel {
                 )))
             }
             UnderlaySelect::CanReach(to) => {
-                let routes = self.nl.ipv4_routes().await?;
-                let oif = longest_match(&routes, *to)
-                    .and_then(|r| r.oif)
-                    .ok_or_else(|| KernelError::Other(format!("no route reaches {to}")))?;
-                let link = self.nl.link_by_index(oif).await?.ok_or_else(|| {
-                    KernelError::Other(format!("the interface {oif} of the route to {to} vanished"))
-                })?;
+                let link = self.link_reaching(*to).await?;
                 self.underlay(Some(&link.name)).await
             }
         }
+    }
+
+    /// The interface of the most specific route to `to`, of its family.
+    async fn link_reaching(&self, to: IpAddr) -> Result<Link, KernelError> {
+        let oif = match to {
+            IpAddr::V4(a) => longest_match(&self.nl.ipv4_routes().await?, a).and_then(|r| r.oif),
+            IpAddr::V6(a) => longest_match(&self.nl.ipv6_routes().await?, a).and_then(|r| r.oif),
+        }
+        .ok_or_else(|| KernelError::Other(format!("no route reaches {to}")))?;
+        self.nl.link_by_index(oif).await?.ok_or_else(|| {
+            KernelError::Other(format!("the interface {oif} of the route to {to} vanished"))
+        })
+    }
+
+    /// The underlay of a node without IPv4 (an IPv6-only cluster): the
+    /// interface `how` selects, found through IPv6 routes and addresses
+    /// (the IPv6 default route's, a name, the first matching one with a
+    /// global or unique-local IPv6 address, or the one of the route to an
+    /// IPv6 address), and its IPv6 host address as `how6` picks it (the
+    /// caller refuses `off`). An error when there is none: `vxlan6.1` is
+    /// all such a node has.
+    pub async fn select_underlay_ipv6(
+        &self,
+        how: &UnderlaySelect,
+        how6: &Underlay6Select,
+    ) -> Result<Underlay6, KernelError> {
+        let link = match how {
+            UnderlaySelect::DefaultRoute => {
+                let oif = self
+                    .nl
+                    .ipv6_routes()
+                    .await?
+                    .into_iter()
+                    .find(|r| r.dst.prefix() == 0 && r.oif.is_some())
+                    .and_then(|r| r.oif)
+                    .ok_or_else(|| {
+                        KernelError::Other(
+                            "no IPv6 default route to pick the underlay interface from; pass --iface"
+                                .into(),
+                        )
+                    })?;
+                self.nl.link_by_index(oif).await?.ok_or_else(|| {
+                    KernelError::Other(format!("default route's interface {oif} vanished"))
+                })?
+            }
+            UnderlaySelect::Name(n) => self.link(n).await?.ok_or_else(|| {
+                KernelError::Other(format!("underlay interface {n} does not exist"))
+            })?,
+            UnderlaySelect::Pattern(p) => {
+                let mut links = self.nl.links().await?;
+                links.sort_by_key(|l| l.index);
+                for l in links {
+                    if l.vxlan.is_some()
+                        || l.alias.as_deref().is_some_and(is_pod_veth)
+                        || !glob_match(p, &l.name)
+                    {
+                        continue;
+                    }
+                    match self.ipv6_host(&l.name, l.index, l.mtu, how6).await {
+                        Ok(Some(u)) => return Ok(u),
+                        // No such IPv6 address (yet): not a candidate.
+                        Ok(None) | Err(KernelError::Other(_)) => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+                return Err(KernelError::Other(format!(
+                    "no interface matching {p} has a global or unique-local IPv6 address"
+                )));
+            }
+            UnderlaySelect::CanReach(IpAddr::V6(to)) => self.link_reaching(IpAddr::V6(*to)).await?,
+            UnderlaySelect::CanReach(IpAddr::V4(to)) => {
+                return Err(KernelError::Other(format!(
+                    "can-reach={to} is an IPv4 address, and this node has no IPv4 underlay (IPv6-only cluster): name an IPv6 one"
+                )));
+            }
+        };
+        self.ipv6_host(&link.name, link.index, link.mtu, how6)
+            .await?
+            .ok_or_else(|| {
+                KernelError::Other(format!(
+                    "underlay {} has no global or unique-local IPv6 address",
+                    link.name
+                ))
+            })
     }
 
     /// Creates the VXLAN device, or adopts an existing one and corrects what
@@ -499,29 +588,36 @@ impl Kernel {
             }
         }
         if let Some(a6) = spec.address6 {
-            // No DAD: the address is this node's alone on a link that has
-            // no other member to ask, and DAD would hold it tentative (not
-            // usable as a source) for a second or more.
-            let address6 = mycni_common::net::Cidr::<Ipv6Addr>::new(a6, 128)
-                .ok_or_else(|| KernelError::Other(format!("{a6}/128 is not a CIDR")))?;
-            let have = self.nl.ipv6_addresses(index).await?;
-            if !have.iter().any(|a| a.cidr == address6) {
-                match self.nl.add_ipv6_address_nodad(index, address6).await {
-                    Err(e) if !e.is_exists() => return Err(e.into()),
-                    _ => {}
-                }
-            }
-            // An IPv6 VTEP address of an earlier podCIDR: left, it would
-            // make that range's new owner's VTEP a local address here, and
-            // the kernel refuses a route through a local gateway.
-            for a in have {
-                if a.cidr != address6 && !a.cidr.addr().is_unicast_link_local() {
-                    tracing::info!(device = %spec.name, address = %a.cidr, "removing a stale IPv6 VTEP address");
-                    self.nl.delete_address(index, a.cidr).await?;
-                }
-            }
+            self.ensure_vtep6(index, &spec.name, a6).await?;
         }
         Ok((index, created))
+    }
+
+    /// The IPv6 VTEP address `a6` as the one global address of the VXLAN
+    /// device `index`.
+    async fn ensure_vtep6(&self, index: u32, name: &str, a6: Ipv6Addr) -> Result<(), KernelError> {
+        // No DAD: the address is this node's alone on a link that has
+        // no other member to ask, and DAD would hold it tentative (not
+        // usable as a source) for a second or more.
+        let address6 = mycni_common::net::Cidr::<Ipv6Addr>::new(a6, 128)
+            .ok_or_else(|| KernelError::Other(format!("{a6}/128 is not a CIDR")))?;
+        let have = self.nl.ipv6_addresses(index).await?;
+        if !have.iter().any(|a| a.cidr == address6) {
+            match self.nl.add_ipv6_address_nodad(index, address6).await {
+                Err(e) if !e.is_exists() => return Err(e.into()),
+                _ => {}
+            }
+        }
+        // An IPv6 VTEP address of an earlier podCIDR: left, it would
+        // make that range's new owner's VTEP a local address here, and
+        // the kernel refuses a route through a local gateway.
+        for a in have {
+            if a.cidr != address6 && !a.cidr.addr().is_unicast_link_local() {
+                tracing::info!(device = %name, address = %a.cidr, "removing a stale IPv6 VTEP address");
+                self.nl.delete_address(index, a.cidr).await?;
+            }
+        }
+        Ok(())
     }
 
     /// The device part of [`Kernel::ensure_vxlan`] and
@@ -579,9 +675,9 @@ impl Kernel {
 
     /// Creates `vxlan6.1`, the VXLAN device over the IPv6 underlay, or
     /// adopts an existing one and corrects what differs, as
-    /// [`Kernel::ensure_vxlan`] does for `vxlan.1`. It carries no address:
-    /// routes through it name their gateway `onlink`, and the node's VTEP
-    /// addresses live on `vxlan.1`.
+    /// [`Kernel::ensure_vxlan`] does for `vxlan.1`. Routes through it name
+    /// their gateway `onlink`; it carries the node's IPv6 VTEP address
+    /// only where there is no `vxlan.1` to hold it (`address6`).
     pub async fn ensure_vxlan6(&self, spec: &Vxlan6Spec) -> Result<(u32, bool), KernelError> {
         let r = self
             .ensure_vxlan_device(&DeviceSpec {
@@ -595,6 +691,9 @@ impl Kernel {
             })
             .await?;
         self.vxlan6_index.store(r.0, Ordering::Relaxed);
+        if let Some(a6) = spec.address6 {
+            self.ensure_vtep6(r.0, &spec.name, a6).await?;
+        }
         Ok(r)
     }
 
@@ -657,12 +756,24 @@ impl Kernel {
         underlay: &Underlay,
         how: &Underlay6Select,
     ) -> Result<Option<Underlay6>, KernelError> {
+        self.ipv6_host(&underlay.name, underlay.index, underlay.mtu, how)
+            .await
+    }
+
+    /// [`Kernel::underlay6`] on the interface `name` (`index`, `mtu`).
+    async fn ipv6_host(
+        &self,
+        name: &str,
+        index: u32,
+        mtu: u32,
+        how: &Underlay6Select,
+    ) -> Result<Option<Underlay6>, KernelError> {
         if *how == Underlay6Select::Off {
             return Ok(None);
         }
         let mut have: Vec<_> = self
             .nl
-            .ipv6_addresses(underlay.index)
+            .ipv6_addresses(index)
             .await?
             .into_iter()
             .filter(|a| {
@@ -675,8 +786,7 @@ impl Kernel {
             Underlay6Select::Address(want) => {
                 if !have.iter().any(|a| a.cidr.addr() == *want) {
                     return Err(KernelError::Other(format!(
-                        "--underlay6 {want}: not an address of the underlay {}",
-                        underlay.name
+                        "--underlay6 {want}: not an address of the underlay {name}"
                     )));
                 }
                 *want
@@ -687,10 +797,10 @@ impl Kernel {
             },
         };
         Ok(Some(Underlay6 {
-            name: underlay.name.clone(),
-            index: underlay.index,
+            name: name.to_string(),
+            index,
             ip,
-            mtu: underlay.mtu,
+            mtu,
         }))
     }
 
@@ -1323,7 +1433,15 @@ mod tests {
         );
         assert_eq!(
             parse("can-reach=192.168.1.1"),
-            Ok(UnderlaySelect::CanReach(Ipv4Addr::new(192, 168, 1, 1)))
+            Ok(UnderlaySelect::CanReach(
+                Ipv4Addr::new(192, 168, 1, 1).into()
+            ))
+        );
+        assert_eq!(
+            parse("can-reach=fd00:77::1"),
+            Ok(UnderlaySelect::CanReach(
+                "fd00:77::1".parse::<IpAddr>().expect("ip")
+            ))
         );
         for bad in [
             "can-reach=example.com",
@@ -1340,6 +1458,7 @@ mod tests {
             "eth0",
             "interface=en*",
             "can-reach=10.0.0.1",
+            "can-reach=fd00:77::1",
             "default-route",
         ] {
             assert_eq!(parse(s).map(|u| u.to_string()).as_deref(), Ok(s));

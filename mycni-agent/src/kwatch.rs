@@ -26,6 +26,10 @@
 //! address are watched as their IPv4 twins are. Other IPv6 addresses and
 //! routes wake nothing: the underlay is IPv4, and every pod veth brings a
 //! link-local address and an `fe80::/64` route that must not cost a pass.
+//! On an IPv6-only node (no `vxlan.1`) the underlay is IPv6: an IPv6
+//! address or main-table route that is not link-local and not the
+//! agent's wakes the underlay re-read as IPv4 ones do elsewhere, and
+//! `vxlan6.1`'s IPv6 VTEP address removed wakes a full pass.
 //!
 //! Underlay: an IPv4 address added or removed anywhere but `vxlan.1`, a
 //! route of the main table that is neither the agent's nor the plugin's
@@ -42,7 +46,7 @@
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -178,6 +182,8 @@ pub struct Watched {
     vxlan_index: AtomicU32,
     /// `vxlan6.1`'s, on a node with an IPv6 underlay (0: none).
     vxlan6_index: AtomicU32,
+    /// Whether the underlay is IPv6 (an IPv6-only node).
+    ipv6_underlay: AtomicBool,
     /// None before the first pass: then only deletions of the agent's
     /// kind of state wake a pass (the first pass runs anyway).
     expected: Mutex<Option<Arc<Expected>>>,
@@ -190,6 +196,7 @@ impl Watched {
             underlay,
             vxlan_index: AtomicU32::new(0),
             vxlan6_index: AtomicU32::new(0),
+            ipv6_underlay: AtomicBool::new(false),
             expected: Mutex::new(None),
         })
     }
@@ -210,12 +217,19 @@ impl Watched {
         self.vxlan6_index.store(index, Ordering::Relaxed);
     }
 
+    /// The underlay is IPv6 (an IPv6-only node): IPv6 addresses and routes
+    /// may move it.
+    pub fn set_ipv6_underlay(&self, on: bool) {
+        self.ipv6_underlay.store(on, Ordering::Relaxed);
+    }
+
     fn snapshot(&self) -> Snapshot<'_> {
         Snapshot {
             vxlan_name: &self.vxlan_name,
             underlay: &self.underlay,
             vxlan_index: self.vxlan_index.load(Ordering::Relaxed),
             vxlan6_index: self.vxlan6_index.load(Ordering::Relaxed),
+            ipv6_underlay: self.ipv6_underlay.load(Ordering::Relaxed),
             expected: self.expected.lock().ok().and_then(|x| x.clone()),
         }
     }
@@ -233,6 +247,8 @@ pub struct Snapshot<'a> {
     /// own deletions too: rare, and a full pass then changes nothing);
     /// other changes wait for the resync.
     pub vxlan6_index: u32,
+    /// The underlay is IPv6 (an IPv6-only node, no `vxlan.1`).
+    pub ipv6_underlay: bool,
     pub expected: Option<Arc<Expected>>,
 }
 
@@ -292,7 +308,16 @@ fn classify_inner(m: &RouteNetlinkMessage, s: &Snapshot) -> Wake {
                 AddressAttribute::Address(IpAddr::V6(ip)) => Some(*ip),
                 _ => None,
             });
+            let global = addr.is_some_and(|a| !a.is_unicast_link_local());
+            if s.vxlan6_index != 0 && a.header.index == s.vxlan6_index {
+                // An IPv6-only node's VTEP address removed (the one global
+                // address vxlan6.1 has): ensure_vxlan6 adds it.
+                return Wake::overlay(matches!(m, M::DelAddress(_)) && global);
+            }
             let on_vxlan = s.vxlan_index != 0 && a.header.index == s.vxlan_index;
+            if s.ipv6_underlay && !on_vxlan {
+                return Wake::underlay(global);
+            }
             // The IPv6 VTEP address removed: ensure_vxlan adds it.
             let vtep = s.expected.as_ref().map(|e| e.vxlan.address6);
             Wake::overlay(
@@ -358,13 +383,19 @@ fn route(r: &RouteMessage, deleted: bool, s: &Snapshot) -> Wake {
     }
     let prefix = r.header.destination_prefix_length;
     let on_vxlan = s.vxlan_index != 0 && oif == Some(s.vxlan_index);
+    // Which routes may move the underlay: IPv4 ones, or on an IPv6-only
+    // node IPv6 ones that are not link-local (every pod veth's fe80::/64).
+    let underlay_family = match dst {
+        IpAddr::V4(_) => true,
+        IpAddr::V6(d) => s.ipv6_underlay && !d.is_unicast_link_local(),
+    };
     let Some(e) = &s.expected else {
         return Wake {
             overlay: ours && deleted,
             // Not ours, not on vxlan.1: the default route or the route
-            // `can-reach` follows may have changed (IPv4 only: the
-            // underlay is IPv4).
-            underlay: !ours && !on_vxlan && !v6,
+            // `can-reach` follows may have changed (of the underlay's
+            // family).
+            underlay: !ours && !on_vxlan && underlay_family,
             pods: false,
         };
     };
@@ -404,7 +435,7 @@ fn route(r: &RouteMessage, deleted: bool, s: &Snapshot) -> Wake {
         // Ours but not wanted: the loop's own deletion (or a stale route
         // the next full pass removes).
         None if ours => Wake::default(),
-        None => Wake::underlay(!on_vxlan && !v6),
+        None => Wake::underlay(!on_vxlan && underlay_family),
     }
 }
 
@@ -817,6 +848,7 @@ mod tests {
             underlay: &DEFAULT,
             vxlan_index: 7,
             vxlan6_index: 9,
+            ipv6_underlay: false,
             expected: expected.map(Arc::new),
         }
     }
@@ -1405,6 +1437,41 @@ mod tests {
             );
             assert_eq!(wake(RouteNetlinkMessage::NewRoute(pod), &s), Wake::PODS);
         }
+    }
+
+    #[test]
+    fn on_an_ipv6_only_node_ipv6_moves_the_underlay_and_the_vtep6_is_watched() {
+        use RouteNetlinkMessage as M;
+        // No vxlan.1, no Expected: vxlan6.1 (index 9) is the device.
+        let s = Snapshot {
+            vxlan_index: 0,
+            ipv6_underlay: true,
+            ..snap(None)
+        };
+        let host6: Ipv6Addr = "fd00:77::11".parse().expect("ip");
+        for m in [
+            M::NewAddress(address6(2, host6)),
+            M::DelAddress(address6(2, host6)),
+        ] {
+            assert_eq!(wake(m, &s), UNDERLAY);
+        }
+        let ll: Ipv6Addr = "fe80::1".parse().expect("ip");
+        assert_eq!(wake(M::NewAddress(address6(12, ll)), &s), NOTHING);
+        let default6 = route6(9, Ipv6Addr::UNSPECIFIED, 0, Some(ll), 2);
+        assert_eq!(wake(M::NewRoute(default6.clone()), &s), UNDERLAY);
+        assert_eq!(wake(M::DelRoute(default6), &s), UNDERLAY);
+        let fe80 = route6(2, "fe80::".parse().expect("ip"), 64, None, 12);
+        assert_eq!(wake(M::NewRoute(fe80), &s), NOTHING);
+        // The VTEP address on vxlan6.1: its removal is drift.
+        let vtep6: Ipv6Addr = "fd00:10:244:1::".parse().expect("ip");
+        assert_eq!(wake(M::NewAddress(address6(9, vtep6)), &s), NOTHING);
+        assert_eq!(wake(M::DelAddress(address6(9, vtep6)), &s), OVERLAY);
+        assert_eq!(wake(M::DelAddress(address6(9, ll)), &s), NOTHING);
+        // A dual-stack node's IPv6 addresses still move nothing.
+        let dual = snap(Some(expected()));
+        assert_eq!(wake(M::NewAddress(address6(2, host6)), &dual), NOTHING);
+        let default6 = route6(9, Ipv6Addr::UNSPECIFIED, 0, Some(ll), 2);
+        assert_eq!(wake(M::NewRoute(default6), &dual), NOTHING);
     }
 
     #[test]

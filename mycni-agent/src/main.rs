@@ -74,15 +74,18 @@ struct RunArgs {
     #[arg(long, env = "KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
     /// The cluster's pod CIDRs (kube-controller-manager --cluster-cidr):
-    /// an IPv4 one, and for dual-stack an IPv6 one after a comma
+    /// an IPv4 one, an IPv6 one, or both after a comma
     /// (`10.244.0.0/16,fd00:10:244::/56`). Without an IPv6 one the agent
-    /// ignores IPv6 podCIDRs.
+    /// ignores IPv6 podCIDRs; with an IPv6 one alone the cluster is
+    /// IPv6-only: no vxlan.1, every peer over vxlan6.1.
     #[arg(long, env = "MYCNI_CLUSTER_CIDR", default_value = "10.244.0.0/16", value_parser = parse_cidr)]
     cluster_cidr: ClusterCidrs,
     /// The underlay interface: a name (`eth0`), `interface=<glob>` (the
     /// first interface whose name matches and has an IPv4 address),
-    /// `can-reach=<IPv4>` (the interface of the route to that address), or
+    /// `can-reach=<address>` (the interface of the route to that address), or
     /// `default-route` (the default: the interface of the default route).
+    /// In an IPv6-only cluster the same forms go by IPv6 routes and
+    /// addresses (the IPv6 default route; an IPv6 can-reach address).
     #[arg(long, env = "MYCNI_IFACE", default_value = "default-route", value_parser = parse_underlay)]
     iface: UnderlaySelect,
     /// The overlay MTU (vxlan.1 and the pods' eth0), or `auto`: the
@@ -98,7 +101,9 @@ struct RunArgs {
     /// Which IPv6 address of the underlay interface the VXLAN device over
     /// IPv6 sends from: `auto` (its first global or unique-local address;
     /// without one there is no such device), `off`, or one address. Only on
-    /// a node with an IPv6 podCIDR in a cluster with an IPv6 range.
+    /// a node with an IPv6 podCIDR in a cluster with an IPv6 range; in an
+    /// IPv6-only cluster that device is the node's only one, and `off` an
+    /// error.
     #[arg(long, env = "MYCNI_UNDERLAY6", default_value = "auto", value_parser = parse_underlay6)]
     underlay6: Underlay6Select,
     #[arg(long, default_value_t = DEFAULT_VNI)]
@@ -193,8 +198,9 @@ fn setting<T>(key: &str, env: &str, r: Result<T, String>) -> Result<T, String> {
     r.map_err(|e| format!("{e} (ConfigMap mycni-config key `{key}`, env {env})"))
 }
 
-/// One IPv4 CIDR and at most one IPv6 CIDR, comma-separated, in either
-/// order, as kube-controller-manager's `--cluster-cidr` takes them.
+/// At most one IPv4 and one IPv6 CIDR, at least one of them,
+/// comma-separated, in either order, as kube-controller-manager's
+/// `--cluster-cidr` takes them.
 fn parse_cidr(s: &str) -> Result<ClusterCidrs, String> {
     let (mut v4, mut v6) = (None, None);
     let mut r = Ok(());
@@ -217,11 +223,8 @@ fn parse_cidr(s: &str) -> Result<ClusterCidrs, String> {
             }
         }
     }
-    let r = r.and_then(|()| match v4 {
-        Some(v4) => Ok(ClusterCidrs { v4, v6 }),
-        None => Err(format!(
-            "{s:?} has no IPv4 CIDR (IPv6-only clusters are not supported)"
-        )),
+    let r = r.and_then(|()| {
+        ClusterCidrs::new(v4, v6).map_err(|_| format!("{s:?} has no CIDR of either family"))
     });
     setting("cluster-cidr", "MYCNI_CLUSTER_CIDR", r)
 }
@@ -421,6 +424,7 @@ fn main() -> Result<()> {
                 Some(b) => mycni_agent::inspect::render(&b.join("mycni"))?,
                 None => mycni_agent::inspect::render_attached(
                     &vxlan_device,
+                    DEFAULT_VXLAN6_DEVICE,
                     Path::new("/sys/fs/bpf/mycni"),
                 )?,
             };
@@ -432,9 +436,8 @@ fn main() -> Result<()> {
             let (opts, stale_after) = (args.options(), args.stale_after());
             let cfg = args.config()?;
             println!(
-                "configuration ok: cluster-cidr={}{} underlay={} underlay6={} mtu={} datapath={} direct-routing={} masquerade={} metrics-addr={} resync={:?} liveness-stale-after={:?}",
-                cfg.cluster_cidr,
-                cfg.cluster_cidr6.map_or(String::new(), |c| format!(",{c}")),
+                "configuration ok: cluster-cidr={} underlay={} underlay6={} mtu={} datapath={} direct-routing={} masquerade={} metrics-addr={} resync={:?} liveness-stale-after={:?}",
+                cfg.clusters(),
                 cfg.underlay()?,
                 cfg.underlay6,
                 opts.mtu.map_or("auto".to_string(), |m| m.to_string()),
@@ -562,19 +565,39 @@ mod tests {
             "--liveness-stale-after=1m",
         ])
         .expect("all set");
-        assert_eq!(c.cfg.cluster_cidr.to_string(), "10.32.0.0/12");
+        assert_eq!(c.cfg.clusters().to_string(), "10.32.0.0/12");
         assert_eq!(c.cfg.cluster_cidr6, None);
         for both in [
             "--cluster-cidr=10.32.0.0/12,fd00:10:244::/56",
             "--cluster-cidr=fd00:10:244::/56, 10.32.0.0/12",
         ] {
             let c = parse(&[both]).expect("dual-stack");
-            assert_eq!(c.cfg.cluster_cidr.to_string(), "10.32.0.0/12");
+            assert_eq!(
+                c.cfg.cluster_cidr.map(|c| c.to_string()).as_deref(),
+                Some("10.32.0.0/12")
+            );
             assert_eq!(
                 c.cfg.cluster_cidr6.map(|c| c.to_string()).as_deref(),
                 Some("fd00:10:244::/56")
             );
         }
+        // IPv6-only: an IPv6 range alone.
+        let c = parse(&["--cluster-cidr=fd00:10:244::/56"]).expect("IPv6-only");
+        assert_eq!(c.cfg.cluster_cidr, None);
+        assert!(c.cfg.clusters().ipv6_only());
+        assert_eq!(c.cfg.clusters().to_string(), "fd00:10:244::/56");
+        let c = parse(&[
+            "--cluster-cidr=10.32.0.0/12",
+            "--mtu=1400",
+            "--iface=interface=en*",
+            "--datapath=kernel",
+            "--direct-routing=true",
+            "--masquerade=false",
+            "--metrics-addr=off",
+            "--resync=5s",
+            "--liveness-stale-after=1m",
+        ])
+        .expect("all set");
         assert_eq!(c.mtu, Some(1400));
         assert_eq!(c.underlay, UnderlaySelect::Pattern("en*".into()));
         assert_eq!(c.cfg.datapath, Mode::Kernel);
@@ -583,7 +606,7 @@ mod tests {
         let c = parse(&["--iface=can-reach=192.168.1.1", "--mtu=auto"]).expect("can-reach");
         assert_eq!(
             c.underlay,
-            UnderlaySelect::CanReach(std::net::Ipv4Addr::new(192, 168, 1, 1))
+            UnderlaySelect::CanReach(std::net::Ipv4Addr::new(192, 168, 1, 1).into())
         );
         assert_eq!(c.mtu, None);
     }
@@ -592,7 +615,8 @@ mod tests {
     fn a_bad_value_names_its_configmap_key() {
         for (arg, key) in [
             ("--cluster-cidr=10.244.0.1/33", "cluster-cidr"),
-            ("--cluster-cidr=fd00::/56", "cluster-cidr"),
+            ("--cluster-cidr=,", "cluster-cidr"),
+            ("--cluster-cidr=fd00::/56,fd01::/56", "cluster-cidr"),
             ("--cluster-cidr=10.244.0.0/16,10.245.0.0/16", "cluster-cidr"),
             (
                 "--cluster-cidr=10.244.0.0/16,fd00::/56,fd01::/56",

@@ -4,9 +4,12 @@
 //!
 //! Dual-stack: a Node's `spec.podCIDRs` holds at most one range per family
 //! (`spec.podCIDR`, the first of them, is read when `podCIDRs` is absent).
-//! The IPv4 range is required: the overlay runs over an IPv4 underlay and
-//! the VTEP is addressed from it. A node with an IPv6 underlay announces
-//! it besides (`vxlan6.1`'s MAC and its IPv6 host address, [`Underlay6`]);
+//! In a cluster with an IPv4 range the IPv4 podCIDR is required: `vxlan.1`
+//! runs over an IPv4 underlay and the VTEP is addressed from it. In an
+//! IPv6-only cluster (no IPv4 range) no node has `vxlan.1`, and every peer
+//! is reached over its IPv6 underlay ([`select_over_ipv6`]). A node with
+//! an IPv6 underlay announces it besides (`vxlan6.1`'s MAC and its IPv6
+//! host address, [`Underlay6`]);
 //! a bad announcement costs the peer that underlay only. The IPv6 range is optional, and a bad
 //! one rejects the peer's IPv6 side only (its `*_v6` reasons): the IPv4
 //! side is not wrong, and withdrawing it would cut a node's working IPv4
@@ -39,17 +42,50 @@ const PREFIX_V4: std::ops::RangeInclusive<u8> = 8..=30;
 const PREFIX_V6: std::ops::RangeInclusive<u8> = 16..=124;
 
 /// The cluster's pod ranges (kube-controller-manager `--cluster-cidr`,
-/// one per family). No IPv6 range: the agent does not do IPv6, and
-/// ignores every IPv6 podCIDR.
+/// one per family, at least one). No IPv6 range: the agent does not do
+/// IPv6, and ignores every IPv6 podCIDR. No IPv4 range: an IPv6-only
+/// cluster, whose nodes have no `vxlan.1` (see [`select_all`]); every
+/// IPv4 podCIDR is ignored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClusterCidrs {
-    pub v4: Cidr,
+    pub v4: Option<Cidr>,
     pub v6: Option<Cidr6>,
 }
 
 impl From<Cidr> for ClusterCidrs {
     fn from(v4: Cidr) -> Self {
-        ClusterCidrs { v4, v6: None }
+        ClusterCidrs {
+            v4: Some(v4),
+            v6: None,
+        }
+    }
+}
+
+impl ClusterCidrs {
+    /// Both families' ranges, at least one of them.
+    pub fn new(v4: Option<Cidr>, v6: Option<Cidr6>) -> Result<Self, String> {
+        if v4.is_none() && v6.is_none() {
+            return Err("no cluster CIDR of either family".into());
+        }
+        Ok(ClusterCidrs { v4, v6 })
+    }
+
+    /// An IPv6-only cluster: its nodes have no IPv4 podCIDR, hence no
+    /// `vxlan.1`, and reach each other over `vxlan6.1` alone.
+    pub fn ipv6_only(&self) -> bool {
+        self.v4.is_none() && self.v6.is_some()
+    }
+}
+
+/// As `--cluster-cidr` takes them: `10.244.0.0/16,fd00:10:244::/56`.
+impl fmt::Display for ClusterCidrs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.v4, &self.v6) {
+            (Some(v4), Some(v6)) => write!(f, "{v4},{v6}"),
+            (Some(v4), None) => write!(f, "{v4}"),
+            (None, Some(v6)) => write!(f, "{v6}"),
+            (None, None) => f.write_str("none"),
+        }
     }
 }
 
@@ -132,8 +168,9 @@ pub enum Reject {
     /// Not yet annotated or no podCIDR: normal while a node starts.
     Incomplete(&'static str),
     BadPodCidr(String),
-    /// Only an IPv6 podCIDR: IPv6-only nodes are not supported yet (the
-    /// overlay needs an IPv4 podCIDR for its VTEP).
+    /// Only an IPv6 podCIDR, and no valid IPv6 podCIDR and IPv6 underlay
+    /// to reach it over: `vxlan.1` needs an IPv4 podCIDR for the peer's
+    /// VTEP, so such a peer goes through `vxlan6.1` or nowhere.
     NoIpv4PodCidr(String),
     OutsideClusterCidr(String),
     OverlapsOwn(String),
@@ -157,6 +194,12 @@ pub enum Reject {
     BadMac6(String),
     /// Another Node announces the same `vxlan6.1` MAC.
     DuplicateVtepMac6(String),
+    /// On a node without `vxlan.1` (an IPv6-only cluster): the peer has
+    /// no IPv6 podCIDR, only IPv4 ones, which this cluster does not route.
+    NoIpv6PodCidr(String),
+    /// On a node without `vxlan.1`: the peer announces an IPv4 underlay
+    /// only (its host IP), which this node has no device to reach.
+    NoCommonUnderlay(String),
 }
 
 impl Reject {
@@ -179,6 +222,8 @@ impl Reject {
             Reject::BadHostIp6(_) => "bad_host_ip_v6",
             Reject::BadMac6(_) => "bad_mac_v6",
             Reject::DuplicateVtepMac6(_) => "duplicate_vtep_mac_v6",
+            Reject::NoIpv6PodCidr(_) => "no_ipv6_pod_cidr",
+            Reject::NoCommonUnderlay(_) => "no_common_underlay",
         }
     }
 
@@ -211,7 +256,7 @@ impl fmt::Display for Reject {
             }
             Reject::NoIpv4PodCidr(s) => write!(
                 f,
-                "podCIDRs {s} have no IPv4 range; IPv6-only nodes are not supported"
+                "podCIDRs {s} have no IPv4 range, and no valid IPv6 podCIDR and IPv6 underlay (mycni.dev/host-ip-v6, mycni.dev/vtep-mac-v6) to reach it over"
             ),
             Reject::OutsideClusterCidr(s) => write!(f, "podCIDR {s} is outside the cluster CIDR"),
             Reject::OverlapsOwn(s) => write!(f, "podCIDR {s} overlaps this node's"),
@@ -253,6 +298,14 @@ impl fmt::Display for Reject {
                 f,
                 "IPv6 underlay not used: VTEP MAC {s} is announced by another Node too"
             ),
+            Reject::NoIpv6PodCidr(s) => write!(
+                f,
+                "podCIDRs {s} have no IPv6 range, and the cluster CIDR has no IPv4 one"
+            ),
+            Reject::NoCommonUnderlay(s) => write!(
+                f,
+                "unreachable from here: it announces an IPv4 underlay only (host IP {s}), and this node has no IPv4 underlay (IPv6-only node)"
+            ),
         }
     }
 }
@@ -291,25 +344,40 @@ impl NodeView {
 
     /// This node's own podCIDRs, for the agent running on it: each family's
     /// single valid range inside the cluster's, or an error saying which
-    /// is wrong. An IPv6 range when the agent does no IPv6 is ignored.
+    /// is wrong. A range of a family the cluster has no range of is
+    /// ignored. A cluster with an IPv4 range needs it on every node (its
+    /// `vxlan.1` is addressed from it): a node with an IPv6 podCIDR alone
+    /// runs only in an IPv6-only cluster, where the IPv6 one is required.
     pub fn own_pod_cidrs(&self, cluster: ClusterCidrs) -> Result<PodCidrs, String> {
         let t = self.pod_cidr_texts();
-        let v4 = match t.v4.as_slice() {
-            [] if t.v6.is_empty() => return Err("no spec.podCIDR".into()),
-            [] => {
+        if t.v4.is_empty() && t.v6.is_empty() {
+            return Err("no spec.podCIDR".into());
+        }
+        let v4 = match (cluster.v4, t.v4.as_slice()) {
+            (None, _) => None,
+            (Some(c4), []) => {
                 return Err(format!(
-                    "podCIDRs {:?} have no IPv4 range (IPv6-only nodes are not supported)",
+                    "podCIDRs {:?} have no IPv4 range, which the cluster CIDR {c4} asks of every node (IPv6-only nodes run in an IPv6-only cluster: a --cluster-cidr with an IPv6 range alone)",
                     t.v6
                 ));
             }
-            [one] => Cidr::parse_network(one)
-                .ok()
-                .filter(|c| cluster.v4.covers(*c))
-                .ok_or_else(|| format!("podCIDR {one:?} is invalid or outside {}", cluster.v4))?,
-            many => return Err(format!("podCIDRs {many:?}: more than one IPv4 range")),
+            (Some(c4), [one]) => Some(
+                Cidr::parse_network(one)
+                    .ok()
+                    .filter(|c| c4.covers(*c))
+                    .ok_or_else(|| format!("podCIDR {one:?} is invalid or outside {c4}"))?,
+            ),
+            (Some(_), many) => return Err(format!("podCIDRs {many:?}: more than one IPv4 range")),
         };
         let v6 = match (cluster.v6, t.v6.as_slice()) {
-            (None, _) | (_, []) => None,
+            (None, _) => None,
+            (Some(c6), []) if v4.is_none() => {
+                return Err(format!(
+                    "podCIDRs {:?} have no IPv6 range, which the IPv6-only cluster CIDR {c6} asks of every node",
+                    t.v4
+                ));
+            }
+            (Some(_), []) => None,
             (Some(c6), [one]) => Some(
                 Cidr6::parse_network(one)
                     .ok()
@@ -318,7 +386,10 @@ impl NodeView {
             ),
             (Some(_), many) => return Err(format!("podCIDRs {many:?}: more than one IPv6 range")),
         };
-        Ok(PodCidrs { v4: Some(v4), v6 })
+        if v4.is_none() && v6.is_none() {
+            return Err("no cluster CIDR of either family".into());
+        }
+        Ok(PodCidrs { v4, v6 })
     }
 }
 
@@ -432,6 +503,15 @@ pub fn parse_peer6(node: &NodeView, cluster6: Option<Cidr6>) -> Result<Option<Ci
 pub fn parse_peer(node: &NodeView, cluster: impl Into<ClusterCidrs>) -> Result<Peer, Reject> {
     let cluster = cluster.into();
     let texts = node.pod_cidr_texts();
+    let Some(cluster4) = cluster.v4 else {
+        // An IPv6-only cluster routes no IPv4 podCIDR: a peer there is its
+        // IPv6 side alone, a `Peer6` (`select_all`).
+        return Err(match (texts.v4.is_empty(), texts.v6.is_empty()) {
+            (true, true) => Reject::Incomplete("no spec.podCIDR"),
+            (false, true) => Reject::NoIpv6PodCidr(texts.v4.join(",")),
+            _ => Reject::NoIpv4PodCidr(texts.v6.join(",")),
+        });
+    };
     let cidr_s = match texts.v4.as_slice() {
         [] if texts.v6.is_empty() => return Err(Reject::Incomplete("no spec.podCIDR")),
         [] => return Err(Reject::NoIpv4PodCidr(texts.v6.join(","))),
@@ -441,7 +521,7 @@ pub fn parse_peer(node: &NodeView, cluster: impl Into<ClusterCidrs>) -> Result<P
     let pod_cidr = parse_pod_cidr(
         cidr_s,
         PREFIX_V4,
-        cluster.v4,
+        cluster4,
         Reject::BadPodCidr,
         Reject::OutsideClusterCidr,
     )?;
@@ -605,12 +685,16 @@ pub struct Selection {
 /// [`select_peers`], and the Nodes it rejects for want of an IPv4 host
 /// address or IPv4 podCIDR taken as [`Peer6`] when their IPv6 side and
 /// IPv6 underlay are valid. A peer with an IPv4 underlay is reached over
-/// it even when it has an IPv6 one too: this node always has an IPv4
-/// underlay (start-up requires one), so IPv4 works for such a peer, and
-/// it keeps that peer on `vxlan.1`, its one FDB entry and the fast path's
-/// IPv4 encapsulation. IPv6 podCIDR overlaps and `vxlan6.1` MAC
-/// duplicates are judged across both kinds: the IPv6 side of every party
-/// is left out.
+/// it even when it has an IPv6 one too: a node of a cluster with an IPv4
+/// range has an IPv4 underlay (start-up requires one), so IPv4 works for
+/// such a peer, and it keeps that peer on `vxlan.1`, its one FDB entry and
+/// the fast path's IPv4 encapsulation. IPv6 podCIDR overlaps and
+/// `vxlan6.1` MAC duplicates are judged across both kinds: the IPv6 side
+/// of every party is left out.
+///
+/// In an IPv6-only cluster (no IPv4 range) this node has no `vxlan.1`,
+/// and every peer is a [`Peer6`] or rejected whole: see
+/// [`select_over_ipv6`].
 pub fn select_all(
     nodes: &[NodeView],
     own_name: &str,
@@ -618,6 +702,9 @@ pub fn select_all(
     cluster: impl Into<ClusterCidrs>,
 ) -> Selection {
     let (own, cluster) = (own.into(), cluster.into());
+    if cluster.v4.is_none() {
+        return select_over_ipv6(nodes, own_name, own.v6, cluster.v6);
+    }
     let (mut peers, mut rejected) = select_peers(nodes, own_name, own, cluster);
     let mut peers6 = Vec::new();
     let by_name: BTreeMap<&str, &NodeView> = nodes.iter().map(|n| (n.name.as_str(), n)).collect();
@@ -713,6 +800,77 @@ pub fn select_all(
     peers6.sort_by(|a, b| a.name.cmp(&b.name));
     Selection {
         peers,
+        peers6,
+        rejected,
+    }
+}
+
+/// A peer as a node without `vxlan.1` sees it: its IPv6 podCIDR and its
+/// IPv6 underlay, both required; whatever IPv4 it has is not reachable
+/// from here.
+fn parse_peer_over_ipv6(node: &NodeView, cluster6: Option<Cidr6>) -> Result<Peer6, Reject> {
+    let texts = node.pod_cidr_texts();
+    let pod_cidr6 = match parse_peer6(node, cluster6)? {
+        Some(c) => c,
+        None if texts.v4.is_empty() => return Err(Reject::Incomplete("no spec.podCIDR")),
+        None => return Err(Reject::NoIpv6PodCidr(texts.v4.join(","))),
+    };
+    let underlay6 = match parse_underlay6(node)? {
+        Some(u) => u,
+        None => {
+            return Err(match node.annotations.get(ANNOTATION_HOST_IP) {
+                Some(ip) => Reject::NoCommonUnderlay(ip.trim().to_string()),
+                None => Reject::Incomplete("no IPv6 underlay annotations"),
+            });
+        }
+    };
+    Ok(Peer6 {
+        name: node.name.clone(),
+        pod_cidr6,
+        underlay6,
+    })
+}
+
+/// [`select_all`] on a node without `vxlan.1` (an IPv6-only cluster): a
+/// `vxlan6.1` opens an IPv6 socket only, so every peer is reached over
+/// its IPv6 underlay, a dual-stack peer that announces both underlays
+/// too; one that announces an IPv4 underlay alone cannot be reached from
+/// here (`no_common_underlay`). What would cost a peer only its IPv6 side
+/// elsewhere (a bad IPv6 podCIDR or underlay, overlaps, a shared
+/// `vxlan6.1` MAC) rejects it whole here: its IPv6 side is all there is.
+pub fn select_over_ipv6(
+    nodes: &[NodeView],
+    own_name: &str,
+    own6: Option<Cidr6>,
+    cluster6: Option<Cidr6>,
+) -> Selection {
+    let mut ok: Vec<Peer6> = Vec::new();
+    let mut rejected = Vec::new();
+    for n in nodes.iter().filter(|n| n.name != own_name) {
+        match parse_peer_over_ipv6(n, cluster6) {
+            Ok(p) if own6.is_some_and(|o| o.overlaps(p.pod_cidr6)) => {
+                rejected.push((p.name, Reject::OverlapsOwn6(p.pod_cidr6.to_string())));
+            }
+            Ok(p) => ok.push(p),
+            Err(r) => rejected.push((n.name.clone(), r)),
+        }
+    }
+    let bad = overlapping(&ok.iter().map(|p| p.pod_cidr6).collect::<Vec<_>>());
+    let macs6 = mac_counts(ok.iter().map(|p| p.underlay6.vtep_mac));
+    let mut peers6 = Vec::with_capacity(ok.len());
+    for (p, b) in ok.into_iter().zip(bad) {
+        if b {
+            rejected.push((p.name, Reject::OverlapsPeer6(p.pod_cidr6.to_string())));
+        } else if macs6.get(&p.underlay6.vtep_mac).copied().unwrap_or(0) > 1 {
+            let mac = p.underlay6.vtep_mac.to_string();
+            rejected.push((p.name, Reject::DuplicateVtepMac6(mac)));
+        } else {
+            peers6.push(p);
+        }
+    }
+    peers6.sort_by(|a, b| a.name.cmp(&b.name));
+    Selection {
+        peers: Vec::new(),
         peers6,
         rejected,
     }
@@ -1002,7 +1160,15 @@ mod tests {
 
     fn cluster2() -> ClusterCidrs {
         ClusterCidrs {
-            v4: cluster(),
+            v4: Some(cluster()),
+            v6: Cidr6::parse_network("fd00:10:244::/56").ok(),
+        }
+    }
+
+    /// An IPv6-only cluster's range.
+    fn cluster6() -> ClusterCidrs {
+        ClusterCidrs {
+            v4: None,
             v6: Cidr6::parse_network("fd00:10:244::/56").ok(),
         }
     }
@@ -1415,5 +1581,171 @@ mod tests {
         ] {
             assert!(own(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn cluster_cidrs_need_one_family_at_least() {
+        assert!(ClusterCidrs::new(None, None).is_err());
+        let c6 = ClusterCidrs::new(None, Cidr6::parse_network("fd00:10:244::/56").ok());
+        assert_eq!(c6, Ok(cluster6()));
+        assert!(cluster6().ipv6_only() && !cluster2().ipv6_only());
+        assert!(!ClusterCidrs::from(cluster()).ipv6_only());
+        assert_eq!(cluster6().to_string(), "fd00:10:244::/56");
+        assert_eq!(cluster2().to_string(), "10.244.0.0/16,fd00:10:244::/56");
+        assert_eq!(ClusterCidrs::from(cluster()).to_string(), "10.244.0.0/16");
+    }
+
+    #[test]
+    fn own_pod_cidrs_of_an_ipv6_only_node() {
+        let own = |cidrs: &[&str]| dual("me", cidrs, 1).own_pod_cidrs(cluster6());
+        let v6 = Cidr6::parse_network("fd00:10:244:1::/64").ok();
+        assert_eq!(own(&["fd00:10:244:1::/64"]), Ok(PodCidrs { v4: None, v6 }));
+        // An IPv6-only cluster routes no IPv4: a node's IPv4 range is
+        // ignored, as an IPv6 one is in an IPv4-only cluster.
+        assert_eq!(
+            own(&["10.244.1.0/24", "fd00:10:244:1::/64"]),
+            Ok(PodCidrs { v4: None, v6 })
+        );
+        let e = own(&["10.244.1.0/24"]).expect_err("IPv4 only");
+        assert!(e.contains("no IPv6 range"), "{e}");
+        for bad in [
+            &[][..],
+            &["fd00:99::/64"],
+            &["fd00:10:244:1::1/64"],
+            &["fd00:10:244:1::/126"],
+            &["fd00:10:244:1::/64", "fd00:10:244:2::/64"],
+            &["garbage"],
+        ] {
+            assert!(own(bad).is_err(), "{bad:?}");
+        }
+        // A dual-stack cluster keeps requiring the IPv4 range, and says
+        // where an IPv6-only node belongs.
+        let e = dual("me", &["fd00:10:244:1::/64"], 1)
+            .own_pod_cidrs(cluster2())
+            .expect_err("IPv6 only in a dual-stack cluster");
+        assert!(
+            e.contains("no IPv4 range") && e.contains("IPv6-only cluster"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_node_without_vxlan1_reaches_every_peer_over_its_ipv6_underlay() {
+        let own = PodCidrs {
+            v4: None,
+            v6: Cidr6::parse_network("fd00:10:244::/64").ok(),
+        };
+        // A dual-stack peer that announces both underlays.
+        let both = with_underlay6(
+            dual("both", &["10.244.1.0/24", "fd00:10:244:1::/64"], 1),
+            Some("fd00:77::1"),
+            Some("02:00:00:00:06:01"),
+        );
+        let mut dup_a = v6_only("dup-a", "fd00:10:244:30::/64", 0x30);
+        let mut dup_b = v6_only("dup-b", "fd00:10:244:31::/64", 0x31);
+        for n in [&mut dup_a, &mut dup_b] {
+            n.annotations
+                .insert(ANNOTATION_VTEP_MAC6.into(), "02:00:00:00:06:99".into());
+        }
+        let nodes = [
+            v6_only("me", "fd00:10:244::/64", 0xee),
+            v6_only("a", "fd00:10:244:a::/64", 0xa),
+            both,
+            // Only an IPv4 underlay: nothing here can reach it.
+            dual("v4-underlay", &["10.244.2.0/24", "fd00:10:244:2::/64"], 2),
+            // Only an IPv4 podCIDR: no range this cluster routes.
+            with_underlay6(
+                dual("v4-cidr", &["10.244.3.0/24"], 3),
+                Some("fd00:77::3"),
+                Some("02:00:00:00:06:03"),
+            ),
+            // Starting: a podCIDR, no annotations yet.
+            view("starting", Some("fd00:10:244:4::/64"), None, None),
+            v6_only("own", "fd00:10:244::/64", 0xb),
+            v6_only("x", "fd00:10:244:20::/63", 0xc),
+            v6_only("y", "fd00:10:244:21::/64", 0xd),
+            v6_only("o", "fd00:99::/64", 0xf),
+            with_underlay6(
+                v6_only("bad-host", "fd00:10:244:5::/64", 0x5),
+                Some("fe80::1"),
+                None,
+            ),
+            dup_a,
+            dup_b,
+        ];
+        let s = select_all(&nodes, "me", own, cluster6());
+        assert!(s.peers.is_empty(), "{:?}", s.peers);
+        let reached: Vec<(&str, String, String)> = s
+            .peers6
+            .iter()
+            .map(|p| {
+                (
+                    p.name.as_str(),
+                    p.pod_cidr6.to_string(),
+                    p.underlay6.host_ip.to_string(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            reached,
+            [
+                ("a", "fd00:10:244:a::/64".into(), "fd00:77::a".into()),
+                ("both", "fd00:10:244:1::/64".into(), "fd00:77::1".into()),
+            ]
+        );
+        let mut reasons: Vec<(&str, &str)> = s
+            .rejected
+            .iter()
+            .map(|(n, r)| (n.as_str(), r.reason()))
+            .collect();
+        reasons.sort();
+        assert_eq!(
+            reasons,
+            [
+                ("bad-host", "bad_host_ip_v6"),
+                ("dup-a", "duplicate_vtep_mac_v6"),
+                ("dup-b", "duplicate_vtep_mac_v6"),
+                ("o", "outside_cluster_cidr_v6"),
+                ("own", "overlaps_own_v6"),
+                ("starting", "incomplete"),
+                ("v4-cidr", "no_ipv6_pod_cidr"),
+                ("v4-underlay", "no_common_underlay"),
+                ("x", "overlaps_peer_v6"),
+                ("y", "overlaps_peer_v6"),
+            ]
+        );
+        let why = s
+            .rejected
+            .iter()
+            .find(|(n, _)| n == "v4-underlay")
+            .map(|(_, r)| r.to_string())
+            .unwrap_or_default();
+        assert!(
+            why.contains("192.168.0.2") && why.contains("no IPv4 underlay"),
+            "{why}"
+        );
+        // The same outcome whatever order the Nodes arrive in.
+        let mut rev = nodes.to_vec();
+        rev.reverse();
+        let s2 = select_all(&rev, "me", own, cluster6());
+        assert_eq!(s.peers6, s2.peers6);
+        let mut r1 = s.rejected.clone();
+        let mut r2 = s2.rejected;
+        r1.sort_by(|a, b| a.0.cmp(&b.0));
+        r2.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(r1, r2);
+        // A node with vxlan.1 (a dual-stack cluster) still reaches the
+        // dual-stack peer over IPv4, and the IPv6-only one over vxlan6.1.
+        let s = select_all(
+            &nodes[1..3],
+            "me",
+            PodCidrs {
+                v4: Cidr::parse_network("10.244.0.0/24").ok(),
+                v6: own.v6,
+            },
+            cluster2(),
+        );
+        assert_eq!((s.peers.len(), s.peers6.len()), (1, 1), "{:?}", s.rejected);
+        assert_eq!(s.peers[0].host_ip, Ipv4Addr::new(192, 168, 0, 1));
     }
 }

@@ -23,7 +23,7 @@ fn config(ipam_data_dir: Option<&str>, plugin_log_file: Option<&str>) -> Config 
         pod_name: None,
         pod_namespace: None,
         kubeconfig: None,
-        cluster_cidr: Cidr::parse_network("10.244.0.0/16").expect("valid"),
+        cluster_cidr: Some(Cidr::parse_network("10.244.0.0/16").expect("valid")),
         cluster_cidr6: None,
         iface: None,
         vxlan_name: "vx-test".into(),
@@ -153,6 +153,35 @@ fn a_dual_stack_node_gives_the_plugins_ipam_both_podcidrs() {
             .expect("json")
             .contains("ranges")
     );
+}
+
+#[test]
+fn an_ipv6_only_node_gives_the_plugin_its_ipv6_podcidr_and_vxlan6() {
+    let cfg = config(None, None);
+    let own = PodCidrs {
+        v4: None,
+        v6: Cidr6::parse_network("fd00:10:244:7::/64").ok(),
+    };
+    let text = serde_json::to_string(&agent::conflist(&cfg, own, 1430)).expect("serialises");
+    let list: Value = serde_json::from_str(&text).expect("JSON");
+    let mut p = list["plugins"][0].clone();
+    p["name"] = list["name"].clone();
+    p["cniVersion"] = list["cniVersion"].clone();
+    let conf = NetConf::parse(&serde_json::to_vec(&p).expect("serialises")).expect("parses");
+    // Its one VXLAN device, which the plugin's STATUS looks for.
+    assert_eq!(conf.vxlan_device, "vx6-test");
+    assert_eq!(conf.mtu, 1430);
+    let b = Builtin::from_conf(conf.ipam.as_ref().expect("ipam")).expect("the IPAM takes it");
+    let nets: Vec<String> = b
+        .sets
+        .iter()
+        .flat_map(|s| {
+            s.ranges
+                .iter()
+                .map(|r| format!("{}/{}", r.network, r.prefix))
+        })
+        .collect();
+    assert_eq!(nets, ["fd00:10:244:7::/64"]);
 }
 
 #[test]

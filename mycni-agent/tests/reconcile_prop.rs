@@ -19,7 +19,7 @@ const OWN: &str = "node-0";
 
 fn cluster() -> ClusterCidrs {
     ClusterCidrs {
-        v4: Cidr::parse_network("10.244.0.0/16").expect("valid"),
+        v4: Some(Cidr::parse_network("10.244.0.0/16").expect("valid")),
         v6: Cidr6::parse_network("fd00:10:244::/56").ok(),
     }
 }

@@ -6,8 +6,8 @@
 //! underlay moved, after a failed pass (with backoff), and every resync
 //! period (a full pass: the safety net for whatever no notification told).
 
-use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -24,14 +24,16 @@ use tokio::time::Instant;
 
 use super::startup::Started;
 use super::{
-    CONFLIST_NAME, Config, conflist, kube_client, node_view, ready_file, set_network_available,
-    strip_node, write_atomic,
+    CONFLIST_NAME, Config, IPV6_ONLY, conflist, kube_client, node_view, ready_file,
+    set_network_available, strip_node, write_atomic,
 };
 use crate::fastpath::FastPath;
 use crate::kernel::{Kernel, VxlanSpec};
 use crate::kwatch::{Expected, Signals, Watched};
 use crate::metrics::{Liveness, Metrics, NetlinkOp, netlink_timed};
-use crate::peers::{ANNOTATION_HOST_IP, Cidr, ClusterCidrs, NodeView, PodCidrs};
+use crate::peers::{
+    ANNOTATION_HOST_IP, ANNOTATION_HOST_IP6, Cidr, ClusterCidrs, NodeView, PodCidrs, Reject,
+};
 use crate::reconcile::{self, OverlayState};
 use crate::underlay_filter::UnderlayFilter;
 
@@ -44,10 +46,16 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 /// State the reconcile loop keeps between passes.
 struct Loop {
     kernel: Kernel,
-    vx: VxlanSpec,
+    /// `vxlan.1`; None on an IPv6-only node, whose passes do `vxlan6.1`
+    /// alone.
+    vx: Option<VxlanSpec>,
     /// `vxlan6.1`, on a node with an IPv6 underlay: kept as start-up made
-    /// it (recreated when missing or changed, as `vxlan.1`).
+    /// it (recreated when missing or changed, as `vxlan.1`), moved with
+    /// the underlay on an IPv6-only node.
     vx6: Option<crate::kernel::Vxlan6Spec>,
+    /// The peers found unreachable (`no_common_underlay`) at the last
+    /// pass: each is said once, when it becomes so, not at every pass.
+    unreachable: BTreeSet<String>,
     own_name: String,
     own: PodCidrs,
     cluster: ClusterCidrs,
@@ -75,8 +83,8 @@ enum UnderlayChange {
     Same,
     /// Direct routing's subnets changed: the desired routes may differ.
     Subnets,
-    /// Another interface or address: vxlan.1 moves, the host IP is
-    /// republished.
+    /// Another interface or address: vxlan.1 (on an IPv6-only node
+    /// vxlan6.1) moves, the host IP is republished.
     Moved,
 }
 
@@ -109,17 +117,40 @@ fn same_vxlan(a: &VxlanSpec, b: &VxlanSpec) -> bool {
 
 impl Loop {
     /// Tells `kwatch` what this pass is about to write, before it writes.
+    /// Nothing on an IPv6-only node: `Expected` is `vxlan.1`'s, and
+    /// `kwatch` judges `vxlan6.1`'s notifications without it.
     fn publish_expected(&mut self, want: &OverlayState) {
+        let Some(me) = &self.vx else {
+            return;
+        };
         if self
             .published
             .as_ref()
-            .is_some_and(|(vx, o)| same_vxlan(vx, &self.vx) && o == want)
+            .is_some_and(|(vx, o)| same_vxlan(vx, me) && o == want)
         {
             return;
         }
-        self.watched
-            .expect(Expected::new(self.vx.clone(), want.clone()));
-        self.published = Some((self.vx.clone(), want.clone()));
+        self.watched.expect(Expected::new(me.clone(), want.clone()));
+        self.published = Some((me.clone(), want.clone()));
+    }
+
+    /// The pods' MTU: `vxlan.1`'s, or on an IPv6-only node `vxlan6.1`'s.
+    fn pods_mtu(&self) -> u32 {
+        match (&self.vx, &self.vx6) {
+            (Some(vx), _) => vx.mtu,
+            (None, Some(vx6)) => vx6.mtu,
+            (None, None) => 0,
+        }
+    }
+
+    /// The host IP annotation to republish when the underlay moved, with
+    /// the address: the IPv4 one, or on an IPv6-only node the IPv6 one.
+    fn host_ip(&self) -> Option<(&'static str, IpAddr)> {
+        match (&self.vx, &self.vx6) {
+            (Some(vx), _) => Some((ANNOTATION_HOST_IP, vx.local_ip.into())),
+            (None, Some(vx6)) => Some((ANNOTATION_HOST_IP6, vx6.local_ip.into())),
+            (None, None) => None,
+        }
     }
 
     /// `read_pods`: the kernel said pods came or went (`kwatch`); full
@@ -134,9 +165,16 @@ impl Loop {
         } = crate::peers::select_all(&views, &self.own_name, self.own, self.cluster);
         let want = reconcile::desired_direct(&peers, &self.direct);
         self.publish_expected(&want);
-        let (index, recreated) =
-            netlink_timed(NetlinkOp::EnsureVxlan, self.kernel.ensure_vxlan(&self.vx)).await?;
-        self.watched.set_vxlan_index(index);
+        // No vxlan.1 (an IPv6-only node): index 0, nothing on it to dump
+        // or apply; `peers` is empty there.
+        let (index, recreated) = match &self.vx {
+            Some(vx) => {
+                let r = netlink_timed(NetlinkOp::EnsureVxlan, self.kernel.ensure_vxlan(vx)).await?;
+                self.watched.set_vxlan_index(r.0);
+                r
+            }
+            None => (0, false),
+        };
         let mut index6 = None;
         if let Some(vx6) = &self.vx6 {
             let (i6, recreated6) =
@@ -155,15 +193,21 @@ impl Loop {
         if recreated || full {
             self.kernel_cache = None;
         }
-        if recreated {
-            tracing::warn!(device = %self.vx.name, "VXLAN device was missing or wrong and has been recreated");
+        if let Some(vx) = self.vx.as_ref().filter(|_| recreated) {
+            tracing::warn!(device = %vx.name, "VXLAN device was missing or wrong and has been recreated");
         }
         // A new vxlan.1 has a new ifindex: the fast path must re-attach now.
         let full = full || recreated;
         let mut by_reason: BTreeMap<&'static str, u64> = BTreeMap::new();
+        let mut unreachable = BTreeSet::new();
         for (name, why) in &rejected {
             *by_reason.entry(why.reason()).or_default() += 1;
-            if why.ipv6_side_only() {
+            if let Reject::NoCommonUnderlay(_) = why {
+                if !self.unreachable.contains(name) {
+                    tracing::warn!(node = %name, reason = why.reason(), "not programming node: {why}");
+                }
+                unreachable.insert(name.clone());
+            } else if why.ipv6_side_only() && self.vx.is_some() {
                 tracing::warn!(node = %name, reason = why.reason(), "programming node without its IPv6 side: {why}");
             } else if !matches!(why, crate::peers::Reject::Incomplete(_)) {
                 tracing::warn!(node = %name, reason = why.reason(), "not programming node: {why}");
@@ -171,20 +215,25 @@ impl Loop {
                 tracing::debug!(node = %name, "not programming node yet: {why}");
             }
         }
+        self.unreachable = unreachable;
         if let Ok(mut r) = self.metrics.rejected.lock() {
             *r = by_reason;
         }
-        let underlay = if self.direct.is_empty() {
-            0
-        } else {
-            self.vx.underlay_index
+        let underlay = match &self.vx {
+            Some(vx) if !self.direct.is_empty() => vx.underlay_index,
+            _ => 0,
         };
         let mut have = match self.kernel_cache.take() {
             Some(c) => c,
+            None if self.vx.is_none() => OverlayState::default(),
             None => netlink_timed(NetlinkOp::Dump, self.kernel.dump(index, underlay)).await?,
         };
         let actions = reconcile::diff(&want, &have);
-        let mut failed = self.kernel.apply(index, underlay, &actions).await;
+        let mut failed = if self.vx.is_some() {
+            self.kernel.apply(index, underlay, &actions).await
+        } else {
+            0
+        };
         // vxlan6.1 after vxlan.1: a peer moving from it to vxlan.1 has its
         // routes replaced there first, and is then no longer here.
         let mut state6 = None;
@@ -238,7 +287,7 @@ impl Loop {
                         overlay: o6,
                     });
                 self.fast
-                    .sync(index, &self.vx, &have, pods.as_ref(), vxlan6)
+                    .sync(index, self.vx.as_ref(), &have, pods.as_ref(), vxlan6)
                     .context("syncing the eBPF maps")?;
             }
             self.kernel_cache = Some(have);
@@ -271,7 +320,8 @@ impl Loop {
 
     /// Re-reads the underlay (on full passes, and when the kernel says an
     /// address, a route or the underlay link changed): direct routing
-    /// follows its subnets, and vxlan.1 follows its address.
+    /// follows its subnets, and vxlan.1 follows its address (on an
+    /// IPv6-only node, vxlan6.1 follows the IPv6 underlay's).
     async fn refresh_underlay(&mut self, cfg: &Config) -> UnderlayChange {
         let how = match cfg.underlay() {
             Ok(h) => h,
@@ -281,6 +331,22 @@ impl Loop {
             }
         };
         let mut change = UnderlayChange::Same;
+        let Some(vx) = self.vx.as_mut() else {
+            let Some(vx6) = self.vx6.as_mut() else {
+                return change;
+            };
+            match self.kernel.select_underlay_ipv6(&how, &cfg.underlay6).await {
+                Ok(u) if u.ip != vx6.local_ip || u.index != vx6.underlay_index => {
+                    tracing::warn!(old = %vx6.local_ip, new = %u.ip, underlay = %u.name, "the IPv6 underlay address changed; moving {} and republishing", vx6.name);
+                    vx6.local_ip = u.ip;
+                    vx6.underlay_index = u.index;
+                    change = UnderlayChange::Moved;
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "cannot read the IPv6 underlay"),
+            }
+            return change;
+        };
         match self.kernel.select_underlay(&how).await {
             Ok(u) => {
                 if cfg.direct_routing && u.subnets != self.direct {
@@ -288,10 +354,10 @@ impl Loop {
                     self.direct = u.subnets.clone();
                     change = UnderlayChange::Subnets;
                 }
-                if u.ip != self.vx.local_ip || u.index != self.vx.underlay_index {
-                    tracing::warn!(old = %self.vx.local_ip, new = %u.ip, underlay = %u.name, "the underlay address changed; moving vxlan.1 and republishing");
-                    self.vx.local_ip = u.ip;
-                    self.vx.underlay_index = u.index;
+                if u.ip != vx.local_ip || u.index != vx.underlay_index {
+                    tracing::warn!(old = %vx.local_ip, new = %u.ip, underlay = %u.name, "the underlay address changed; moving vxlan.1 and republishing");
+                    vx.local_ip = u.ip;
+                    vx.underlay_index = u.index;
                     change = UnderlayChange::Moved;
                 }
             }
@@ -323,8 +389,7 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
         client,
         nodes,
         node_name,
-        own_cidr,
-        own_cidr6,
+        own,
         kernel,
         vx,
         vx6,
@@ -337,7 +402,8 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
     // Subscribed before the first (full) pass reads the kernel, so no pod
     // and no drift is missed in between.
     let signals = Signals::default();
-    let watched = Watched::new(vx.name.clone(), cfg.underlay()?);
+    let watched = Watched::new(cfg.vxlan_name.clone(), cfg.underlay()?);
+    watched.set_ipv6_underlay(vx.is_none());
     let mut subscription = subscribe(&signals, &watched);
     let _pins = if fast.active() {
         crate::kwatch::spawn_pins(&cfg.pin_dir, signals.overlay.clone())
@@ -350,11 +416,9 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
         kernel,
         vx,
         vx6,
+        unreachable: BTreeSet::new(),
         own_name: node_name.clone(),
-        own: PodCidrs {
-            v4: Some(own_cidr),
-            v6: own_cidr6,
-        },
+        own,
         cluster: cfg.clusters(),
         metrics: metrics.clone(),
         last_desired: None,
@@ -418,7 +482,7 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
                 Ok(()) if !handed_over || !cfg.cni_conf_dir.join(CONFLIST_NAME).exists() => {
                     // The conflist goes out only once the overlay is up and peers
                     // are programmed: the runtime starts pods as soon as it sees it.
-                    let conf = conflist(cfg, lp.own, lp.vx.mtu);
+                    let conf = conflist(cfg, lp.own, lp.pods_mtu());
                     write_atomic(
                         &cfg.cni_conf_dir.join(CONFLIST_NAME),
                         serde_json::to_string_pretty(&conf)?.as_bytes(),
@@ -430,14 +494,14 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
                     } else {
                         handed_over = true;
                     }
-                    set_ready(&metrics, &lp.fast);
+                    set_ready(&metrics, &lp);
                 }
                 Ok(()) => {
                     // Drift repair recreated the ready marker's precondition.
                     if !ready_file(cfg).exists() {
                         write_atomic(&ready_file(cfg), b"ready\n")?;
                     }
-                    set_ready(&metrics, &lp.fast);
+                    set_ready(&metrics, &lp);
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "reconcile failed; retrying");
@@ -448,7 +512,11 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
         }
         // After the pass, so vxlan.1 has moved first.
         if republish {
-            if republish_host_ip(cfg, &node_name, lp.vx.local_ip).await {
+            let done = match lp.host_ip() {
+                Some((key, ip)) => republish_host_ip(cfg, &node_name, key, ip).await,
+                None => true,
+            };
+            if done {
                 republish = false;
             } else {
                 failed = true;
@@ -595,22 +663,27 @@ fn ensure_pod_cidr_unchanged(
     Ok(())
 }
 
-fn set_ready(metrics: &Metrics, fast: &FastPath) {
+fn set_ready(metrics: &Metrics, lp: &Loop) {
     metrics.set_ready(format!(
-        "overlay up, {} peers; {}",
+        "overlay up, {} peers; {}{}",
         metrics.peers_programmed.load(Ordering::Relaxed),
-        fast.describe()
+        lp.fast.describe(),
+        if lp.vx.is_none() {
+            format!("; {IPV6_ONLY}")
+        } else {
+            String::new()
+        }
     ));
 }
 
-/// Publishes the moved host IP (through `nodes/status`, as `announce`
-/// does); true once the API took it. On a client of its own: the pooled
+/// Publishes the moved host IP as annotation `key` (through
+/// `nodes/status`, as `announce` does); true once the API took it. On a client of its own: the pooled
 /// connections of the loop's client may be bound to the address that just
 /// vanished, and a request on one hangs until TCP gives up. Bounded all
 /// the same, and retried by the loop.
-async fn republish_host_ip(cfg: &Config, node_name: &str, host_ip: Ipv4Addr) -> bool {
+async fn republish_host_ip(cfg: &Config, node_name: &str, key: &str, host_ip: IpAddr) -> bool {
     let patch = serde_json::json!({ "metadata": { "annotations": {
-        ANNOTATION_HOST_IP: host_ip.to_string(),
+        key: host_ip.to_string(),
     }}});
     let publish = async {
         let nodes: Api<Node> = Api::all(kube_client(cfg.kubeconfig.as_deref()).await?);

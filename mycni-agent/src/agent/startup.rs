@@ -2,6 +2,14 @@
 //! waits for the podCIDR, brings `vxlan.1` up with a stable VTEP MAC, loads
 //! the programs, sets the sysctls and the masquerade rules, and announces the
 //! VTEP on its Node. [`Started`] is all of it the loop goes on with.
+//!
+//! An IPv6-only node (a cluster CIDR with an IPv6 range alone) has no
+//! `vxlan.1`: a VXLAN device outside metadata mode opens a socket of one
+//! family, and such a node has no IPv4 to open it on. Its underlay is
+//! found through IPv6 routes and addresses, `vxlan6.1` is its one device
+//! (mandatory, holding the node's IPv6 VTEP address), and it announces the
+//! IPv6 underlay only: flannel's IPv6-only mode does the same with
+//! `flannel-v6.1` alone.
 
 use std::net::IpAddr;
 use std::path::Path;
@@ -12,13 +20,15 @@ use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 
-use super::{Config, RunOptions, VXLAN_OVERHEAD, kube_client, resolve_node_name, write_atomic};
+use super::{
+    Config, IPV6_ONLY, RunOptions, VXLAN_OVERHEAD, kube_client, resolve_node_name, write_atomic,
+};
 use crate::fastpath::FastPath;
-use crate::kernel::{Kernel, Underlay, Underlay6, Vxlan6Spec, VxlanSpec};
+use crate::kernel::{Kernel, Underlay, Underlay6, Underlay6Select, Vxlan6Spec, VxlanSpec};
 use crate::metrics::Metrics;
 use crate::peers::{
-    ANNOTATION_HOST_IP, ANNOTATION_HOST_IP6, ANNOTATION_VTEP_MAC, ANNOTATION_VTEP_MAC6, Cidr, Mac,
-    PodCidrs,
+    ANNOTATION_HOST_IP, ANNOTATION_HOST_IP6, ANNOTATION_VTEP_MAC, ANNOTATION_VTEP_MAC6, Cidr,
+    Cidr6, Mac, PodCidrs,
 };
 use crate::underlay_filter::UnderlayFilter;
 
@@ -27,14 +37,15 @@ pub(super) struct Started {
     pub(super) client: kube::Client,
     pub(super) nodes: Api<Node>,
     pub(super) node_name: String,
-    pub(super) own_cidr: Cidr,
-    /// The IPv6 podCIDR, on a dual-stack node of a cluster the agent does
-    /// IPv6 in.
-    pub(super) own_cidr6: Option<crate::peers::Cidr6>,
+    /// The IPv4 podCIDR (None on an IPv6-only node) and the IPv6 one (on a
+    /// node of a cluster the agent does IPv6 in).
+    pub(super) own: PodCidrs,
     pub(super) kernel: Kernel,
     /// `vxlan.1` as brought up; the loop moves it when the underlay moves.
-    pub(super) vx: VxlanSpec,
-    /// `vxlan6.1` as brought up, on a node with an IPv6 underlay.
+    /// None on an IPv6-only node.
+    pub(super) vx: Option<VxlanSpec>,
+    /// `vxlan6.1` as brought up, on a node with an IPv6 underlay (always
+    /// on an IPv6-only node).
     pub(super) vx6: Option<Vxlan6Spec>,
     /// The underlay's own subnets at start: the first set direct routing
     /// uses, before the loop re-reads the underlay.
@@ -60,8 +71,7 @@ pub(super) async fn start(
     let nodes: Api<Node> = Api::all(client.clone());
     metrics.set_not_ready(format!("waiting for Node {node_name} to have spec.podCIDR"));
     let own = wait_for_pod_cidr(cfg, &nodes, &node_name, metrics).await;
-    let (own_cidr, own_cidr6) = (own.0, own.1);
-    if let (Some(c6), None) = (own_cidr6, cfg.cluster_cidr6) {
+    if let (Some(c6), None) = (own.v6, cfg.cluster_cidr6) {
         // Not reachable (own_pod_cidrs ignores IPv6 then); said for clarity.
         tracing::warn!(pod_cidr6 = %c6, "no IPv6 cluster CIDR: IPv6 is off");
     }
@@ -70,8 +80,65 @@ pub(super) async fn start(
     // first pass knows the peers; a restarted one keeps its peer set.
     let filter = UnderlayFilter::start(cfg.vxlan_port, metrics.clone());
     let kernel = Kernel::new()?;
+    let (vx, vx6, underlay_subnets, underlay_name) = match (own.v4, own.v6) {
+        (Some(own_cidr), own_cidr6) => {
+            let (vx, vx6, underlay) =
+                start_dual(cfg, opts, &kernel, &node_name, &how, (own_cidr, own_cidr6)).await?;
+            (Some(vx), vx6, underlay.subnets, underlay.name)
+        }
+        (None, Some(own_cidr6)) => {
+            let (vx6, u6) =
+                start_ipv6_only(cfg, opts, &kernel, &node_name, &how, own_cidr6).await?;
+            (None, Some(vx6), vec![], u6.name)
+        }
+        (None, None) => anyhow::bail!("this node has no podCIDR of either family"),
+    };
+    let fast = load_programs(cfg, metrics)?;
+    if own.v4.is_some() {
+        set_sysctl(&cfg.proc_sys, "net.ipv4.ip_forward", "1")?;
+    }
+    if own.v6.is_some() {
+        set_sysctl(&cfg.proc_sys, "net.ipv6.conf.all.forwarding", "1")?;
+        warn_ra_ignored(&cfg.proc_sys, &underlay_name);
+    }
+    warn_loose_rp_filter(&cfg.proc_sys);
+    if cfg.masquerade {
+        crate::masq::install(cfg.clusters()).context("installing masquerade rules")?;
+    }
+    announce(
+        &nodes,
+        &node_name,
+        vx.as_ref().map(|v| (v.mac, v.local_ip)),
+        vx6.as_ref(),
+    )
+    .await;
+    Ok(Started {
+        client,
+        nodes,
+        node_name,
+        own,
+        kernel,
+        vx,
+        vx6,
+        underlay_subnets,
+        filter,
+        fast,
+    })
+}
+
+/// A node with an IPv4 podCIDR: `vxlan.1` over the IPv4 underlay, and
+/// `vxlan6.1` beside it where the node has IPv6 pods and an IPv6 underlay.
+async fn start_dual(
+    cfg: &Config,
+    opts: RunOptions,
+    kernel: &Kernel,
+    node_name: &str,
+    how: &crate::kernel::UnderlaySelect,
+    own: (Cidr, Option<Cidr6>),
+) -> Result<(VxlanSpec, Option<Vxlan6Spec>, Underlay)> {
+    let own_cidr6 = own.1;
     let underlay = kernel
-        .select_underlay(&how)
+        .select_underlay(how)
         .await
         .with_context(|| {
             format!(
@@ -93,9 +160,18 @@ pub(super) async fn start(
         own_cidr6.is_some(),
         underlay6.is_some(),
     )?;
-    let vx = bring_up_vxlan(cfg, &kernel, &underlay, mtu, &node_name, own).await?;
+    let vx = bring_up_vxlan(cfg, kernel, &underlay, mtu, node_name, own).await?;
     let vx6 = match &underlay6 {
-        Some(u6) => Some(bring_up_vxlan6(cfg, &kernel, u6).await?),
+        Some(u6) => Some(
+            bring_up_vxlan6(
+                cfg,
+                kernel,
+                u6,
+                u6.mtu.saturating_sub(VXLAN6_OVERHEAD),
+                None,
+            )
+            .await?,
+        ),
         None => {
             // An earlier run's, when the node no longer has an IPv6
             // underlay (or it is turned off): its peers must not be sent
@@ -107,44 +183,67 @@ pub(super) async fn start(
             None
         }
     };
-    let fast = load_programs(cfg, metrics)?;
-    set_sysctl(&cfg.proc_sys, "net.ipv4.ip_forward", "1")?;
-    if own_cidr6.is_some() {
-        set_sysctl(&cfg.proc_sys, "net.ipv6.conf.all.forwarding", "1")?;
-        warn_ra_ignored(&cfg.proc_sys, &underlay.name);
+    Ok((vx, vx6, underlay))
+}
+
+/// An IPv6-only node: no `vxlan.1` (an earlier run's is removed, with the
+/// routes and nexthops it had), `vxlan6.1` over the IPv6 underlay as the
+/// node's one VXLAN device, with the pods' MTU and the IPv6 VTEP address.
+async fn start_ipv6_only(
+    cfg: &Config,
+    opts: RunOptions,
+    kernel: &Kernel,
+    node_name: &str,
+    how: &crate::kernel::UnderlaySelect,
+    own_cidr6: Cidr6,
+) -> Result<(Vxlan6Spec, Underlay6)> {
+    if cfg.underlay6 == Underlay6Select::Off {
+        anyhow::bail!(
+            "--underlay6 off (ConfigMap mycni-config key `underlay6`, env MYCNI_UNDERLAY6) on an IPv6-only node: {} over the IPv6 underlay is the only way it has to its peers; set auto or one of its IPv6 addresses",
+            cfg.vxlan6_name
+        );
     }
-    warn_loose_rp_filter(&cfg.proc_sys);
-    if cfg.masquerade {
-        crate::masq::install(cfg.clusters()).context("installing masquerade rules")?;
+    let u6 = kernel
+        .select_underlay_ipv6(how, &cfg.underlay6)
+        .await
+        .with_context(|| {
+            format!(
+                "finding the IPv6 underlay of an IPv6-only node: --iface {how} (ConfigMap mycni-config key `underlay`, env MYCNI_IFACE), --underlay6 {} (key `underlay6`, env MYCNI_UNDERLAY6)",
+                cfg.underlay6
+            )
+        })?;
+    let mtu = mtu_within(opts.mtu, &u6.name, u6.mtu, VXLAN6_OVERHEAD, true)?;
+    tracing::info!(node = %node_name, pod_cidr6 = %own_cidr6, underlay = %u6.name, host_ip6 = %u6.ip, "{IPV6_ONLY}: no {}, every peer through {}", cfg.vxlan_name, cfg.vxlan6_name);
+    if cfg.direct_routing {
+        tracing::warn!(
+            "--direct-routing routes IPv4 podCIDRs only: nothing to do on an IPv6-only node"
+        );
     }
-    announce(&nodes, &node_name, vx.mac, &underlay, vx6.as_ref()).await;
-    Ok(Started {
-        client,
-        nodes,
-        node_name,
-        own_cidr,
-        own_cidr6,
-        kernel,
-        vx,
-        vx6,
-        underlay_subnets: underlay.subnets,
-        filter,
-        fast,
-    })
+    // An earlier (dual-stack) run's: its socket and routes must go, and so
+    // must the agent's nexthops (this node makes none: vxlan6.1's routes
+    // are onlink), those of direct routing on the underlay among them.
+    if let Some(l) = kernel.link(&cfg.vxlan_name).await? {
+        tracing::info!(device = %cfg.vxlan_name, "{IPV6_ONLY}: removing the VXLAN device over IPv4");
+        kernel.del_link(l.index).await?;
+    }
+    kernel.delete_nexthops().await?;
+    let vx6 = bring_up_vxlan6(cfg, kernel, &u6, mtu, Some(own_cidr6.network())).await?;
+    Ok((vx6, u6))
 }
 
 /// The podCIDRs come from kube-controller-manager; until then there is
-/// nothing to do but wait and say so. The IPv4 one is required; the IPv6
-/// one is taken when the agent does IPv6 (an IPv6 cluster CIDR is set),
-/// and when it is there but bad the node waits as for a bad IPv4 one:
-/// going ahead without it would leave pods without IPv6 on a node the
-/// cluster takes for dual-stack.
+/// nothing to do but wait and say so. The IPv4 one is required in a
+/// cluster with an IPv4 range, the IPv6 one in an IPv6-only cluster; the
+/// IPv6 one is taken when the agent does IPv6 (an IPv6 cluster CIDR is
+/// set), and when it is there but bad the node waits as for a bad IPv4
+/// one: going ahead without it would leave pods without IPv6 on a node
+/// the cluster takes for dual-stack.
 async fn wait_for_pod_cidr(
     cfg: &Config,
     nodes: &Api<Node>,
     node_name: &str,
     metrics: &Metrics,
-) -> (Cidr, Option<crate::peers::Cidr6>) {
+) -> PodCidrs {
     loop {
         match nodes.get_opt(node_name).await {
             Ok(Some(n)) => {
@@ -154,15 +253,17 @@ async fn wait_for_pod_cidr(
                     tracing::info!(node = %node_name, "waiting for spec.podCIDR (kube-controller-manager --allocate-node-cidrs)");
                 } else {
                     match view.own_pod_cidrs(cfg.clusters()) {
-                        Ok(PodCidrs { v4: Some(v4), v6 }) => {
-                            if v6.is_none() && !texts.v6.is_empty() {
+                        Ok(own) => {
+                            if own.v6.is_none() && !texts.v6.is_empty() {
                                 tracing::warn!(node = %node_name, pod_cidrs = ?texts.v6, "this node has an IPv6 podCIDR, but no IPv6 cluster CIDR is set (cluster-cidr): IPv6 is off");
                             }
-                            return (v4, v6);
+                            if own.v4.is_none() && !texts.v4.is_empty() {
+                                tracing::warn!(node = %node_name, pod_cidrs = ?texts.v4, "this node has an IPv4 podCIDR, but the cluster CIDR (cluster-cidr) is IPv6-only: IPv4 is off");
+                            }
+                            return own;
                         }
-                        Ok(_) => {}
                         Err(why) => {
-                            tracing::error!(node = %node_name, cluster_cidr = %cfg.cluster_cidr, cluster_cidr6 = ?cfg.cluster_cidr6, "own podCIDRs: {why}");
+                            tracing::error!(node = %node_name, cluster_cidr = %cfg.clusters(), "own podCIDRs: {why}");
                             metrics.set_not_ready(format!("own podCIDRs: {why}"));
                         }
                     }
@@ -207,13 +308,7 @@ async fn bring_up_vxlan(
                 ..vx.clone()
             })
             .await?;
-        // A path, not `set_sysctl`'s dotted key: the device name has a dot.
-        let p = cfg
-            .proc_sys
-            .join(format!("net/ipv6/conf/{}/disable_ipv6", cfg.vxlan_name));
-        if std::fs::read_to_string(&p).is_ok_and(|v| v.trim() != "0") {
-            std::fs::write(&p, "0").with_context(|| format!("writing 0 to {}", p.display()))?;
-        }
+        enable_ipv6(&cfg.proc_sys, &cfg.vxlan_name)?;
     }
     tracing::info!(node = %node_name, pod_cidr = %own_cidr, pod_cidr6 = ?own_cidr6, underlay = %underlay.name, host_ip = %underlay.ip, vtep_mac = %mac, mtu = vx.mtu, "bringing the overlay up");
     kernel.ensure_vxlan(&vx).await?;
@@ -221,9 +316,16 @@ async fn bring_up_vxlan(
 }
 
 /// `vxlan6.1` over the IPv6 underlay: `vxlan.1`'s VNI and port, a VTEP
-/// MAC of its own kept as stable as `vxlan.1`'s, and the MTU an IPv6
-/// underlay carries.
-async fn bring_up_vxlan6(cfg: &Config, kernel: &Kernel, u6: &Underlay6) -> Result<Vxlan6Spec> {
+/// MAC of its own kept as stable as `vxlan.1`'s, `mtu` (what the IPv6
+/// underlay carries, or the pods' on an IPv6-only node), and on an
+/// IPv6-only node the IPv6 VTEP address (`address6`).
+async fn bring_up_vxlan6(
+    cfg: &Config,
+    kernel: &Kernel,
+    u6: &Underlay6,
+    mtu: u32,
+    address6: Option<std::net::Ipv6Addr>,
+) -> Result<Vxlan6Spec> {
     let existing_mac = kernel.link(&cfg.vxlan6_name).await?.map(|l| l.mac);
     let mac = stable_mac(&cfg.data_dir, "vtep-mac-v6", existing_mac.as_deref())?;
     let vx6 = Vxlan6Spec {
@@ -232,12 +334,36 @@ async fn bring_up_vxlan6(cfg: &Config, kernel: &Kernel, u6: &Underlay6) -> Resul
         port: cfg.vxlan_port,
         underlay_index: u6.index,
         local_ip: u6.ip,
-        mtu: u6.mtu.saturating_sub(VXLAN6_OVERHEAD),
+        mtu,
         mac,
+        address6,
     };
-    tracing::info!(device = %vx6.name, underlay = %u6.name, host_ip6 = %u6.ip, vtep_mac = %mac, mtu = vx6.mtu, "bringing the VXLAN device over IPv6 up");
+    tracing::info!(device = %vx6.name, underlay = %u6.name, host_ip6 = %u6.ip, vtep_mac = %mac, mtu = vx6.mtu, vtep6 = ?address6, "bringing the VXLAN device over IPv6 up");
+    if address6.is_some() {
+        // As for vxlan.1's IPv6 address (`bring_up_vxlan`): up without
+        // it, IPv6 on for the device, then the address.
+        kernel
+            .ensure_vxlan6(&Vxlan6Spec {
+                address6: None,
+                ..vx6.clone()
+            })
+            .await?;
+        enable_ipv6(&cfg.proc_sys, &cfg.vxlan6_name)?;
+    }
     kernel.ensure_vxlan6(&vx6).await?;
     Ok(vx6)
+}
+
+/// `disable_ipv6` 0 on the device `name`, if it is not: a host whose
+/// `default.disable_ipv6` is 1 makes every new device so, and the kernel
+/// then refuses the VTEP's IPv6 address.
+fn enable_ipv6(proc_sys: &Path, name: &str) -> Result<()> {
+    // A path, not `set_sysctl`'s dotted key: the device name has a dot.
+    let p = proc_sys.join(format!("net/ipv6/conf/{name}/disable_ipv6"));
+    if std::fs::read_to_string(&p).is_ok_and(|v| v.trim() != "0") {
+        std::fs::write(&p, "0").with_context(|| format!("writing 0 to {}", p.display()))?;
+    }
+    Ok(())
 }
 
 /// What VXLAN adds around a pod's packet over an IPv6 underlay: the outer
@@ -270,21 +396,29 @@ fn overlay_mtu(want: Option<u32>, underlay: &Underlay, ipv6: bool, over_ipv6: bo
     } else {
         vxlan_overhead(IpAddr::V4(underlay.ip))
     };
-    let most = underlay.mtu.saturating_sub(overhead);
+    mtu_within(want, &underlay.name, underlay.mtu, overhead, ipv6)
+}
+
+/// [`overlay_mtu`] over the underlay `name` of MTU `underlay_mtu`, with
+/// `overhead` bytes of VXLAN around each packet.
+fn mtu_within(
+    want: Option<u32>,
+    name: &str,
+    underlay_mtu: u32,
+    overhead: u32,
+    ipv6: bool,
+) -> Result<u32> {
+    let most = underlay_mtu.saturating_sub(overhead);
     let mtu = match want {
         None => most,
         Some(m) if m <= most => m,
         Some(m) => anyhow::bail!(
-            "--mtu {m} (ConfigMap mycni-config key `mtu`, env MYCNI_MTU) is above what the underlay {} carries with VXLAN: at most {most} ({} less {overhead})",
-            underlay.name,
-            underlay.mtu
+            "--mtu {m} (ConfigMap mycni-config key `mtu`, env MYCNI_MTU) is above what the underlay {name} carries with VXLAN: at most {most} ({underlay_mtu} less {overhead})",
         ),
     };
     if ipv6 && mtu < IPV6_MIN_MTU {
         anyhow::bail!(
-            "the overlay MTU {mtu} (underlay {} with {} less {overhead}, or `mtu`) is below IPv6's minimum of {IPV6_MIN_MTU}: pods could not have IPv6",
-            underlay.name,
-            underlay.mtu
+            "the overlay MTU {mtu} (underlay {name} with {underlay_mtu} less {overhead}, or `mtu`) is below IPv6's minimum of {IPV6_MIN_MTU}: pods could not have IPv6",
         );
     }
     Ok(mtu)
@@ -316,17 +450,18 @@ fn load_programs(cfg: &Config, metrics: &Arc<Metrics>) -> Result<FastPath> {
 /// annotations land and the role gives no hold on the Node's spec (flannel
 /// writes its annotations the same way).
 /// Without an IPv6 underlay its annotations are removed (null in a merge
-/// patch), so no peer keeps sending to a device this node no longer has.
+/// patch), so no peer keeps sending to a device this node no longer has;
+/// the same for the IPv4 ones (`v4`: `vxlan.1`'s MAC and host IP) on an
+/// IPv6-only node, where an earlier dual-stack run may have left them.
 async fn announce(
     nodes: &Api<Node>,
     node_name: &str,
-    mac: Mac,
-    underlay: &Underlay,
+    v4: Option<(Mac, std::net::Ipv4Addr)>,
     vx6: Option<&Vxlan6Spec>,
 ) {
     let patch = serde_json::json!({ "metadata": { "annotations": {
-        ANNOTATION_VTEP_MAC: mac.to_string(),
-        ANNOTATION_HOST_IP: underlay.ip.to_string(),
+        ANNOTATION_VTEP_MAC: v4.map(|(mac, _)| mac.to_string()),
+        ANNOTATION_HOST_IP: v4.map(|(_, ip)| ip.to_string()),
         ANNOTATION_VTEP_MAC6: vx6.map(|v| v.mac.to_string()),
         ANNOTATION_HOST_IP6: vx6.map(|v| v.local_ip.to_string()),
     }}});
@@ -461,6 +596,18 @@ mod tests {
             overlay_mtu(None, &small, true, false).is_err(),
             "1250 with IPv6"
         );
+    }
+
+    #[test]
+    fn an_ipv6_only_nodes_mtu_is_its_ipv6_underlays_less_70() {
+        let mtu = |want, underlay| mtu_within(want, "eth0", underlay, VXLAN6_OVERHEAD, true);
+        assert_eq!(mtu(None, 1500).ok(), Some(1430));
+        assert_eq!(mtu(Some(1400), 1500).ok(), Some(1400));
+        let e = mtu(Some(1431), 1500).map_err(|e| e.to_string());
+        assert!(e.expect_err("1431").contains("at most 1430 (1500 less 70)"));
+        // Its pods have IPv6 only: 1280 at least.
+        assert!(mtu(None, 1349).is_err());
+        assert_eq!(mtu(None, 1350).ok(), Some(1280));
     }
 
     #[test]
