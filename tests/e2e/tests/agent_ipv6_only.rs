@@ -7,7 +7,8 @@
 //! it, IPv6 annotations only, the ip6 tables alone; pods reach each other
 //! and the other node. An earlier dual-stack run's `vxlan.1` and IPv4
 //! annotations are removed; a peer announcing an IPv4 underlay only is
-//! counted as unreachable; `--underlay6 off` is refused at start.
+//! counted as unreachable; `--underlay6 off` is refused at start; the IPv6
+//! underlay address moving is followed at once.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -331,5 +332,52 @@ fn underlay6_off_is_refused_on_an_ipv6_only_node() -> Result<()> {
         err.contains("--underlay6 off") && err.contains("IPv6-only node"),
         "{err}"
     );
+    Ok(())
+}
+
+/// The IPv6 underlay address moving (no full pass within the test: the
+/// kernel's notifications wake the re-read): `vxlan6.1` follows, the new
+/// host address is republished, the peer's FDB entry follows it, and pods
+/// reach each other again.
+#[test]
+fn the_ipv6_underlay_moving_is_followed_at_once() -> Result<()> {
+    let t = common::lab_stack(2, 1, Stack::Ipv6Only, &["--resync", "60s"])?;
+    let l = &t.0;
+    let (old, new) = (node_ip6(1).to_string(), "fd00:77::21".to_string());
+    let mac = vxlan6_mac(l, 1)?;
+    ip(
+        l,
+        1,
+        &["addr", "add", &format!("{new}/64"), "dev", "eth0", "nodad"],
+    )?;
+    ip(l, 1, &["addr", "del", &format!("{old}/64"), "dev", "eth0"])?;
+    let took = wait_until(
+        "vxlan6.1, the annotation and the peer's FDB entry moved",
+        Duration::from_secs(10),
+        || {
+            let d = ip(l, 1, &["-d", "link", "show", "vxlan6.1"])?;
+            Ok(d.contains(&format!("local {new} dev eth0"))
+                && annotations(l, 1)?.get("mycni.dev/host-ip-v6") == Some(&new)
+                && fdb(l, 2)?.contains(&format!("{mac} dst {new} self permanent")))
+        },
+    )
+    .with_context(|| state(l, 1))?;
+    ensure!(
+        took < Duration::from_secs(2),
+        "followed after {took:?}, not at once"
+    );
+    let pods = l.pods()?;
+    let (p1, p2) = (
+        pods.iter().find(|p| p.node == 1).context("pod on node 1")?,
+        pods.iter().find(|p| p.node == 2).context("pod on node 2")?,
+    );
+    let a2 = p2.ip6.context("pod 2 has no IPv6")?.to_string();
+    sh(
+        "ip",
+        &[
+            "netns", "exec", &p1.ns, "ping", "-6", "-c", "3", "-W", "2", &a2,
+        ],
+    )
+    .with_context(|| state(l, 2))?;
     Ok(())
 }
