@@ -423,11 +423,22 @@ impl AttachedMaps {
                 }
             }
         }
-        // Every pod veth, so the attachments shown are all of them.
+        // Every pod veth, so the attachments shown are all of them (and
+        // the maps only `mycni_from_pod` uses are found): those of IPv4
+        // pods, then of pods with IPv6 alone (an IPv6-only node's).
+        let mut veths: Vec<u32> = Vec::new();
         if let Ok(local) = read_local(&found) {
-            for ep in local.values() {
-                found.visit(ep.ifindex)?;
+            veths.extend(local.values().map(|ep| ep.ifindex));
+        }
+        if let Ok(local6) = read_local6(&found) {
+            for ep in local6.values() {
+                if !veths.contains(&ep.ifindex) {
+                    veths.push(ep.ifindex);
+                }
             }
+        }
+        for i in veths {
+            found.visit(i)?;
         }
         Ok(Some(found))
     }

@@ -188,14 +188,24 @@ fn render_from<S: ebpf::MapSource + ?Sized>(
         writeln!(o, "  {cidr:<18} -> VTEP {}  {host}{how}", Mac(r.vtep_mac))?;
     }
 
-    let peers = ebpf::read_peers(pin_dir).context("reading mycni_peers")?;
-    let hosts: Vec<String> = peers.keys().map(Ipv4Addr::to_string).collect();
-    writeln!(
-        o,
-        "peer hosts VXLAN is unwrapped from ({}): {}",
-        peers.len(),
-        hosts.join(" ")
-    )?;
+    if cfg.flags & mycni_common::CFG_TC_DECAP == 0 {
+        // Only the underlay's program reads it, and none is attached (no
+        // --tc-encap, or no vxlan.1): maps found through the attached
+        // programs do not include it.
+        writeln!(
+            o,
+            "peer hosts VXLAN is unwrapped from: none (no tc decapsulation)"
+        )?;
+    } else {
+        let peers = ebpf::read_peers(pin_dir).context("reading mycni_peers")?;
+        let hosts: Vec<String> = peers.keys().map(Ipv4Addr::to_string).collect();
+        writeln!(
+            o,
+            "peer hosts VXLAN is unwrapped from ({}): {}",
+            peers.len(),
+            hosts.join(" ")
+        )?;
+    }
 
     let local = ebpf::read_local(pin_dir).context("reading mycni_local")?;
     let local6 = ebpf::read_local6(pin_dir).unwrap_or_default();

@@ -210,6 +210,15 @@ fn ipv6_only_nodes_run_over_vxlan6_alone() -> Result<()> {
     )
     .context("node 1 to the pod on node 2")?;
 
+    // inspect finds the maps through vxlan6.1 and says why there is no
+    // vxlan.1.
+    let out = common::ns_sh(&n1, &l.spec.bins.agent.to_string_lossy(), &["inspect"])?;
+    ensure!(
+        out.contains("attached to vxlan6.1")
+            && out.contains("vxlan: none (no IPv4 underlay: IPv6-only node)"),
+        "{out}"
+    );
+
     // uninstall takes vxlan6.1 and the tables along.
     common::uninstall(l, 1)?;
     ensure!(ip(l, 1, &["link", "show", "vxlan6.1"]).is_err());
