@@ -390,3 +390,19 @@ fn the_ipv6_underlay_moving_is_followed_at_once() -> Result<()> {
     .with_context(|| state(l, 2))?;
     Ok(())
 }
+
+/// The underlay found through IPv6 by each `--iface` form that names no
+/// interface outright: the route to an IPv6 address, a name pattern.
+#[test]
+fn the_ipv6_underlay_is_found_by_can_reach_and_by_pattern() -> Result<()> {
+    for iface in ["can-reach=fd00:77::1", "interface=eth*"] {
+        let t = common::lab_stack(1, 0, Stack::Ipv6Only, &["--iface", iface])?;
+        let l = &t.0;
+        let d = ip(l, 1, &["-d", "link", "show", "vxlan6.1"])?;
+        ensure!(
+            d.contains(&format!("local {} dev eth0", node_ip6(1))),
+            "{iface}: {d}"
+        );
+    }
+    Ok(())
+}
