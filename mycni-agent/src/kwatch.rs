@@ -184,6 +184,9 @@ pub struct Watched {
     vxlan6_index: AtomicU32,
     /// Whether the underlay is IPv6 (an IPv6-only node).
     ipv6_underlay: AtomicBool,
+    /// The IPv6 underlay's ifindex on an IPv6-only node, which has no
+    /// `Expected` to read it from (0: none).
+    underlay6_index: AtomicU32,
     /// None before the first pass: then only deletions of the agent's
     /// kind of state wake a pass (the first pass runs anyway).
     expected: Mutex<Option<Arc<Expected>>>,
@@ -197,6 +200,7 @@ impl Watched {
             vxlan_index: AtomicU32::new(0),
             vxlan6_index: AtomicU32::new(0),
             ipv6_underlay: AtomicBool::new(false),
+            underlay6_index: AtomicU32::new(0),
             expected: Mutex::new(None),
         })
     }
@@ -223,6 +227,12 @@ impl Watched {
         self.ipv6_underlay.store(on, Ordering::Relaxed);
     }
 
+    /// The IPv6 underlay's ifindex, on an IPv6-only node: its link
+    /// changing may move the underlay.
+    pub fn set_underlay6_index(&self, index: u32) {
+        self.underlay6_index.store(index, Ordering::Relaxed);
+    }
+
     fn snapshot(&self) -> Snapshot<'_> {
         Snapshot {
             vxlan_name: &self.vxlan_name,
@@ -230,6 +240,7 @@ impl Watched {
             vxlan_index: self.vxlan_index.load(Ordering::Relaxed),
             vxlan6_index: self.vxlan6_index.load(Ordering::Relaxed),
             ipv6_underlay: self.ipv6_underlay.load(Ordering::Relaxed),
+            underlay6_index: self.underlay6_index.load(Ordering::Relaxed),
             expected: self.expected.lock().ok().and_then(|x| x.clone()),
         }
     }
@@ -249,6 +260,8 @@ pub struct Snapshot<'a> {
     pub vxlan6_index: u32,
     /// The underlay is IPv6 (an IPv6-only node, no `vxlan.1`).
     pub ipv6_underlay: bool,
+    /// Its ifindex there (0: none, or not an IPv6-only node).
+    pub underlay6_index: u32,
     pub expected: Option<Arc<Expected>>,
 }
 
@@ -258,7 +271,9 @@ impl Snapshot<'_> {
     }
 
     fn underlay_index(&self) -> u32 {
-        self.expected.as_ref().map_or(0, |e| e.vxlan.underlay_index)
+        self.expected
+            .as_ref()
+            .map_or(self.underlay6_index, |e| e.vxlan.underlay_index)
     }
 }
 
@@ -849,6 +864,7 @@ mod tests {
             vxlan_index: 7,
             vxlan6_index: 9,
             ipv6_underlay: false,
+            underlay6_index: 0,
             expected: expected.map(Arc::new),
         }
     }
@@ -1467,6 +1483,14 @@ mod tests {
         assert_eq!(wake(M::NewAddress(address6(9, vtep6)), &s), NOTHING);
         assert_eq!(wake(M::DelAddress(address6(9, vtep6)), &s), OVERLAY);
         assert_eq!(wake(M::DelAddress(address6(9, ll)), &s), NOTHING);
+        // The underlay link itself.
+        let s = Snapshot {
+            underlay6_index: 2,
+            ..s
+        };
+        let mut eth0 = link("eth0", None);
+        eth0.header.index = 2;
+        assert_eq!(wake(M::NewLink(eth0), &s), UNDERLAY);
         // A dual-stack node's IPv6 addresses still move nothing.
         let dual = snap(Some(expected()));
         assert_eq!(wake(M::NewAddress(address6(2, host6)), &dual), NOTHING);

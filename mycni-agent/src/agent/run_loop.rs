@@ -183,6 +183,9 @@ impl Loop {
                 tracing::warn!(device = %vx6.name, "VXLAN device over IPv6 was missing or wrong and has been recreated");
             }
             self.watched.set_vxlan6_index(i6);
+            if self.vx.is_none() {
+                self.watched.set_underlay6_index(vx6.underlay_index);
+            }
             index6 = Some(i6);
         } else if !peers6.is_empty() {
             tracing::warn!(
