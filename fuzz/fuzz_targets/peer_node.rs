@@ -69,7 +69,7 @@ fn check_peer(p: &Peer, node: &NodeView, cluster: ClusterCidrs) {
         "host IP {ip}"
     );
     assert!((8..=30).contains(&p.pod_cidr.prefix()));
-    assert!(cluster.v4.covers(p.pod_cidr));
+    assert!(cluster.v4.is_some_and(|c| c.covers(p.pod_cidr)));
     assert_eq!(p.gateway(), p.pod_cidr.addr());
     let texts = node.pod_cidr_texts();
     assert_eq!(texts.v4, [p.pod_cidr.to_string().as_str()]);
@@ -255,7 +255,46 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(sel.peers, sel2.peers);
     assert_eq!(sel.peers6, sel2.peers6);
     assert_eq!(rejected_set(&sel.rejected), rejected_set(&sel2.rejected));
+
+    // The same Nodes seen from an IPv6-only node (a cluster CIDR without
+    // IPv4 range): every peer over its IPv6 underlay, or rejected whole.
+    let cluster6 = ClusterCidrs {
+        v4: None,
+        v6: cluster.v6,
+    };
+    let own6 = PodCidrs { v4: None, ..own };
+    let sel = select_all(&nodes, OWN, own6, cluster6);
+    check_selection_over_ipv6(&sel, &nodes, own6);
+    let sel2 = select_all(&reversed, OWN, own6, cluster6);
+    assert_eq!(sel.peers6, sel2.peers6);
+    assert_eq!(rejected_set(&sel.rejected), rejected_set(&sel2.rejected));
 });
+
+/// select_all on an IPv6-only node: no IPv4-underlay peer; each IPv6 peer
+/// valid, with its IPv6 underlay, and claiming no range or MAC another
+/// party has; every other Node a peer or rejected, once.
+fn check_selection_over_ipv6(sel: &Selection, nodes: &[NodeView], own: PodCidrs) {
+    assert!(sel.peers.is_empty());
+    assert!(sel.peers6.windows(2).all(|w| w[0].name < w[1].name));
+    for (i, p) in sel.peers6.iter().enumerate() {
+        let n = nodes.iter().find(|n| n.name == p.name);
+        let n = n.unwrap_or_else(|| panic!("IPv6 peer {} is no Node", p.name));
+        assert_ne!(p.name, OWN);
+        assert_eq!(parse_underlay6(n), Ok(Some(p.underlay6)));
+        assert!((16..=124).contains(&p.pod_cidr6.prefix()));
+        assert!(!own.v6.is_some_and(|o| o.overlaps(p.pod_cidr6)));
+        for q in &sel.peers6[i + 1..] {
+            assert!(!p.pod_cidr6.overlaps(q.pod_cidr6), "{p:?} / {q:?}");
+            assert_ne!(p.underlay6.vtep_mac, q.underlay6.vtep_mac);
+        }
+    }
+    for n in nodes.iter().filter(|n| n.name != OWN) {
+        let peer = sel.peers6.iter().any(|p| p.name == n.name);
+        let why = sel.rejected.iter().filter(|(m, _)| *m == n.name).count();
+        // A peer, or rejected with one reason: its IPv6 side is all of it.
+        assert_eq!(usize::from(peer) + why, 1, "{}", n.name);
+    }
+}
 
 /// What `parse_underlay6` takes is what the annotations say.
 fn check_underlay6(n: &NodeView) {
