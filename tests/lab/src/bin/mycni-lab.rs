@@ -260,6 +260,15 @@ fn stack(cli: &Cli) -> Stack {
 /// `up`: the lab, with every agent on the datapath and routing asked for.
 fn up(cli: &Cli) -> Result<()> {
     let u = &cli.up;
+    if u.direct_routing && stack(cli) == Stack::Ipv6Only {
+        // The agent routes directly the peers whose IPv4 host IP is on the
+        // underlay's subnet; an IPv6-only lab's stay on vxlan6.1, and up
+        // would fail its routing check after building everything.
+        bail!(
+            "--direct-routing with --ipv6-only: the agents route peers directly by their IPv4 \
+             host IP, and an IPv6-only lab has none (every peer stays on vxlan6.1)"
+        );
+    }
     // Ctrl-C while the lab comes up stops it at the next step and removes
     // what was made (Lab::up tears down on any error).
     lab::catch_interrupts();
