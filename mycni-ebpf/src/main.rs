@@ -784,8 +784,9 @@ fn direct(ctx: &TcContext, cfg: &DpConfig, ip: &Ip) -> Result<DpPath, DpPath> {
     } else {
         ip.tot_len
     };
-    // SAFETY: all-zero is a valid bpf_fib_lookup.
-    let mut p: FibParams = unsafe { core::mem::zeroed() };
+    let mut slot = core::mem::MaybeUninit::<FibParams>::uninit();
+    // SAFETY: all-zero is a valid bpf_fib_lookup (64 bytes, 4-aligned).
+    let p = unsafe { zero_in_place(&mut slot) };
     p.family = AF_INET;
     p.l4_protocol = ip.l4proto;
     p.__bindgen_anon_1.tot_len = seg as u16;
@@ -795,14 +796,8 @@ fn direct(ctx: &TcContext, cfg: &DpConfig, ip: &Ip) -> Result<DpPath, DpPath> {
     p.__bindgen_anon_3.ipv4_src = ip.saddr;
     p.__bindgen_anon_4.ipv4_dst = ip.daddr;
     // SAFETY: the helper reads and fills `p`, of the size given.
-    let rc = unsafe {
-        bpf_fib_lookup(
-            ctx.as_ptr(),
-            &mut p,
-            core::mem::size_of::<FibParams>() as i32,
-            0,
-        )
-    } as u32;
+    let rc = unsafe { bpf_fib_lookup(ctx.as_ptr(), p, core::mem::size_of::<FibParams>() as i32, 0) }
+        as u32;
     if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
         || p.ifindex != cfg.underlay_ifindex
     {
@@ -861,8 +856,9 @@ fn encap_plan(ctx: &TcContext, cfg: &DpConfig, ip: &Ip, node: &RemoteNode) -> Re
     } else {
         ip.tot_len
     };
-    // SAFETY: all-zero is a valid bpf_fib_lookup.
-    let mut p: FibParams = unsafe { core::mem::zeroed() };
+    let mut slot = core::mem::MaybeUninit::<FibParams>::uninit();
+    // SAFETY: all-zero is a valid bpf_fib_lookup (64 bytes, 4-aligned).
+    let p = unsafe { zero_in_place(&mut slot) };
     p.family = AF_INET;
     p.l4_protocol = IPPROTO_UDP;
     p.dport = cfg.vxlan_port.to_be();
@@ -876,7 +872,7 @@ fn encap_plan(ctx: &TcContext, cfg: &DpConfig, ip: &Ip, node: &RemoteNode) -> Re
     let rc = unsafe {
         bpf_fib_lookup(
             ctx.as_ptr(),
-            &mut p,
+            p,
             core::mem::size_of::<FibParams>() as i32,
             BPF_FIB_LOOKUP_OUTPUT,
         )
@@ -899,6 +895,34 @@ fn encap_plan(ctx: &TcContext, cfg: &DpConfig, ip: &Ip, node: &RemoteNode) -> Re
         macs,
     })
 }
+
+/// `slot` zeroed with 4-byte stores, in place. A plain zero initialiser
+/// (`[0u8; N]`, `mem::zeroed()`) of more than a few words compiles to a call
+/// of the object's memset, a subprogram that stores one byte per loop turn
+/// (64 turns for a bpf_fib_lookup, every packet); volatile stores are not
+/// merged back into that call, and zeroing in place leaves no copy that
+/// LLVM could turn into one.
+///
+/// SAFETY (caller): all-zero must be a valid `T`, whose size is a multiple
+/// of 4 and alignment at least 4 (checked at compile time).
+#[inline(always)]
+unsafe fn zero_in_place<T>(slot: &mut core::mem::MaybeUninit<T>) -> &mut T {
+    const { assert!(core::mem::size_of::<T>().is_multiple_of(4) && core::mem::align_of::<T>() >= 4) };
+    let w = slot.as_mut_ptr() as *mut u32;
+    let mut i = 0;
+    while i < core::mem::size_of::<T>() / 4 {
+        // SAFETY: in bounds of `slot`, and aligned (see above).
+        unsafe { w.add(i).write_volatile(0) };
+        i += 1;
+    }
+    // SAFETY: every byte is written; all-zero is valid by the caller.
+    unsafe { slot.assume_init_mut() }
+}
+
+/// The headers `encap` puts in front of the packet, aligned for
+/// [`zero_in_place`].
+#[repr(C, align(8))]
+struct Header([u8; ENCAP]);
 
 /// One's complement sum of the outer IPv4 header (RFC 1071).
 #[inline(always)]
@@ -951,7 +975,9 @@ fn encap(
     }
     dec_ttl(ctx, ENCAP, ip)?;
 
-    let mut h = [0u8; ENCAP];
+    let mut slot = core::mem::MaybeUninit::<Header>::uninit();
+    // SAFETY: plain bytes, 64 of them, aligned.
+    let h = &mut unsafe { zero_in_place(&mut slot) }.0;
     if let Some((dmac, smac)) = plan.macs {
         h[0..6].copy_from_slice(&dmac);
         h[6..12].copy_from_slice(&smac);
@@ -988,7 +1014,7 @@ fn encap(
     h[56..62].copy_from_slice(&cfg.vtep_mac);
     let inner_proto = if ip.v6 { ETH_P_IPV6 } else { ETH_P_IP };
     h[62..64].copy_from_slice(&inner_proto.to_be_bytes());
-    ctx.store(0, &h, 0).map_err(|_| DpPath::KernelError)?;
+    ctx.store(0, &*h, 0).map_err(|_| DpPath::KernelError)?;
 
     // SAFETY: helper calls; they only set the redirect target.
     let verdict = unsafe {
