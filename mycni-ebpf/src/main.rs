@@ -52,9 +52,9 @@ use aya_ebpf::{
     bindings::{
         __sk_buff, BPF_F_ADJ_ROOM_DECAP_L3_IPV6, BPF_F_ADJ_ROOM_ENCAP_L2_ETH,
         BPF_F_ADJ_ROOM_ENCAP_L3_IPV4, BPF_F_ADJ_ROOM_ENCAP_L4_UDP, BPF_F_ADJ_ROOM_FIXED_GSO,
-        BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS,
-        BPF_FIB_LOOKUP_OUTPUT, TC_ACT_REDIRECT, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC,
-        bpf_fib_lookup as FibParams,
+        BPF_F_RECOMPUTE_CSUM, BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_NO_NEIGH,
+        BPF_FIB_LKUP_RET_SUCCESS, BPF_FIB_LOOKUP_OUTPUT, TC_ACT_REDIRECT,
+        bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, bpf_fib_lookup as FibParams,
     },
     btf_maps::{Array, HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
     helpers::generated::{
@@ -628,13 +628,18 @@ fn ct_verdict(ct: i32) -> Result<(), DpPath> {
 }
 
 /// Decrements the TTL or hop limit of the IP header at `l3`, like a router.
-/// The IPv4 checksum covers TTL and protocol as one 16-bit word; IPv6 has
-/// no header checksum, and the hop limit is in no pseudo-header.
+/// The IPv4 checksum covers TTL and protocol as one 16-bit word, so the
+/// header's sum, and a CHECKSUM_COMPLETE skb's `csum` over it, stay as they
+/// were. IPv6 has no header checksum: the hop limit's change must go into
+/// `skb->csum` itself (BPF_F_RECOMPUTE_CSUM, a no-op unless the skb is
+/// CHECKSUM_COMPLETE, as Cilium's ipv6_dec_hoplimit does), or the pod's
+/// stack, pulling the header off a received packet, finds the transport
+/// checksum wrong (a decapsulated IPv6 underlay's packets arrive so).
 #[inline(always)]
 fn dec_ttl(ctx: &TcContext, l3: usize, ip: &Ip) -> Result<(), DpPath> {
     if ip.v6 {
         return ctx
-            .store(l3 + 7, &(ip.ttl - 1), 0)
+            .store(l3 + 7, &(ip.ttl - 1), BPF_F_RECOMPUTE_CSUM as u64)
             .map_err(|_| DpPath::KernelError);
     }
     let old = u16::from_be_bytes([ip.ttl, ip.l4proto]);
