@@ -176,8 +176,10 @@ impl Loop {
             None => (0, false),
         };
         let mut index6 = None;
+        let mut recreated6 = false;
         if let Some(vx6) = &self.vx6 {
-            let (i6, recreated6) =
+            let i6;
+            (i6, recreated6) =
                 netlink_timed(NetlinkOp::EnsureVxlan, self.kernel.ensure_vxlan6(vx6)).await?;
             if recreated6 {
                 tracing::warn!(device = %vx6.name, "VXLAN device over IPv6 was missing or wrong and has been recreated");
@@ -199,8 +201,10 @@ impl Loop {
         if let Some(vx) = self.vx.as_ref().filter(|_| recreated) {
             tracing::warn!(device = %vx.name, "VXLAN device was missing or wrong and has been recreated");
         }
-        // A new vxlan.1 has a new ifindex: the fast path must re-attach now.
-        let full = full || recreated;
+        // A new vxlan.1 or vxlan6.1 has a new ifindex: the fast path must
+        // re-attach now, not when a notification of our own delete or the
+        // safety-net pass comes round.
+        let full = full || recreated || recreated6;
         let mut by_reason: BTreeMap<&'static str, u64> = BTreeMap::new();
         let mut unreachable = BTreeSet::new();
         for (name, why) in &rejected {
