@@ -501,6 +501,7 @@ impl Kernel {
         &self,
         how: &UnderlaySelect,
         how6: &Underlay6Select,
+        keep: Option<Ipv6Addr>,
     ) -> Result<Underlay6, KernelError> {
         let link = match how {
             UnderlaySelect::DefaultRoute => {
@@ -534,7 +535,7 @@ impl Kernel {
                     {
                         continue;
                     }
-                    match self.ipv6_host(&l.name, l.index, l.mtu, how6).await {
+                    match self.ipv6_host(&l.name, l.index, l.mtu, how6, keep).await {
                         Ok(Some(u)) => return Ok(u),
                         // No such IPv6 address (yet): not a candidate.
                         Ok(None) | Err(KernelError::Other(_)) => continue,
@@ -552,7 +553,7 @@ impl Kernel {
                 )));
             }
         };
-        self.ipv6_host(&link.name, link.index, link.mtu, how6)
+        self.ipv6_host(&link.name, link.index, link.mtu, how6, keep)
             .await?
             .ok_or_else(|| {
                 KernelError::Other(format!(
@@ -756,17 +757,19 @@ impl Kernel {
         underlay: &Underlay,
         how: &Underlay6Select,
     ) -> Result<Option<Underlay6>, KernelError> {
-        self.ipv6_host(&underlay.name, underlay.index, underlay.mtu, how)
+        self.ipv6_host(&underlay.name, underlay.index, underlay.mtu, how, None)
             .await
     }
 
-    /// [`Kernel::underlay6`] on the interface `name` (`index`, `mtu`).
+    /// [`Kernel::underlay6`] on the interface `name` (`index`, `mtu`);
+    /// `keep`, the address in use, wins while it is still there and usable.
     async fn ipv6_host(
         &self,
         name: &str,
         index: u32,
         mtu: u32,
         how: &Underlay6Select,
+        keep: Option<Ipv6Addr>,
     ) -> Result<Option<Underlay6>, KernelError> {
         if *how == Underlay6Select::Off {
             return Ok(None);
@@ -781,7 +784,11 @@ impl Kernel {
                 !ip.is_loopback() && !ip.is_unicast_link_local() && !ip.is_multicast()
             })
             .collect();
-        have.sort_by_key(|a| a.tentative);
+        // The kernel lists the newest address first: a VIP (kube-vip,
+        // keepalived) or a renumbering would otherwise become the host IP
+        // on the next re-read. The one in use stays while it is usable;
+        // privacy, deprecated and DAD-failed addresses are never picked.
+        have.sort_by_key(|a| (a.unstable, a.tentative, Some(a.cidr.addr()) != keep));
         let ip = match how {
             Underlay6Select::Address(want) => {
                 if !have.iter().any(|a| a.cidr.addr() == *want) {
@@ -791,7 +798,7 @@ impl Kernel {
                 }
                 *want
             }
-            _ => match have.first() {
+            _ => match have.first().filter(|a| !a.unstable) {
                 Some(a) => a.cidr.addr(),
                 None => return Ok(None),
             },

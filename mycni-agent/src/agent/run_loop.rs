@@ -342,7 +342,11 @@ impl Loop {
             let Some(vx6) = self.vx6.as_mut() else {
                 return change;
             };
-            match self.kernel.select_underlay_ipv6(&how, &cfg.underlay6).await {
+            match self
+                .kernel
+                .select_underlay_ipv6(&how, &cfg.underlay6, Some(vx6.local_ip))
+                .await
+            {
                 Ok(u) if u.ip != vx6.local_ip || u.index != vx6.underlay_index => {
                     tracing::warn!(old = %vx6.local_ip, new = %u.ip, underlay = %u.name, "the IPv6 underlay address changed; moving {} and republishing", vx6.name);
                     vx6.local_ip = u.ip;

@@ -204,7 +204,7 @@ async fn start_ipv6_only(
         );
     }
     let u6 = kernel
-        .select_underlay_ipv6(how, &cfg.underlay6)
+        .select_underlay_ipv6(how, &cfg.underlay6, None)
         .await
         .with_context(|| {
             format!(

@@ -20,6 +20,10 @@ pub struct Ipv6Address {
     pub nodad: bool,
     /// IFA_F_TENTATIVE: DAD still running, so not yet usable as a source.
     pub tentative: bool,
+    /// IFA_F_TEMPORARY (privacy, RFC 8981), IFA_F_DEPRECATED (preferred
+    /// lifetime over) or IFA_F_DADFAILED: an address the kernel would not
+    /// pick as a stable source, nor should a host IP others tunnel to.
+    pub unstable: bool,
 }
 
 /// The full IFA_F_* word: the header holds only the low byte, the
@@ -91,6 +95,12 @@ impl Netlink {
                         cidr,
                         nodad: flags.contains(AddressFlags::Nodad),
                         tentative: flags.contains(AddressFlags::Tentative),
+                        // IFA_F_TEMPORARY is IFA_F_SECONDARY's bit.
+                        unstable: flags.intersects(
+                            AddressFlags::Secondary
+                                | AddressFlags::Deprecated
+                                | AddressFlags::Dadfailed,
+                        ),
                     });
                 }
             }

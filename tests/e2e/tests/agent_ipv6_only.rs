@@ -359,6 +359,17 @@ fn the_ipv6_underlay_moving_is_followed_at_once() -> Result<()> {
         1,
         &["addr", "add", &format!("{new}/64"), "dev", "eth0", "nodad"],
     )?;
+    // A second address (a VIP, a renumbering's new prefix) is listed first
+    // by the kernel, being the newest: the host IP in use must stay while
+    // it exists, or every VIP failover would move vxlan6.1.
+    std::thread::sleep(Duration::from_secs(1));
+    ensure!(
+        annotations(l, 1)?.get("mycni.dev/host-ip-v6") == Some(&old)
+            && ip(l, 1, &["-d", "link", "show", "vxlan6.1"])?
+                .contains(&format!("local {old} dev eth0")),
+        "an added address took over the host IP: {}",
+        state(l, 1)
+    );
     ip(l, 1, &["addr", "del", &format!("{old}/64"), "dev", "eth0"])?;
     let took = wait_until(
         "vxlan6.1, the annotation and the peer's FDB entry moved",
