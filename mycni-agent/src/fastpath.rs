@@ -82,6 +82,9 @@ pub struct FastPath {
     local6: BTreeMap<Ipv6Addr, LocalEndpoint>,
     /// Encapsulate and decapsulate in tc (else through `vxlan.1`).
     tc_encap: bool,
+    /// The last pass had no `vxlan.1` (an IPv6-only node): every remote pod
+    /// is through `vxlan6.1`, and nothing is encapsulated in tc.
+    vxlan6_only: bool,
     proc_sys: PathBuf,
     metrics: Arc<Metrics>,
 }
@@ -110,6 +113,7 @@ impl FastPath {
             local: BTreeMap::new(),
             local6: BTreeMap::new(),
             tc_encap,
+            vxlan6_only: false,
             proc_sys: proc_sys.to_path_buf(),
             metrics,
         };
@@ -166,7 +170,9 @@ impl FastPath {
         match &self.why_not {
             None => format!(
                 "datapath ebpf, {} ({} local pods, {} remote podCIDRs; IPv6: {} and {})",
-                if self.tc_encap {
+                if self.vxlan6_only {
+                    "via vxlan6.1"
+                } else if self.tc_encap {
                     "tc encap"
                 } else {
                     "via vxlan.1"
@@ -214,6 +220,7 @@ impl FastPath {
         vxlan6: Option<Vxlan6State<'_>>,
     ) -> Result<(), DatapathError> {
         let cfg = self.config(vxlan, vx, vxlan6.as_ref());
+        self.vxlan6_only = vx.is_none();
         let Some(dp) = self.dp.as_mut() else {
             return Ok(());
         };
