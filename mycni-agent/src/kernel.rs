@@ -394,29 +394,42 @@ impl Kernel {
         Ok(self.nl.link_by_name(name).await?)
     }
 
+    /// The underlay interface named `n`, which must exist.
+    async fn named_underlay(&self, n: &str) -> Result<Link, KernelError> {
+        self.link(n)
+            .await?
+            .ok_or_else(|| KernelError::Other(format!("underlay interface {n} does not exist")))
+    }
+
+    /// The interface of the first default route among `routes` (one
+    /// family's; `what` names it in the error).
+    async fn default_route_link<A: RouteFamily>(
+        &self,
+        routes: Vec<Route<A>>,
+        what: &str,
+    ) -> Result<Link, KernelError> {
+        let oif = routes
+            .into_iter()
+            .find(|r| r.dst.prefix() == 0 && r.oif.is_some())
+            .and_then(|r| r.oif)
+            .ok_or_else(|| {
+                KernelError::Other(format!(
+                    "no {what} route to pick the underlay interface from; pass --iface"
+                ))
+            })?;
+        self.nl
+            .link_by_index(oif)
+            .await?
+            .ok_or_else(|| KernelError::Other(format!("default route's interface {oif} vanished")))
+    }
+
     /// The underlay: `name` if given, else the interface of the default route.
     pub async fn underlay(&self, name: Option<&str>) -> Result<Underlay, KernelError> {
         let link = match name {
-            Some(n) => self.link(n).await?.ok_or_else(|| {
-                KernelError::Other(format!("underlay interface {n} does not exist"))
-            })?,
+            Some(n) => self.named_underlay(n).await?,
             None => {
-                let oif = self
-                    .nl
-                    .ipv4_routes()
+                self.default_route_link(self.nl.ipv4_routes().await?, "default")
                     .await?
-                    .into_iter()
-                    .find(|r| r.dst.prefix() == 0 && r.oif.is_some())
-                    .and_then(|r| r.oif)
-                    .ok_or_else(|| {
-                        KernelError::Other(
-                            "no default route to pick the underlay interface from; pass --iface"
-                                .into(),
-                        )
-                    })?;
-                self.nl.link_by_index(oif).await?.ok_or_else(|| {
-                    KernelError::Other(format!("default route's interface {oif} vanished"))
-                })?
             }
         };
         let addrs: Vec<Cidr> = self
@@ -505,26 +518,10 @@ impl Kernel {
     ) -> Result<Underlay6, KernelError> {
         let link = match how {
             UnderlaySelect::DefaultRoute => {
-                let oif = self
-                    .nl
-                    .ipv6_routes()
+                self.default_route_link(self.nl.ipv6_routes().await?, "IPv6 default")
                     .await?
-                    .into_iter()
-                    .find(|r| r.dst.prefix() == 0 && r.oif.is_some())
-                    .and_then(|r| r.oif)
-                    .ok_or_else(|| {
-                        KernelError::Other(
-                            "no IPv6 default route to pick the underlay interface from; pass --iface"
-                                .into(),
-                        )
-                    })?;
-                self.nl.link_by_index(oif).await?.ok_or_else(|| {
-                    KernelError::Other(format!("default route's interface {oif} vanished"))
-                })?
             }
-            UnderlaySelect::Name(n) => self.link(n).await?.ok_or_else(|| {
-                KernelError::Other(format!("underlay interface {n} does not exist"))
-            })?,
+            UnderlaySelect::Name(n) => self.named_underlay(n).await?,
             UnderlaySelect::Pattern(p) => {
                 let mut links = self.nl.links().await?;
                 links.sort_by_key(|l| l.index);
