@@ -426,6 +426,27 @@ pub(super) fn render(
                 cells.join(" | ")
             );
         }
+        // A row with a cell for each fast column of this ruleset, and
+        // none under the ratios.
+        let fast_row = |w: &mut String, label: &str, cell: &dyn Fn(Variant) -> String| {
+            let mut cells: Vec<String> = cols
+                .iter()
+                .map(|&v| {
+                    if v.is_fast() && v.rulesets().contains(&rules) {
+                        cell(v)
+                    } else {
+                        String::new()
+                    }
+                })
+                .collect();
+            cells.extend(std::iter::repeat_n(String::new(), ratio_cols.len()));
+            let _ = writeln!(
+                w,
+                "| {label} | {} | {} |",
+                rules.label(o),
+                cells.join(" | ")
+            );
+        };
         for (label, get) in [
             (
                 "fast share of pod packets (%)",
@@ -433,47 +454,17 @@ pub(super) fn render(
             ),
             ("fast packets via vxlan.1 (%)", PathShare::crossed_pct),
         ] {
-            let mut cells: Vec<String> = cols
-                .iter()
-                .map(|&v| {
-                    if v.is_fast() && v.rulesets().contains(&rules) {
-                        pct(r.shares.get(&(v, rules)).and_then(get))
-                    } else {
-                        String::new()
-                    }
-                })
-                .collect();
-            cells.extend(std::iter::repeat_n(String::new(), ratio_cols.len()));
-            let _ = writeln!(
-                w,
-                "| {label} | {} | {} |",
-                rules.label(o),
-                cells.join(" | ")
-            );
+            fast_row(w, label, &|v| pct(r.shares.get(&(v, rules)).and_then(get)));
         }
         for (label, get) in prog_rows() {
-            let mut cells: Vec<String> = cols
-                .iter()
-                .map(|&v| {
-                    if v.is_fast() && v.rulesets().contains(&rules) {
-                        let runs: Vec<f64> = r
-                            .samples
-                            .get(&(v, rules))
-                            .map(|ss| ss.iter().filter_map(&get).collect())
-                            .unwrap_or_default();
-                        spread_by(&runs, |x| format!("{x:.0}"))
-                    } else {
-                        String::new()
-                    }
-                })
-                .collect();
-            cells.extend(std::iter::repeat_n(String::new(), ratio_cols.len()));
-            let _ = writeln!(
-                w,
-                "| {label} | {} | {} |",
-                rules.label(o),
-                cells.join(" | ")
-            );
+            fast_row(w, &label, &|v| {
+                let runs: Vec<f64> = r
+                    .samples
+                    .get(&(v, rules))
+                    .map(|ss| ss.iter().filter_map(&get).collect())
+                    .unwrap_or_default();
+                spread_by(&runs, |x| format!("{x:.0}"))
+            });
         }
     }
     let _ = writeln!(
