@@ -5,7 +5,8 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use super::measure::{PROGRAMS, Sample};
+use super::measure::Sample;
+use super::progs::PROGRAMS;
 use super::rulesets::{Rules, kube_proxy_ruleset, rule_count, synthetic_ruleset};
 use super::variants::Variant;
 use super::{NODES, Options, Results, UDP_OMIT};
@@ -583,7 +584,7 @@ pub(super) fn render(
                 .flat_map(|s| s.progs.runs.keys().copied())
                 .collect();
             for (node, program) in keys {
-                let col = |f: &dyn Fn(super::measure::ProgRun) -> String| -> String {
+                let col = |f: &dyn Fn(super::progs::ProgRun) -> String| -> String {
                     v.iter()
                         .map(|s| {
                             s.progs
@@ -888,7 +889,7 @@ mod tests {
 
     #[test]
     fn render_shows_the_programs_own_cost() {
-        use crate::labbench::measure::{ProgRun, ProgWindow};
+        use crate::labbench::progs::{ProgRun, ProgWindow};
         let mut r = lab_results();
         let with = |p50: f64, pod_ns: u64, under_ns: u64| {
             let run = |ns_per_run: u64| ProgRun {
