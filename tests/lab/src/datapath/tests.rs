@@ -3,6 +3,15 @@
 
 use super::*;
 
+/// Peer routes: `direct`, through `vxlan.1`, through `vxlan6.1`.
+fn peer_routes(direct: usize, vxlan: usize, vxlan6: usize) -> PeerRoutes {
+    PeerRoutes {
+        direct,
+        vxlan,
+        vxlan6,
+    }
+}
+
 #[test]
 fn counters_parse_from_the_metrics_page() {
     let m = "# TYPE mycni_datapath_packets_total counter\n\
@@ -115,20 +124,9 @@ fn peer_routes_tell_direct_from_vxlan() {
     let routes = "10.244.2.0/24 via 10.244.2.0 dev vxlan.1 onlink \n\
                   10.244.3.0/24 via 192.168.77.13 dev eth0 \n";
     let r = PeerRoutes::parse(routes);
-    assert_eq!(
-        r,
-        PeerRoutes {
-            direct: 1,
-            vxlan: 1,
-            vxlan6: 0,
-        }
-    );
+    assert_eq!(r, peer_routes(1, 1, 0));
     assert_eq!(PeerRoutes::parse(""), PeerRoutes::default());
-    let all_direct = PeerRoutes {
-        direct: 2,
-        vxlan: 0,
-        vxlan6: 0,
-    };
+    let all_direct = peer_routes(2, 0, 0);
     assert_eq!(
         describe_node(&NodeDatapath::EbpfTcEncap, &all_direct),
         "ebpf, direct routing to 2 peers (no VXLAN)"
@@ -141,21 +139,13 @@ fn peer_routes_tell_direct_from_vxlan() {
         describe_node(&NodeDatapath::Kernel("--datapath kernel".into()), &r),
         "kernel (--datapath kernel), direct routing to 1 peer, via vxlan.1 to 1"
     );
-    let overlay = PeerRoutes {
-        direct: 0,
-        vxlan: 2,
-        vxlan6: 0,
-    };
+    let overlay = peer_routes(0, 2, 0);
     assert_eq!(
         describe_node(&NodeDatapath::EbpfTcEncap, &overlay),
         "ebpf with tc encap"
     );
     // Direct routing leaves the IPv6 podCIDRs on the overlay.
-    let v6 = PeerRoutes {
-        direct: 0,
-        vxlan: 2,
-        vxlan6: 0,
-    };
+    let v6 = peer_routes(0, 2, 0);
     assert_eq!(
         describe_ipv6_overlay(&NodeDatapath::EbpfTcEncap, &all_direct, &v6),
         "; IPv6 to 2 over the overlay (tc encap)"
@@ -179,14 +169,7 @@ fn an_ipv6_only_node_reaches_its_peers_through_vxlan6() {
     let routes6 = "fd00:10:244:2::/64 via fd00:77::12 dev vxlan6.1 proto 110 onlink \n\
                    fd00:10:244:3::/64 nhid 12 via fd00:77::13 dev vxlan6.1 proto 110 onlink \n";
     let r6 = PeerRoutes::parse(routes6);
-    assert_eq!(
-        r6,
-        PeerRoutes {
-            direct: 0,
-            vxlan: 0,
-            vxlan6: 2
-        }
-    );
+    assert_eq!(r6, peer_routes(0, 0, 2));
     let none = PeerRoutes::default();
     assert_eq!(
         describe_node_routes(&NodeDatapath::EbpfTcEncap, &none, &r6),
@@ -206,20 +189,12 @@ fn an_ipv6_only_node_reaches_its_peers_through_vxlan6() {
     );
     // A dual-stack node keeps its summary, and names a peer it reaches
     // over the IPv6 underlay alone.
-    let dual = PeerRoutes {
-        direct: 0,
-        vxlan: 2,
-        vxlan6: 0,
-    };
+    let dual = peer_routes(0, 2, 0);
     assert_eq!(
         describe_node_routes(&NodeDatapath::EbpfTcEncap, &dual, &dual),
         "ebpf with tc encap"
     );
-    let one6 = PeerRoutes {
-        direct: 0,
-        vxlan: 1,
-        vxlan6: 1,
-    };
+    let one6 = peer_routes(0, 1, 1);
     assert_eq!(
         describe_node_routes(&NodeDatapath::EbpfTcEncap, &dual, &one6),
         "ebpf with tc encap; IPv6 to 1 peer through vxlan6.1 over the IPv6 underlay"
