@@ -294,9 +294,9 @@ pub async fn set_network_available(nodes: &Api<Node>, name: &str) -> Result<()> 
 pub async fn uninstall(cfg: &Config) -> Result<()> {
     let _ = std::fs::remove_file(cfg.cni_conf_dir.join(CONFLIST_NAME));
     let _ = std::fs::remove_file(ready_file(cfg));
-    crate::masq::uninstall()?;
-    crate::underlay_filter::uninstall()?;
-    crate::antispoof::uninstall()?;
+    crate::tables::masq::uninstall()?;
+    crate::tables::underlay_filter::uninstall()?;
+    crate::tables::antispoof::uninstall()?;
     match crate::ebpf::detach_all(&cfg.pin_dir) {
         Ok(n) => tracing::info!(links = n, "detached the fast path"),
         Err(e) => tracing::warn!(error = %e, "cannot detach the fast path"),

@@ -9,15 +9,13 @@
 //! `mycni_common::contract`.
 
 pub mod agent;
-pub mod antispoof;
 pub mod caps;
 pub mod ebpf;
 pub mod fastpath;
 pub mod inspect;
 pub mod kernel;
 pub mod kwatch;
-pub mod masq;
 pub mod metrics;
 pub mod peers;
 pub mod reconcile;
-pub mod underlay_filter;
+pub mod tables;

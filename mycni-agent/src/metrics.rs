@@ -327,7 +327,7 @@ impl Metrics {
         let antispoof_dropped = self
             .antispoof_installed
             .load(Ordering::Relaxed)
-            .then(|| crate::antispoof::dropped().ok())
+            .then(|| crate::tables::antispoof::dropped().ok())
             .flatten();
         Snapshot {
             peers_programmed: load(&self.peers_programmed),

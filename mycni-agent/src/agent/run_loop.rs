@@ -35,7 +35,7 @@ use crate::peers::{
     ANNOTATION_HOST_IP, ANNOTATION_HOST_IP6, Cidr, ClusterCidrs, NodeView, PodCidrs, Reject,
 };
 use crate::reconcile::{self, OverlayState};
-use crate::underlay_filter::UnderlayFilter;
+use crate::tables::underlay_filter::UnderlayFilter;
 
 /// The first retry of a failed pass or host IP publication; each failure
 /// in a row doubles it, up to [`RETRY_MAX`]. Short: a failure is usually
@@ -273,7 +273,7 @@ impl Loop {
                 .chain(peers6.iter().map(|p| p.underlay6.host_ip)),
         );
         if full {
-            crate::antispoof::ensure(&self.metrics);
+            crate::tables::antispoof::ensure(&self.metrics);
         }
         if failed == 0 {
             reconcile::apply(&mut have, &actions);

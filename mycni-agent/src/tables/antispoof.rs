@@ -22,11 +22,9 @@
 //! once at start and is the same on every node. Separate tables keep the
 //! lifecycles apart, and no replace of one opens a window in another.
 
-use std::process::Command;
+use anyhow::{Context, Result};
 
-use anyhow::{Context, Result, bail};
-
-use crate::masq::nft;
+use super::nft;
 
 pub const TABLE: &str = "mycni_antispoof";
 /// The named counter of dropped packets, read at scrape.
@@ -79,12 +77,12 @@ pub fn uninstall_script() -> String {
 
 /// Puts the table in place (replacing any earlier one); idempotent.
 pub fn install() -> Result<()> {
-    nft(&ruleset()).context("installing the IPv6 anti-spoofing table")
+    nft::apply(&ruleset()).context("installing the IPv6 anti-spoofing table")
 }
 
 /// Removes the table (`mycni-agent uninstall`); success if it is gone.
 pub fn uninstall() -> Result<()> {
-    nft(&uninstall_script())
+    nft::apply(&uninstall_script())
 }
 
 /// At start: installs the table and records the outcome for `/metrics`.
@@ -117,13 +115,7 @@ pub fn start(metrics: &crate::metrics::Metrics) {
 /// counting; its contents are not compared (a flushed chain stays flushed
 /// until the agent restarts).
 pub fn ensure(metrics: &crate::metrics::Metrics) {
-    let present = Command::new("nft")
-        .args(["list", "table", "ip6", TABLE])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if present {
+    if nft::table_exists("ip6", TABLE) {
         metrics
             .antispoof_installed
             .store(true, std::sync::atomic::Ordering::Relaxed);
@@ -139,17 +131,9 @@ pub fn ensure(metrics: &crate::metrics::Metrics) {
 /// Packets the rule dropped since the table was installed. Runs `nft`
 /// (a few ms): call it off the async workers.
 pub fn dropped() -> Result<u64> {
-    let out = Command::new("nft")
-        .args(["-j", "list", "counter", "ip6", TABLE, COUNTER])
-        .output()
-        .context("running nft (is nftables installed?)")?;
-    if !out.status.success() {
-        bail!(
-            "nft failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    packets(&String::from_utf8_lossy(&out.stdout))
+    packets(&nft::query(&[
+        "-j", "list", "counter", "ip6", TABLE, COUNTER,
+    ])?)
 }
 
 /// The `packets` of our counter in `nft -j list counter` output.
