@@ -22,14 +22,19 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result};
 use mycni_common::{
-    CFG_TC_DECAP, CFG_TC_ENCAP, DpConfig, LocalEndpoint, PeerNode, REMOTE_DIRECT, REMOTE_VXLAN6,
-    RemoteNode,
+    CFG_TC_DECAP, CFG_TC_ENCAP, DpConfig, DpFamily, DpPath, LocalEndpoint, PeerNode,
+    REMOTE_DIRECT, REMOTE_VXLAN6, RemoteNode,
 };
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
 
 use crate::ebpf::{self, Datapath, DatapathError, Prog};
 use crate::kernel::{PodEndpoint, PodEndpoints, VxlanSpec};
@@ -87,6 +92,8 @@ pub struct FastPath {
     vxlan6_only: bool,
     proc_sys: PathBuf,
     metrics: Arc<Metrics>,
+    /// What this datapath exports at scrape.
+    exported: Arc<DatapathMetrics>,
 }
 
 impl FastPath {
@@ -115,6 +122,7 @@ impl FastPath {
             tc_encap,
             vxlan6_only: false,
             proc_sys: proc_sys.to_path_buf(),
+            exported: metrics.collector::<DatapathMetrics>(),
             metrics,
         };
         let why = match (mode, object) {
@@ -134,7 +142,7 @@ impl FastPath {
                     }
                     tracing::info!(pin_dir = %pin_dir.display(), "eBPF fast path loaded");
                     fp.metrics.datapath_ebpf.store(true, Ordering::Relaxed);
-                    if let Ok(mut p) = fp.metrics.pin_dir.lock() {
+                    if let Ok(mut p) = fp.exported.pin_dir.lock() {
                         *p = Some(pin_dir.to_path_buf());
                     }
                     return fp;
@@ -369,13 +377,13 @@ impl FastPath {
             }
             self.attached.retain(|a| want.contains(a));
         }
-        let m = &self.metrics;
+        let m = &self.exported;
         // Entries of both families: a dual-stack pod counts twice.
-        m.dp_local.store(
+        m.local.store(
             (self.local.len() + self.local6.len()) as u64,
             Ordering::Relaxed,
         );
-        m.dp_remote.store(
+        m.remote.store(
             (self.remote_written.as_ref().map_or(0, BTreeMap::len)
                 + self.remote6_written.as_ref().map_or(0, BTreeMap::len)) as u64,
             Ordering::Relaxed,
@@ -431,6 +439,75 @@ impl FastPath {
             _pad6: [0; 2],
         }
     }
+}
+
+/// Registers the datapath's collector, so that its series are there
+/// before the programs are loaded (or found not to be).
+pub fn register_metrics(metrics: &Metrics) {
+    drop(metrics.collector::<DatapathMetrics>());
+}
+
+/// `mycni_datapath_entries`, `mycni_datapath_packets` and
+/// `mycni_datapath_bytes`: the maps' sizes as the last sync left them, and
+/// the per-path counters read from the pinned counter map at scrape.
+#[derive(Debug, Default)]
+pub struct DatapathMetrics {
+    /// Where the counters are pinned; None on the kernel path.
+    pin_dir: Mutex<Option<PathBuf>>,
+    local: AtomicU64,
+    remote: AtomicU64,
+}
+
+impl Collector for DatapathMetrics {
+    fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut m = e.encode_descriptor(
+            "mycni_datapath_entries",
+            "Entries in the fast path's maps.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (map, n) in [("local", load(&self.local)), ("remote", load(&self.remote))] {
+            ConstGauge::new(n).encode(m.encode_family(&[("map", map)])?)?;
+        }
+        let pin = self.pin_dir.lock().ok().and_then(|p| p.clone());
+        // A map that cannot be read this time leaves the family out rather
+        // than failing the whole scrape; the log of the load says why.
+        let counters = pin
+            .and_then(|p| ebpf::read_family_counters(&p).ok())
+            .unwrap_or_default();
+        // Declared on the kernel path too, without samples: the family is
+        // part of what the agent exports whichever datapath runs.
+        let mut m = e.encode_descriptor(
+            "mycni_datapath_packets",
+            "Packets seen by the tc programs, by the path they took or why they were left to the kernel, and by address family (ipv4, ipv6, other: not IP; on the underlay, the inner family of VXLAN the program looked into).",
+            None,
+            MetricType::Counter,
+        )?;
+        for (family, path, c) in &counters {
+            ConstCounter::new(c.packets).encode(m.encode_family(&path_labels(*family, *path))?)?;
+        }
+        let mut m = e.encode_descriptor(
+            "mycni_datapath_bytes",
+            "Bytes seen by the tc programs, by path and address family.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (family, path, c) in &counters {
+            ConstCounter::new(c.bytes).encode(m.encode_family(&path_labels(*family, *path))?)?;
+        }
+        Ok(())
+    }
+}
+
+/// `family` last: readers that match on `{path="` keep working, and
+/// queries that sum by path need no change (`sum by (path)` drops it).
+fn path_labels(f: DpFamily, p: DpPath) -> [(&'static str, &'static str); 3] {
+    [
+        ("path", p.name()),
+        ("fast", if p.is_fast() { "true" } else { "false" }),
+        ("family", f.name()),
+    ]
 }
 
 /// The local endpoint map of one family from the kernel's pods.
@@ -575,6 +652,24 @@ mod tests {
 
     fn mac(b: u8) -> Mac {
         Mac([2, 0, 0, 0, 6, b])
+    }
+
+    #[test]
+    fn the_kernel_path_exports_empty_maps_and_declared_counters() {
+        use crate::metrics::Format;
+        let m = Metrics::default();
+        drop(m.collector::<DatapathMetrics>());
+        for format in [Format::Prometheus, Format::OpenMetrics] {
+            let t = m.render(format).expect("render");
+            for line in [
+                "mycni_datapath_entries{map=\"local\"} 0",
+                "mycni_datapath_entries{map=\"remote\"} 0",
+            ] {
+                assert!(t.lines().any(|l| l == line), "{format:?}: no {line:?} in\n{t}");
+            }
+            assert!(t.contains("# HELP mycni_datapath_bytes"), "{t}");
+            assert!(!t.contains("mycni_datapath_packets_total{"), "{t}");
+        }
     }
 
     #[test]

@@ -468,6 +468,9 @@ fn run(rt: &tokio::runtime::Runtime, args: RunArgs) -> Result<()> {
         anyhow::bail!(msg);
     }
     let metrics = Arc::new(Metrics::default());
+    // The subsystems' series from the first scrape on, not from their start.
+    mycni_agent::tables::register_metrics(&metrics);
+    mycni_agent::fastpath::register_metrics(&metrics);
     metrics.liveness.set_stale_after(stale_after);
     rt.block_on(agent::run_with(cfg, opts, metrics, async {
         let mut term =

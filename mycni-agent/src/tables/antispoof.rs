@@ -22,9 +22,16 @@
 //! once at start and is the same on every node. Separate tables keep the
 //! lifecycles apart, and no replace of one opens a window in another.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use anyhow::{Context, Result};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
 
 use super::nft;
+use crate::metrics::{Metrics, gauge};
 
 pub const TABLE: &str = "mycni_antispoof";
 /// The named counter of dropped packets, read at scrape.
@@ -90,7 +97,7 @@ pub fn uninstall() -> Result<()> {
 /// exported (`mycni_antispoof_ipv6 0`), not fatal: the overlay and IPv4's
 /// filter do not depend on it, and an agent that crash-loops over it would
 /// take every pod's network down with it.
-pub fn start(metrics: &crate::metrics::Metrics) {
+pub fn start(metrics: &Metrics) {
     let ok = match install() {
         Ok(()) => {
             tracing::info!(
@@ -104,9 +111,16 @@ pub fn start(metrics: &crate::metrics::Metrics) {
             false
         }
     };
+    set_installed(metrics, ok);
+}
+
+/// Records whether the table was put in place, which is what lets a
+/// scrape read its counter (see [`AntiSpoofMetrics`]).
+pub fn set_installed(metrics: &Metrics, ok: bool) {
     metrics
-        .antispoof_installed
-        .store(ok, std::sync::atomic::Ordering::Relaxed);
+        .collector::<AntiSpoofMetrics>()
+        .installed
+        .store(ok, Ordering::Relaxed);
 }
 
 /// On full passes: puts the table back if someone removed it, so a lost
@@ -114,11 +128,9 @@ pub fn start(metrics: &crate::metrics::Metrics) {
 /// gap). A table that is there is left alone, so its counter keeps
 /// counting; its contents are not compared (a flushed chain stays flushed
 /// until the agent restarts).
-pub fn ensure(metrics: &crate::metrics::Metrics) {
+pub fn ensure(metrics: &Metrics) {
     if nft::table_exists("ip6", TABLE) {
-        metrics
-            .antispoof_installed
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        set_installed(metrics, true);
         return;
     }
     tracing::warn!(
@@ -134,6 +146,43 @@ pub fn dropped() -> Result<u64> {
     packets(&nft::query(&[
         "-j", "list", "counter", "ip6", TABLE, COUNTER,
     ])?)
+}
+
+/// `mycni_antispoof_ipv6` and `mycni_antispoof_dropped`, read from the
+/// table at scrape.
+#[derive(Debug, Default)]
+pub struct AntiSpoofMetrics {
+    /// The agent installed the table (`start`, `ensure`); until then a
+    /// scrape does not run `nft`.
+    installed: AtomicBool,
+}
+
+impl Collector for AntiSpoofMetrics {
+    fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
+        let dropped = self
+            .installed
+            .load(Ordering::Relaxed)
+            .then(|| dropped().ok())
+            .flatten();
+        // Read from the table itself: one deleted after start (a flush of
+        // the ruleset) shows as 0 and no sample, not as installed.
+        gauge(
+            &mut e,
+            "mycni_antispoof_ipv6",
+            "1 while the nftables table ip6 mycni_antispoof, which drops pods' IPv6 packets with a source not their own, is in place (read at scrape).",
+            u64::from(dropped.is_some()),
+        )?;
+        let mut m = e.encode_descriptor(
+            "mycni_antispoof_dropped",
+            "IPv6 packets from pods dropped because their source is not routed back through their veth (since the table was installed).",
+            None,
+            MetricType::Counter,
+        )?;
+        if let Some(n) = dropped {
+            ConstCounter::new(n).encode(m.encode_family(&[("family", "ipv6")])?)?;
+        }
+        Ok(())
+    }
 }
 
 /// The `packets` of our counter in `nft -j list counter` output.
@@ -189,6 +238,21 @@ mod tests {
             uninstall_script(),
             "add table ip6 mycni_antispoof\ndelete table ip6 mycni_antispoof\n"
         );
+    }
+
+    #[test]
+    fn exported_off_before_the_table_is_installed() {
+        use crate::metrics::Format;
+        let m = Metrics::default();
+        // Not installed: no nft run, the family declared without samples.
+        set_installed(&m, false);
+        let t = m.render(Format::Prometheus).expect("render");
+        assert!(t.lines().any(|l| l == "mycni_antispoof_ipv6 0"), "{t}");
+        assert!(
+            t.contains("# TYPE mycni_antispoof_dropped_total counter\n"),
+            "{t}"
+        );
+        assert!(!t.contains("mycni_antispoof_dropped_total{"), "{t}");
     }
 
     #[test]

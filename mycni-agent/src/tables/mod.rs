@@ -18,3 +18,9 @@ pub mod antispoof;
 pub mod masq;
 pub mod nft;
 pub mod underlay_filter;
+
+/// Registers the tables' collector (the anti-spoofing table's), so that its
+/// series are there before the table is first written.
+pub fn register_metrics(metrics: &crate::metrics::Metrics) {
+    drop(metrics.collector::<antispoof::AntiSpoofMetrics>());
+}

@@ -242,9 +242,7 @@ fn spoofed_ipv6_sources_from_pods_are_dropped_and_counted() -> Result<()> {
 
     // What /metrics exports, rendered in the node as a scrape does.
     let metrics = mycni_agent::metrics::Metrics::default();
-    metrics
-        .antispoof_installed
-        .store(true, std::sync::atomic::Ordering::Relaxed);
+    antispoof::set_installed(&metrics, true);
     let text = in_netns(node.ns.name(), || metrics.render(Format::Prometheus))??;
     let line = format!(
         "mycni_antispoof_dropped_total{{family=\"ipv6\"}} {}",
