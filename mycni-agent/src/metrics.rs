@@ -14,16 +14,10 @@
 
 use std::any::{Any, TypeId};
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, prometheus_text, text};
 use prometheus_client::metrics::MetricType;
@@ -31,9 +25,13 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
-use tokio::net::TcpListener;
 
+mod http;
+mod liveness;
 mod netlink_ops;
+
+pub use http::{Format, router, serve};
+pub use liveness::{DEFAULT_STALE_AFTER, Liveness};
 
 use netlink_ops::NETLINK_OPS;
 pub use netlink_ops::{NetlinkOp, netlink_timed, observe_netlink};
@@ -107,81 +105,6 @@ struct Lent(Arc<dyn Collector>);
 impl Collector for Lent {
     fn encode(&self, e: DescriptorEncoder) -> std::fmt::Result {
         self.0.encode(e)
-    }
-}
-
-/// The reconcile loop's heartbeat. `/healthz` fails when the loop has not
-/// come back to its wait for longer than `stale_after`: a wedged loop (a
-/// hung netlink or API call, a deadlock) keeps serving HTTP and keeps the
-/// datapath as it was, but no longer follows Nodes or repairs drift; only a
-/// restart gets it going again, which is what the liveness probe does.
-///
-/// The loop beats after every pass and, while idle, every [`Liveness::period`]
-/// from its wait: with the full pass minutes apart (the resync) and a
-/// quiet cluster, passes alone would not say the loop is alive.
-#[derive(Debug)]
-pub struct Liveness {
-    last_pass: Mutex<Option<Instant>>,
-    stale_after: Mutex<Duration>,
-}
-
-/// The default staleness: 3 heartbeats of the longest period.
-pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(30);
-
-/// The longest heartbeat period, whatever the resync.
-const MAX_PERIOD: Duration = Duration::from_secs(10);
-
-impl Default for Liveness {
-    fn default() -> Self {
-        Liveness {
-            last_pass: Mutex::default(),
-            stale_after: Mutex::new(DEFAULT_STALE_AFTER),
-        }
-    }
-}
-
-impl Liveness {
-    /// How often the idle loop beats: the resync period if that is
-    /// shorter (a short resync wakes it anyway), else 10 s. A staleness
-    /// limit needs at least 3 of these, so that one slow pass between two
-    /// beats does not restart a healthy agent.
-    pub fn period(resync: Duration) -> Duration {
-        resync.min(MAX_PERIOD)
-    }
-
-    /// The loop is back at its wait: after a pass, whatever its outcome (a
-    /// pass that fails is the readiness probe's and the error counter's
-    /// business; restarting the agent would not make the kernel accept the
-    /// update), or on the idle heartbeat.
-    pub fn beat(&self) {
-        if let Ok(mut t) = self.last_pass.lock() {
-            *t = Some(Instant::now());
-        }
-    }
-
-    pub fn set_stale_after(&self, d: Duration) {
-        if let Ok(mut s) = self.stale_after.lock() {
-            *s = d;
-        }
-    }
-
-    /// Ok while the loop beats; else why not.
-    pub fn check(&self) -> Result<(), String> {
-        let stale_after = self
-            .stale_after
-            .lock()
-            .map(|s| *s)
-            .unwrap_or(DEFAULT_STALE_AFTER);
-        match self.last_pass.lock().map(|t| *t) {
-            Ok(Some(t)) if t.elapsed() <= stale_after => Ok(()),
-            Ok(Some(t)) => Err(format!(
-                "the reconcile loop has not finished a pass for {:.1} s (limit {:.1} s)",
-                t.elapsed().as_secs_f64(),
-                stale_after.as_secs_f64()
-            )),
-            Ok(None) => Err("starting: no reconcile pass yet".into()),
-            Err(_) => Err("the heartbeat lock is poisoned".into()),
-        }
     }
 }
 
@@ -389,45 +312,6 @@ impl Metrics {
     }
 }
 
-/// The exposition formats `/metrics` speaks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Format {
-    /// OpenMetrics 1.0 text.
-    OpenMetrics,
-    /// The Prometheus text format 0.0.4.
-    Prometheus,
-}
-
-impl Format {
-    /// OpenMetrics when an `Accept` header offers it with a non-zero
-    /// quality (Prometheus' scrape header does), else the 0.0.4 text format
-    /// every Prometheus-compatible tool reads.
-    pub fn negotiate(accept: Option<&str>) -> Self {
-        let offered = accept.unwrap_or("").split(',').any(|range| {
-            let mut parts = range.split(';').map(str::trim);
-            let media = parts.next().unwrap_or("");
-            let refused = parts.any(|p| {
-                p.strip_prefix("q=")
-                    .and_then(|q| q.parse::<f64>().ok())
-                    .is_some_and(|q| q <= 0.0)
-            });
-            media.eq_ignore_ascii_case("application/openmetrics-text") && !refused
-        });
-        if offered {
-            Format::OpenMetrics
-        } else {
-            Format::Prometheus
-        }
-    }
-
-    pub fn content_type(self) -> &'static str {
-        match self {
-            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            Format::Prometheus => prometheus_text::CONTENT_TYPE,
-        }
-    }
-}
-
 /// What one scrape reads of the atomics, encoded in a fixed order (a
 /// `Family` would order its series by hash, differently on every agent).
 #[derive(Debug)]
@@ -537,68 +421,6 @@ impl Collector for Snapshot {
         )?;
         Ok(())
     }
-}
-
-/// The endpoint's routes; separate from [`serve`] so tests can drive it
-/// without a socket.
-pub fn router(metrics: Arc<Metrics>) -> Router {
-    Router::new()
-        .route("/metrics", get(scrape))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
-        .with_state(metrics)
-}
-
-async fn scrape(State(m): State<Arc<Metrics>>, headers: HeaderMap) -> Response {
-    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
-    let format = Format::negotiate(accept);
-    // Off the async workers: the subsystems' collectors read pinned maps
-    // and run `nft`.
-    let rendered = tokio::task::spawn_blocking(move || m.render(format)).await;
-    match rendered.unwrap_or(Err(std::fmt::Error)) {
-        Ok(body) => ([(header::CONTENT_TYPE, format.content_type())], body).into_response(),
-        Err(e) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("encoding the metrics failed: {e}\n"),
-        )
-            .into_response(),
-    }
-}
-
-/// 200 while the reconcile loop beats (see [`Liveness`]); 503 before its
-/// first pass too, so the startup probe waits for it, and the liveness probe
-/// (which Kubernetes starts only after the startup probe passed) restarts a
-/// stuck loop.
-async fn healthz(State(m): State<Arc<Metrics>>) -> Response {
-    match m.liveness.check() {
-        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
-        // What start-up waits for (podCIDR, the API) is in the detail.
-        Err(why) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("unhealthy: {why} ({})\n", m.detail()),
-        )
-            .into_response(),
-    }
-}
-
-async fn readyz(State(m): State<Arc<Metrics>>) -> Response {
-    if m.ready.load(Ordering::Relaxed) {
-        (StatusCode::OK, format!("ready: {}\n", m.detail())).into_response()
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: {}\n", m.detail()),
-        )
-            .into_response()
-    }
-}
-
-/// Serves until the process ends.
-pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
-    let listener = TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
-    axum::serve(listener, router(metrics)).await
 }
 
 #[cfg(test)]
@@ -723,41 +545,17 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn healthz_follows_the_loop_heartbeat() {
-        let m = Arc::new(Metrics::default());
-        m.set_not_ready("waiting for spec.podCIDR");
-        let get = |m: Arc<Metrics>| async move {
-            let resp = healthz(State(m)).await;
-            let code = resp.status();
-            let body = axum::body::to_bytes(resp.into_body(), 4096)
-                .await
-                .expect("body");
-            (code, String::from_utf8_lossy(&body).into_owned())
-        };
-        let (code, body) = get(m.clone()).await;
-        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-        assert!(
-            body.contains("starting") && body.contains("podCIDR"),
-            "{body}"
-        );
-        m.liveness.set_stale_after(Duration::from_millis(50));
-        m.liveness.beat();
-        assert_eq!(get(m.clone()).await, (StatusCode::OK, "ok\n".into()));
-        tokio::time::sleep(Duration::from_millis(80)).await;
-        let (code, body) = get(m.clone()).await;
-        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-        assert!(body.contains("has not finished a pass"), "{body}");
-        m.liveness.beat();
-        assert_eq!(get(m).await.0, StatusCode::OK);
-    }
-
     #[derive(Debug, Default)]
     struct Probe(AtomicU64);
 
     impl Collector for Probe {
         fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
-            gauge(&mut e, "probe", "A test collector.", self.0.load(Ordering::Relaxed))
+            gauge(
+                &mut e,
+                "probe",
+                "A test collector.",
+                self.0.load(Ordering::Relaxed),
+            )
         }
     }
 
@@ -773,17 +571,5 @@ mod tests {
         assert_eq!(sample(&t, "probe"), Some(5.0), "{t}");
         // After the loop's own series.
         assert!(t.find("probe 5") > t.find("mycni_underlay_filter_errors_total"));
-    }
-
-    #[test]
-    fn openmetrics_only_when_offered() {
-        let prom = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
-        assert_eq!(Format::negotiate(Some(prom)), Format::OpenMetrics);
-        assert_eq!(Format::negotiate(None), Format::Prometheus);
-        assert_eq!(Format::negotiate(Some("*/*")), Format::Prometheus);
-        assert_eq!(
-            Format::negotiate(Some("application/openmetrics-text; q=0, text/plain")),
-            Format::Prometheus
-        );
     }
 }

@@ -27,7 +27,7 @@ use super::{
     CONFLIST_NAME, Config, IPV6_ONLY, conflist, kube_client, node_view, ready_file,
     set_network_available, strip_node, write_atomic,
 };
-use crate::fastpath::FastPath;
+use crate::datapath::FastPath;
 use crate::kernel::{Kernel, VxlanSpec};
 use crate::kwatch::{Expected, Signals, Watched};
 use crate::metrics::{Liveness, Metrics, NetlinkOp, netlink_timed};
@@ -288,7 +288,7 @@ impl Loop {
                 let vxlan6 = state6
                     .as_ref()
                     .zip(self.vx6.as_ref())
-                    .map(|((i6, o6), vx6)| crate::fastpath::Vxlan6State {
+                    .map(|((i6, o6), vx6)| crate::datapath::Vxlan6State {
                         ifindex: *i6,
                         mac: vx6.mac,
                         overlay: o6,

@@ -23,7 +23,7 @@ use kube::api::{Api, Patch, PatchParams};
 use super::{
     Config, IPV6_ONLY, RunOptions, VXLAN_OVERHEAD, kube_client, resolve_node_name, write_atomic,
 };
-use crate::fastpath::FastPath;
+use crate::datapath::FastPath;
 use crate::kernel::{Kernel, Underlay, Underlay6, Underlay6Select, Vxlan6Spec, VxlanSpec};
 use crate::metrics::Metrics;
 use crate::peers::{
@@ -431,7 +431,7 @@ fn load_programs(cfg: &Config, metrics: &Arc<Metrics>) -> Result<FastPath> {
         Some(p) => Some(
             std::fs::read(p).with_context(|| format!("reading --ebpf-object {}", p.display()))?,
         ),
-        None => crate::ebpf::embedded_object().map(<[u8]>::to_vec),
+        None => crate::datapath::embedded_object().map(<[u8]>::to_vec),
     };
     Ok(FastPath::start(
         cfg.datapath,

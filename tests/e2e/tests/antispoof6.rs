@@ -17,8 +17,8 @@ use std::net::{Ipv6Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use mycni_agent::tables::antispoof;
 use mycni_agent::metrics::Format;
+use mycni_agent::tables::antispoof;
 use mycni_testkit::cni::{Call, Node};
 use mycni_testkit::{NetNs, in_netns};
 use serde_json::{Value, json};
