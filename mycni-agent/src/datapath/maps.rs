@@ -122,13 +122,7 @@ impl AttachedMaps {
                 continue;
             };
             self.links.push((prog, ifindex));
-            let ids = info
-                .map_ids()
-                .map_err(|source| DatapathError::Program {
-                    name: prog.name(),
-                    source,
-                })?
-                .unwrap_or_default();
+            let ids = info.map_ids().map_err(prog.error())?.unwrap_or_default();
             for id in ids {
                 let Ok(map) = aya::maps::MapInfo::from_id(id) else {
                     continue;

@@ -34,6 +34,14 @@ pub enum Prog {
 impl Prog {
     pub const ALL: [Prog; 3] = [Prog::FromPod, Prog::FromVxlan, Prog::FromUnderlay];
 
+    /// What aya says went wrong with this program, as the agent says it.
+    pub(super) fn error(self) -> impl Fn(aya::programs::ProgramError) -> DatapathError + Copy {
+        move |source| DatapathError::Program {
+            name: self.name(),
+            source,
+        }
+    }
+
     pub const fn name(self) -> &'static str {
         match self {
             Prog::FromPod => "mycni_from_pod",
@@ -89,14 +97,8 @@ impl Datapath {
                 .program_mut(p.name())
                 .ok_or(DatapathError::MissingProgram(p.name()))?
                 .try_into()
-                .map_err(|source| DatapathError::Program {
-                    name: p.name(),
-                    source,
-                })?;
-            prog.load().map_err(|source| DatapathError::Program {
-                name: p.name(),
-                source,
-            })?;
+                .map_err(p.error())?;
+            prog.load().map_err(p.error())?;
         }
         Ok(Self {
             bpf,
@@ -141,14 +143,8 @@ impl Datapath {
             .program(p.name())
             .ok_or(DatapathError::MissingProgram(p.name()))?
             .try_into()
-            .map_err(|source| DatapathError::Program {
-                name: p.name(),
-                source,
-            })?;
-        let fd = prog.fd().map_err(|source| DatapathError::Program {
-            name: p.name(),
-            source,
-        })?;
+            .map_err(p.error())?;
+        let fd = prog.fd().map_err(p.error())?;
         Ok(fd.as_fd())
     }
 
@@ -174,14 +170,8 @@ impl Datapath {
             .program_mut(p.name())
             .ok_or(DatapathError::MissingProgram(p.name()))?
             .try_into()
-            .map_err(|source| DatapathError::Program {
-                name: p.name(),
-                source,
-            })?;
-        let prog_err = |source| DatapathError::Program {
-            name: p.name(),
-            source,
-        };
+            .map_err(p.error())?;
+        let prog_err = p.error();
         let fresh_attach = |prog: &mut SchedClassifier| {
             prog.attach(
                 ifindex,
