@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use mycni_common::contract::{self, Conflist, IpamConf, PluginConf};
 
-use crate::fastpath::Mode;
+use crate::datapath::Mode;
 use crate::kernel::{Kernel, Underlay6Select, UnderlaySelect};
 use crate::metrics::Metrics;
 use crate::peers::{Cidr, Cidr6, ClusterCidrs, NodeView, PodCidrs};
@@ -294,10 +294,10 @@ pub async fn set_network_available(nodes: &Api<Node>, name: &str) -> Result<()> 
 pub async fn uninstall(cfg: &Config) -> Result<()> {
     let _ = std::fs::remove_file(cfg.cni_conf_dir.join(CONFLIST_NAME));
     let _ = std::fs::remove_file(ready_file(cfg));
-    crate::masq::uninstall()?;
-    crate::underlay_filter::uninstall()?;
-    crate::antispoof::uninstall()?;
-    match crate::ebpf::detach_all(&cfg.pin_dir) {
+    crate::tables::masq::uninstall()?;
+    crate::tables::underlay_filter::uninstall()?;
+    crate::tables::antispoof::uninstall()?;
+    match crate::datapath::detach_all(&cfg.pin_dir) {
         Ok(n) => tracing::info!(links = n, "detached the fast path"),
         Err(e) => tracing::warn!(error = %e, "cannot detach the fast path"),
     }

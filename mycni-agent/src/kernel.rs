@@ -996,7 +996,7 @@ impl Kernel {
                 let results: Vec<Result<(), KernelError>> = stream::iter(phase)
                     .map(|a| {
                         crate::metrics::netlink_timed(
-                            crate::metrics::NetlinkOp::of(a),
+                            netlink_op(a),
                             self.apply_one(mode, &plans, vxlan, underlay, a),
                         )
                     })
@@ -1419,6 +1419,20 @@ fn device_matches(l: &Link, spec: &DeviceSpec<'_>) -> bool {
         && v.learning == Some(false)
         && v.dev == Some(spec.underlay_index)
         && v.udp_csum != Some(true)
+}
+
+/// The `mycni_netlink_op_duration_seconds` series the request applying
+/// `a` is timed into: one per kind of request, for both families.
+fn netlink_op(a: &Action) -> crate::metrics::NetlinkOp {
+    use crate::metrics::NetlinkOp;
+    match a {
+        Action::SetRoute(..) | Action::SetRoute6(..) => NetlinkOp::RouteSet,
+        Action::DelRoute(_) | Action::DelRoute6(_) => NetlinkOp::RouteDel,
+        Action::SetNeighbour(..) | Action::SetNeighbour6(..) => NetlinkOp::NeighbourSet,
+        Action::DelNeighbour(_) | Action::DelNeighbour6(_) => NetlinkOp::NeighbourDel,
+        Action::SetFdb(..) => NetlinkOp::FdbSet,
+        Action::DelFdb(_) => NetlinkOp::FdbDel,
+    }
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@ use super::{
     CONFLIST_NAME, Config, IPV6_ONLY, conflist, kube_client, node_view, ready_file,
     set_network_available, strip_node, write_atomic,
 };
-use crate::fastpath::FastPath;
+use crate::datapath::FastPath;
 use crate::kernel::{Kernel, VxlanSpec};
 use crate::kwatch::{Expected, Signals, Watched};
 use crate::metrics::{Liveness, Metrics, NetlinkOp, netlink_timed};
@@ -35,7 +35,7 @@ use crate::peers::{
     ANNOTATION_HOST_IP, ANNOTATION_HOST_IP6, Cidr, ClusterCidrs, NodeView, PodCidrs, Reject,
 };
 use crate::reconcile::{self, OverlayState};
-use crate::underlay_filter::UnderlayFilter;
+use crate::tables::underlay_filter::UnderlayFilter;
 
 /// The first retry of a failed pass or host IP publication; each failure
 /// in a row doubles it, up to [`RETRY_MAX`]. Short: a failure is usually
@@ -273,7 +273,7 @@ impl Loop {
                 .chain(peers6.iter().map(|p| p.underlay6.host_ip)),
         );
         if full {
-            crate::antispoof::ensure(&self.metrics);
+            crate::tables::antispoof::ensure(&self.metrics);
         }
         if failed == 0 {
             reconcile::apply(&mut have, &actions);
@@ -288,7 +288,7 @@ impl Loop {
                 let vxlan6 = state6
                     .as_ref()
                     .zip(self.vx6.as_ref())
-                    .map(|((i6, o6), vx6)| crate::fastpath::Vxlan6State {
+                    .map(|((i6, o6), vx6)| crate::datapath::Vxlan6State {
                         ifindex: *i6,
                         mac: vx6.mac,
                         overlay: o6,

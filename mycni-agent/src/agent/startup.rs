@@ -23,14 +23,14 @@ use kube::api::{Api, Patch, PatchParams};
 use super::{
     Config, IPV6_ONLY, RunOptions, VXLAN_OVERHEAD, kube_client, resolve_node_name, write_atomic,
 };
-use crate::fastpath::FastPath;
+use crate::datapath::FastPath;
 use crate::kernel::{Kernel, Underlay, Underlay6, Underlay6Select, Vxlan6Spec, VxlanSpec};
 use crate::metrics::Metrics;
 use crate::peers::{
     ANNOTATION_HOST_IP, ANNOTATION_HOST_IP6, ANNOTATION_VTEP_MAC, ANNOTATION_VTEP_MAC6, Cidr,
     Cidr6, Mac, PodCidrs,
 };
-use crate::underlay_filter::UnderlayFilter;
+use crate::tables::underlay_filter::UnderlayFilter;
 
 /// What start-up produced, handed to the loop as a whole.
 pub(super) struct Started {
@@ -61,7 +61,7 @@ pub(super) async fn start(
 ) -> Result<Started> {
     // First: pods of an earlier run may already be sending, and the table
     // needs nothing from the API or the underlay.
-    crate::antispoof::start(metrics);
+    crate::tables::antispoof::start(metrics);
     let how = cfg.underlay()?;
     let client = kube_client(cfg.kubeconfig.as_deref()).await?;
     let node_name = retry("finding this node's name", || {
@@ -103,7 +103,7 @@ pub(super) async fn start(
     }
     warn_loose_rp_filter(&cfg.proc_sys);
     if cfg.masquerade {
-        crate::masq::install(cfg.clusters()).context("installing masquerade rules")?;
+        crate::tables::masq::install(cfg.clusters()).context("installing masquerade rules")?;
     }
     announce(
         &nodes,
@@ -431,7 +431,7 @@ fn load_programs(cfg: &Config, metrics: &Arc<Metrics>) -> Result<FastPath> {
         Some(p) => Some(
             std::fs::read(p).with_context(|| format!("reading --ebpf-object {}", p.display()))?,
         ),
-        None => crate::ebpf::embedded_object().map(<[u8]>::to_vec),
+        None => crate::datapath::embedded_object().map(<[u8]>::to_vec),
     };
     Ok(FastPath::start(
         cfg.datapath,
