@@ -15,7 +15,7 @@ use mycni_common::{
 };
 
 use super::error::DatapathError;
-use super::programs::Prog;
+use super::prog::Prog;
 
 /// Every map the object declares, pinned by these names.
 pub const MAPS: &[&str] = &[

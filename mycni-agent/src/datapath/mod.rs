@@ -48,6 +48,7 @@ pub mod desired;
 mod error;
 pub mod inspect;
 pub mod maps;
+mod prog;
 pub mod programs;
 
 pub use counters::{DatapathMetrics, register_metrics};

@@ -14,45 +14,12 @@ use aya::{Ebpf, EbpfLoader};
 
 use super::error::DatapathError;
 use super::maps::MAPS;
+pub use super::prog::{PROG_FROM_POD, Prog};
 
 /// The object `cargo xtask build-ebpf --release` produced when the agent was
 /// built; empty when it was built without one (see build.rs).
 static EMBEDDED_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/mycni-ebpf.o"));
-
-/// The programs, by the interface they run on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Prog {
-    /// Ingress of every pod's host-side veth.
-    FromPod,
-    /// Ingress of `vxlan.1` and of `vxlan6.1`.
-    FromVxlan,
-    /// Ingress of the underlay device (tc decapsulation).
-    FromUnderlay,
-}
-
-impl Prog {
-    pub const ALL: [Prog; 3] = [Prog::FromPod, Prog::FromVxlan, Prog::FromUnderlay];
-
-    /// What aya says went wrong with this program, as the agent says it.
-    pub(super) fn error(self) -> impl Fn(aya::programs::ProgramError) -> DatapathError + Copy {
-        move |source| DatapathError::Program {
-            name: self.name(),
-            source,
-        }
-    }
-
-    pub const fn name(self) -> &'static str {
-        match self {
-            Prog::FromPod => "mycni_from_pod",
-            Prog::FromVxlan => "mycni_from_vxlan",
-            Prog::FromUnderlay => "mycni_from_underlay",
-        }
-    }
-}
-
-/// Program attached on ingress of every pod's host-side veth.
-pub const PROG_FROM_POD: &str = "mycni_from_pod";
 
 /// The embedded object, if the agent was built with one.
 pub fn embedded_object() -> Option<&'static [u8]> {
