@@ -49,44 +49,44 @@ pub(crate) fn inspect<const OFF: usize>(
     // requires; the read is unaligned-safe.
     let proto = u16::from_be(unsafe { ((data + OFF + 12) as *const u16).read_unaligned() });
     match proto {
-        ETH_P_IP => admit(
-            ctx,
-            from,
-            cfg,
-            peer,
-            &LOCAL,
-            &REMOTE,
-            l3,
-            parse::ipv4(ctx, l3)?,
-        ),
-        ETH_P_IPV6 => admit(
-            ctx,
-            from,
-            cfg,
-            peer,
-            &LOCAL6,
-            &REMOTE6,
-            l3,
-            parse::ipv6(ctx, l3)?,
-        ),
+        ETH_P_IP => {
+            let maps = Family {
+                local: &LOCAL,
+                remote: &REMOTE,
+            };
+            admit(ctx, from, cfg, peer, &maps, l3, parse::ipv4(ctx, l3)?)
+        }
+        ETH_P_IPV6 => {
+            let maps = Family {
+                local: &LOCAL6,
+                remote: &REMOTE6,
+            };
+            admit(ctx, from, cfg, peer, &maps, l3, parse::ipv6(ctx, l3)?)
+        }
         _ => Err(DpPath::KernelNotIpv4),
     }
 }
 
+/// A family's maps: its pods here and its peers' podCIDRs, keyed by
+/// `N`-byte addresses.
+struct Family<'a, const N: usize> {
+    local: &'a LocalMap<N>,
+    remote: &'a RemoteMap<N>,
+}
+
 /// The checks past the IP header at `l3`, the same for both families
 /// (`N`-byte addresses, looked up in that family's maps).
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn admit<const N: usize>(
     ctx: &TcContext,
     from: From,
     cfg: &DpConfig,
     peer: u32,
-    local: &LocalMap<N>,
-    remote: &RemoteMap<N>,
+    maps: &Family<'_, N>,
     l3: usize,
     h: L3<N>,
 ) -> Result<(Ip, Next), DpPath> {
+    let (local, remote) = (maps.local, maps.remote);
     let ip_hlen = if N == 4 {
         parse::IP_HLEN
     } else {
