@@ -76,7 +76,7 @@ extern int bpf_ct_change_timeout(struct nf_conn *ct, __u32 timeout) __attribute_
 #define IPS_DST_NAT (1UL << 5)
 #define TCP_CONNTRACK_ESTABLISHED 3
 
-// Keep in step with CtVerdict in main.rs.
+// Keep in step with src/ct.rs.
 #define MYCNI_CT_NOT_FOUND 0
 #define MYCNI_CT_ESTABLISHED 1
 #define MYCNI_CT_NAT 2

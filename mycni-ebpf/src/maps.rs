@@ -1,0 +1,51 @@
+//! Every map the programs share, pinned by the agent under these names.
+//!
+//! Names, types and value layouts (in `mycni-common`) are a stability
+//! boundary: the agent of the same release reads and writes them, and an
+//! upgrade that changes one must say so (see ARCHITECTURE.md).
+
+use aya_ebpf::{
+    btf_maps::{Array, HashMap, LpmTrie, PerCpuArray},
+    macros::btf_map,
+};
+use mycni_common::{
+    COUNTERS_LEN, DpConfig, LOCAL_MAX, LocalEndpoint, PEERS_MAX, PathCounter, PeerNode, REMOTE_MAX,
+    RemoteNode,
+};
+
+/// Packets and bytes per (family, path); written only by `counters`.
+#[btf_map(name = "mycni_counters")]
+pub(crate) static COUNTERS: PerCpuArray<PathCounter, { COUNTERS_LEN as usize }> =
+    PerCpuArray::new();
+
+#[btf_map(name = "mycni_config")]
+pub(crate) static CONFIG: Array<DpConfig, 1> = Array::new();
+
+/// Peer podCIDRs, mirrored from the routes the agent programs on `vxlan.1`.
+#[btf_map(name = "mycni_remote")]
+pub(crate) static REMOTE: RemoteMap<4> = LpmTrie::new();
+
+/// Pods on this node, mirrored from the plugin's host routes and veths.
+#[btf_map(name = "mycni_local")]
+pub(crate) static LOCAL: LocalMap<4> = HashMap::new();
+
+/// Peer Nodes by host IP, mirrored from the FDB entries on `vxlan.1`: the
+/// only hosts whose VXLAN the underlay program unwraps.
+#[btf_map(name = "mycni_peers")]
+pub(crate) static PEERS: HashMap<[u8; 4], PeerNode, { PEERS_MAX as usize }> = HashMap::new();
+
+/// Peer IPv6 podCIDRs, mirrored from the agent's IPv6 routes on `vxlan.1`
+/// (the same peers, reached over the same IPv4 underlay) and on `vxlan6.1`
+/// (peers over the IPv6 underlay, flagged `REMOTE_VXLAN6`).
+#[btf_map(name = "mycni_remote6")]
+pub(crate) static REMOTE6: RemoteMap<16> = LpmTrie::new();
+
+/// Pods on this node by IPv6 address, mirrored from the plugin's IPv6 host
+/// routes and veths.
+#[btf_map(name = "mycni_local6")]
+pub(crate) static LOCAL6: LocalMap<16> = HashMap::new();
+
+/// A family's pod map (`LOCAL`, `LOCAL6`), keyed by an `N`-byte address.
+pub(crate) type LocalMap<const N: usize> = HashMap<[u8; N], LocalEndpoint, { LOCAL_MAX as usize }>;
+/// A family's podCIDR trie (`REMOTE`, `REMOTE6`), keyed by an `N`-byte address.
+pub(crate) type RemoteMap<const N: usize> = LpmTrie<[u8; N], RemoteNode, { REMOTE_MAX as usize }>;
