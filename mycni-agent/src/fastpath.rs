@@ -32,11 +32,12 @@ use mycni_common::{
 };
 
 use crate::ebpf::{self, Datapath, DatapathError, Prog};
-use crate::kernel::{PodEndpoint, PodEndpoints, VxlanSpec};
+use crate::kernel::{PodEndpoint, PodEndpoints};
+use crate::overlay::VxlanSpec;
 
 use crate::metrics::Metrics;
-use crate::peers::Mac;
-use crate::reconcile::{self, OverlayState, Remote};
+use crate::overlay::{self as reconcile, OverlayState, Remote};
+use mycni_common::net::Mac;
 
 /// `vxlan6.1` as a reconcile pass leaves it: its ifindex, its MAC and what
 /// the agent holds on it (`Kernel::dump_vxlan6` with the pass's changes
@@ -585,7 +586,7 @@ mod tests {
             .enumerate()
         {
             let n = 0x50 + i as u16;
-            let cidr: crate::peers::Cidr6 = format!("fd00:10:244:{n:x}::/64").parse().unwrap();
+            let cidr: mycni_common::net::Cidr6 = format!("fd00:10:244:{n:x}::/64").parse().unwrap();
             let gw = cidr.network();
             o.routes6.insert(cidr, gw);
             if neigh {

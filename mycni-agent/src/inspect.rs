@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use mycni_common::{DpFamily, DpPath, PathCounter};
 
 use crate::ebpf::{self, Prog};
-use crate::peers::Mac;
+use mycni_common::net::Mac;
 
 fn ifname(index: u32) -> String {
     let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];

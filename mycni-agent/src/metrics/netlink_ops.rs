@@ -9,7 +9,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 
 use super::NETLINK_BUCKETS;
-use crate::reconcile::Action;
+use crate::overlay::Action;
 
 /// The netlink operations timed in `mycni_netlink_op_duration_seconds`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
