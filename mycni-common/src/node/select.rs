@@ -42,6 +42,24 @@ fn mac_counts(macs: impl Iterator<Item = Mac>) -> BTreeMap<Mac, usize> {
     n
 }
 
+/// Leaves out `p`'s IPv6 underlay when another Node announces its
+/// `vxlan6.1` MAC too (`macs6`: how often each is announced).
+fn drop_shared_underlay6(
+    p: &mut Peer,
+    macs6: &BTreeMap<Mac, usize>,
+    rejected: &mut Vec<(String, Reject)>,
+) {
+    if let Some(u) = p.underlay6
+        && macs6.get(&u.vtep_mac).copied().unwrap_or(0) > 1
+    {
+        p.underlay6 = None;
+        rejected.push((
+            p.name.clone(),
+            Reject::DuplicateVtepMac6(u.vtep_mac.to_string()),
+        ));
+    }
+}
+
 /// All peers to program, and the rejected nodes with reasons. `own_name`
 /// is skipped; nodes whose podCIDRs overlap ours or each other are all
 /// rejected, since none of them can be trusted to own the range. The same
@@ -114,15 +132,7 @@ pub fn select_peers(
     // their IPv6 underlay only.
     let macs6 = mac_counts(peers.iter().filter_map(|p| p.underlay6).map(|u| u.vtep_mac));
     for p in &mut peers {
-        if let Some(u) = p.underlay6
-            && macs6.get(&u.vtep_mac).copied().unwrap_or(0) > 1
-        {
-            p.underlay6 = None;
-            rejected.push((
-                p.name.clone(),
-                Reject::DuplicateVtepMac6(u.vtep_mac.to_string()),
-            ));
-        }
+        drop_shared_underlay6(p, &macs6, &mut rejected);
     }
     peers.sort_by(|a, b| a.name.cmp(&b.name));
     (peers, rejected)
@@ -210,15 +220,7 @@ pub fn select_all(
             }
             k += 1;
         }
-        if let Some(u) = p.underlay6
-            && macs6.get(&u.vtep_mac).copied().unwrap_or(0) > 1
-        {
-            p.underlay6 = None;
-            rejected.push((
-                p.name.clone(),
-                Reject::DuplicateVtepMac6(u.vtep_mac.to_string()),
-            ));
-        }
+        drop_shared_underlay6(p, &macs6, &mut rejected);
     }
     for (i, p) in peers6.iter().enumerate() {
         if !keep6[i] {
