@@ -148,19 +148,20 @@ impl Loop {
             })
             .await?;
         let applied = self.overlay.apply(&desired, devices, full).await?;
+        let out = self.overlay.output(&applied);
         // After the kernel, not before: the set is rewritten through `nft`
         // (tens of ms with 5,000 peers), which would otherwise delay every
         // route, neighbour and FDB change behind it. A new peer's VXLAN is
         // refused by the filter for those few ms, which its first packets'
         // retransmission covers.
         self.filter.sync(desired.hosts(), desired.hosts6());
-        if applied.full {
+        if out.full {
             crate::antispoof::ensure(&self.metrics);
         }
-        if applied.failed == 0 && self.fast.active() {
+        if out.failed == 0 && self.fast.active() {
             // Pods change only through the plugin: read them when the
             // kernel says so and on full passes, not on every Node event.
-            let pods = if applied.full || read_pods {
+            let pods = if out.full || read_pods {
                 Some(
                     netlink_timed(
                         NetlinkOp::PodEndpoints,
@@ -171,24 +172,15 @@ impl Loop {
             } else {
                 None
             };
-            let vxlan6 =
-                applied
-                    .state6
-                    .as_ref()
-                    .zip(self.overlay.vxlan6())
-                    .map(|((i6, o6), vx6)| crate::fastpath::Vxlan6State {
-                        ifindex: *i6,
-                        mac: vx6.mac,
-                        overlay: o6,
-                    });
+            let vxlan6 = out
+                .vxlan6
+                .map(|(ifindex, mac, overlay)| crate::fastpath::Vxlan6State {
+                    ifindex,
+                    mac,
+                    overlay,
+                });
             self.fast
-                .sync(
-                    applied.index,
-                    self.overlay.vxlan(),
-                    &applied.state,
-                    pods.as_ref(),
-                    vxlan6,
-                )
+                .sync(out.index, out.vxlan, out.state, pods.as_ref(), vxlan6)
                 .context("syncing the eBPF maps")?;
         }
         self.overlay.finish(desired, applied)

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use anyhow::{Result, bail};
-use mycni_common::net::{Cidr4, ClusterCidrs, PodCidrs};
+use mycni_common::net::{Cidr4, ClusterCidrs, Mac, PodCidrs};
 use mycni_common::node::{NodeView, Peer, Peer6, Reject, Selection, select_all};
 
 use crate::metrics::{Metrics, NetlinkOp, netlink_timed};
@@ -114,6 +114,24 @@ pub struct Applied {
     actions: Vec<Action>,
 }
 
+/// What the rooms after the overlay read of it: its devices and what
+/// the kernel holds on them after the pass.
+#[derive(Debug, Clone, Copy)]
+pub struct Output<'a> {
+    /// `vxlan.1` (None on an IPv6-only node) and its ifindex (0: none).
+    pub vxlan: Option<&'a VxlanSpec>,
+    pub index: u32,
+    pub state: &'a OverlayState,
+    /// `vxlan6.1`'s ifindex, MAC and state, on a node with an IPv6
+    /// underlay.
+    pub vxlan6: Option<(u32, Mac, &'a OverlayState)>,
+    /// A full pass, or a device was recreated: everything is re-read.
+    pub full: bool,
+    /// Kernel updates that failed: the state is then not what the kernel
+    /// holds, and the rooms that mirror it wait for the next pass.
+    pub failed: usize,
+}
+
 /// What the underlay re-read found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UnderlayChange {
@@ -188,6 +206,22 @@ impl Overlay {
     /// The subnets whose peers are routed directly.
     pub fn direct(&self) -> &[Cidr4] {
         &self.direct
+    }
+
+    /// What the rooms after this one read of `applied`.
+    pub fn output<'a>(&'a self, applied: &'a Applied) -> Output<'a> {
+        Output {
+            vxlan: self.vx.as_ref(),
+            index: applied.index,
+            state: &applied.state,
+            vxlan6: applied
+                .state6
+                .as_ref()
+                .zip(self.vx6.as_ref())
+                .map(|((i6, o6), vx6)| (*i6, vx6.mac, o6)),
+            full: applied.full,
+            failed: applied.failed,
+        }
     }
 
     /// Creates or corrects the devices, telling `seen` each one's index as
