@@ -12,10 +12,6 @@ use mycni_common::net::PodCidrs;
 
 use super::Config;
 
-/// What an IPv6-only node says where an operator looks (logs, readiness,
-/// `inspect`): it has no `vxlan.1`, by design.
-pub const IPV6_ONLY: &str = "no IPv4 underlay: IPv6-only node";
-
 /// Write to a temp file in the same directory, then rename: readers (the
 /// runtime reading the conflist, the plugin reading the ready file) never
 /// see a half-written file.

@@ -19,11 +19,11 @@ use tokio::time::Instant;
 
 use super::client::kube_client;
 use super::config::Config;
-use super::publish::{IPV6_ONLY, conflist, ready_file, set_network_available, write_atomic};
+use super::publish::{conflist, ready_file, set_network_available, write_atomic};
 use super::startup::Started;
 use crate::fastpath::FastPath;
 use crate::metrics::{Liveness, Metrics, NetlinkOp, netlink_timed};
-use crate::overlay::{self, Device, Overlay, OverlayState, UnderlayChange, VxlanSpec};
+use crate::overlay::{self, Device, IPV6_ONLY, Overlay, OverlayState, UnderlayChange, VxlanSpec};
 use crate::underlay_filter::UnderlayFilter;
 use crate::watch::kernel::{Expected, Signals, Watched};
 use crate::watch::{ApiWatch, node_view};

@@ -24,9 +24,10 @@ use mycni_common::VXLAN_OVERHEAD;
 
 use super::client::{kube_client, resolve_node_name};
 use super::config::Config;
-use super::publish::{IPV6_ONLY, write_atomic};
+use super::publish::write_atomic;
 use crate::fastpath::FastPath;
 use crate::metrics::Metrics;
+use crate::overlay::IPV6_ONLY;
 use crate::overlay::{
     OverlayKernel, Underlay, Underlay6, Underlay6Select, UnderlaySelect, Vxlan6Spec, VxlanSpec,
 };

@@ -64,3 +64,7 @@ pub use room::{Applied, Desired, Device, Devices, Output, Overlay, UnderlayChang
 pub use state::{Action, OverlayState, Remote};
 pub(crate) use underlay::glob_match;
 pub use underlay::{Underlay, Underlay6, Underlay6Select, UnderlaySelect};
+
+/// What an IPv6-only node says where an operator looks (logs, readiness,
+/// `inspect`): it has no `vxlan.1`, by design.
+pub const IPV6_ONLY: &str = "no IPv4 underlay: IPv6-only node";
