@@ -19,7 +19,6 @@ use anyhow::Result;
 use crate::metrics::Metrics;
 use crate::overlay::OverlayKernel;
 
-pub use crate::overlay::IPV6_ONLY;
 pub use client::kube_client;
 pub use config::Config;
 pub use mycni_common::contract::{CONFLIST_NAME, NETWORK_NAME};
@@ -66,10 +65,10 @@ async fn start_then_loop(cfg: &Config, metrics: Arc<Metrics>) -> Result<()> {
 pub async fn uninstall(cfg: &Config) -> Result<()> {
     let _ = std::fs::remove_file(cfg.cni_conf_dir.join(CONFLIST_NAME));
     let _ = std::fs::remove_file(ready_file(cfg));
-    crate::masq::uninstall()?;
-    crate::underlay_filter::uninstall()?;
-    crate::antispoof::uninstall()?;
-    match crate::ebpf::detach_all(&cfg.pin_dir) {
+    crate::tables::masq::uninstall()?;
+    crate::tables::underlay_filter::uninstall()?;
+    crate::tables::antispoof::uninstall()?;
+    match crate::datapath::detach_all(&cfg.pin_dir) {
         Ok(n) => tracing::info!(links = n, "detached the fast path"),
         Err(e) => tracing::warn!(error = %e, "cannot detach the fast path"),
     }

@@ -2,7 +2,7 @@
 //! missing `capabilities.add` entry fails at once with the name of what is
 //! missing, instead of with EPERM from deep inside netlink or bpf(2).
 
-use crate::fastpath::Mode;
+use crate::datapath::Mode;
 
 /// A capability, its bit in `CapEff`, and what the agent uses it for.
 pub struct Cap {

@@ -8,8 +8,10 @@
 //! - `overlay`: the VXLAN devices and what the agent owns on them for its
 //!   peers: a pure desired state and diff, and its kernel adapter;
 //! - `kernel`: the node's netlink handle, and the pods the datapath reads;
-//! - `fastpath`, `ebpf`: the tc programs and their maps; `masq`,
-//!   `antispoof`, `underlay_filter`: the node's nftables tables;
+//! - `datapath`: the tc programs and their maps; `tables`: the node's
+//!   nftables tables (masquerade, anti-spoofing, underlay filter) over one
+//!   `nft` runner; `metrics`: the registry they register their collectors
+//!   in, and the HTTP endpoint;
 //! - `agent`: start-up and the loop that runs each room in turn.
 //!
 //! Node validation is `mycni_common::node`, the address and MAC types
@@ -23,16 +25,12 @@
 //! and metrics modules; the rest is the crate's own.
 
 pub mod agent;
-pub mod antispoof;
 pub mod caps;
-pub mod ebpf;
-pub mod fastpath;
-pub mod inspect;
+pub mod datapath;
 mod kernel;
-pub mod masq;
 pub mod metrics;
 pub mod overlay;
-pub mod underlay_filter;
+pub mod tables;
 mod watch;
 
 pub use kernel::is_pod_veth;

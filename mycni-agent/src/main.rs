@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use mycni_agent::agent::{self, Config};
-use mycni_agent::fastpath::Mode;
+use mycni_agent::datapath::Mode;
 use mycni_agent::metrics::{DEFAULT_STALE_AFTER, Liveness, Metrics};
 use mycni_agent::overlay::{Underlay6Select, UnderlaySelect};
 use mycni_common::contract::{
@@ -414,8 +414,8 @@ fn main() -> Result<()> {
             vxlan_device,
         }) => {
             let out = match bpffs {
-                Some(b) => mycni_agent::inspect::render(&b.join("mycni"))?,
-                None => mycni_agent::inspect::render_attached(
+                Some(b) => mycni_agent::datapath::inspect::render(&b.join("mycni"))?,
+                None => mycni_agent::datapath::inspect::render_attached(
                     &vxlan_device,
                     DEFAULT_VXLAN6_DEVICE,
                     Path::new("/sys/fs/bpf/mycni"),
@@ -461,6 +461,9 @@ fn run(rt: &tokio::runtime::Runtime, args: RunArgs) -> Result<()> {
         anyhow::bail!(msg);
     }
     let metrics = Arc::new(Metrics::default());
+    // The subsystems' series from the first scrape on, not from their start.
+    mycni_agent::tables::register_metrics(&metrics);
+    mycni_agent::datapath::register_metrics(&metrics);
     metrics.liveness.set_stale_after(stale_after);
     rt.block_on(agent::run(cfg, metrics, async {
         let mut term =

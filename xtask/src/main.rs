@@ -7,6 +7,7 @@
 mod fuzz;
 mod lab;
 mod setup;
+mod shape;
 mod util;
 
 use std::path::PathBuf;
@@ -61,6 +62,10 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// The codebase's shape rules (ARCHITECTURE.md): no source file over
+    /// 800 lines, no import cycle between modules, `metrics` a sink.
+    /// `test` runs it first.
+    Shape,
     /// Runs the cargo-fuzz targets in fuzz/ (config, prevResult, CNI_ARGS,
     /// peer Node parsers), each for a fixed time from its committed seed
     /// corpus in fuzz/corpus/<target>, which it never writes. Fails on any
@@ -114,6 +119,7 @@ fn main() -> ExitCode {
         Command::Setup => setup::run(),
         Command::BuildEbpf { release } => build_ebpf(release).map(|_| ()),
         Command::Test { args } => test(&args),
+        Command::Shape => shape::run(),
         Command::Fuzz {
             seconds,
             asan,

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use tokio::task::JoinHandle;
@@ -21,10 +21,10 @@ use super::client::kube_client;
 use super::config::Config;
 use super::publish::{conflist, ready_file, set_network_available, write_atomic};
 use super::startup::Started;
-use crate::fastpath::FastPath;
-use crate::metrics::{Liveness, Metrics, NetlinkOp, netlink_timed};
+use crate::datapath::FastPath;
+use crate::metrics::{Liveness, Metrics};
 use crate::overlay::{self, Device, IPV6_ONLY, Overlay, OverlayState, UnderlayChange, VxlanSpec};
-use crate::underlay_filter::UnderlayFilter;
+use crate::tables::Tables;
 use crate::watch::kernel::{Expected, Signals, Watched};
 use crate::watch::{ApiWatch, node_view};
 use mycni_common::contract::{ANNOTATION_HOST_IP, ANNOTATION_HOST_IP6, CONFLIST_NAME};
@@ -43,10 +43,9 @@ struct Loop {
     /// The overlay room: devices, peers, nexthops, routes, neighbours, FDB.
     overlay: Overlay,
     /// The datapath room: the tc programs and their maps.
-    fast: FastPath,
-    /// Node tables: the underlay filter (masquerade is set at start-up,
-    /// anti-spoofing checked on full passes).
-    filter: UnderlayFilter,
+    datapath: FastPath,
+    /// The node tables room: masquerade, anti-spoofing, underlay filter.
+    tables: Tables,
     own_name: String,
     own: PodCidrs,
     cluster: ClusterCidrs,
@@ -149,40 +148,11 @@ impl Loop {
             .await?;
         let applied = self.overlay.apply(&desired, devices, full).await?;
         let out = self.overlay.output(&applied);
-        // After the kernel, not before: the set is rewritten through `nft`
-        // (tens of ms with 5,000 peers), which would otherwise delay every
-        // route, neighbour and FDB change behind it. A new peer's VXLAN is
-        // refused by the filter for those few ms, which its first packets'
-        // retransmission covers.
-        self.filter.sync(desired.hosts(), desired.hosts6());
-        if out.full {
-            crate::antispoof::ensure(&self.metrics);
-        }
-        if out.failed == 0 && self.fast.active() {
-            // Pods change only through the plugin: read them when the
-            // kernel says so and on full passes, not on every Node event.
-            let pods = if out.full || read_pods {
-                Some(
-                    netlink_timed(
-                        NetlinkOp::PodEndpoints,
-                        self.overlay.kernel().pod_endpoints(),
-                    )
-                    .await?,
-                )
-            } else {
-                None
-            };
-            let vxlan6 = out
-                .vxlan6
-                .map(|(ifindex, mac, overlay)| crate::fastpath::Vxlan6State {
-                    ifindex,
-                    mac,
-                    overlay,
-                });
-            self.fast
-                .sync(out.index, out.vxlan, out.state, pods.as_ref(), vxlan6)
-                .context("syncing the eBPF maps")?;
-        }
+        self.tables
+            .apply(desired.hosts(), desired.hosts6(), out.full);
+        self.datapath
+            .apply(self.overlay.kernel(), &out, read_pods)
+            .await?;
         self.overlay.finish(desired, applied)
     }
 }
@@ -240,8 +210,8 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
             cfg.direct_routing.then_some(underlay_subnets),
             metrics.clone(),
         ),
-        fast,
-        filter,
+        datapath: fast,
+        tables: Tables::new(filter, metrics.clone()),
         own_name: node_name.clone(),
         own,
         cluster: cfg.clusters(),
@@ -438,7 +408,7 @@ fn set_ready(metrics: &Metrics, lp: &Loop) {
     metrics.set_ready(format!(
         "overlay up, {} peers; {}{}",
         metrics.peers_programmed.load(Ordering::Relaxed),
-        lp.fast.describe(),
+        lp.datapath.describe(),
         if lp.overlay.vxlan().is_none() {
             format!("; {IPV6_ONLY}")
         } else {

@@ -25,13 +25,13 @@ use mycni_common::VXLAN_OVERHEAD;
 use super::client::{kube_client, resolve_node_name};
 use super::config::Config;
 use super::publish::write_atomic;
-use crate::fastpath::FastPath;
+use crate::datapath::FastPath;
 use crate::metrics::Metrics;
 use crate::overlay::IPV6_ONLY;
 use crate::overlay::{
     OverlayKernel, Underlay, Underlay6, Underlay6Select, UnderlaySelect, Vxlan6Spec, VxlanSpec,
 };
-use crate::underlay_filter::UnderlayFilter;
+use crate::tables::underlay_filter::UnderlayFilter;
 use mycni_common::contract::{
     ANNOTATION_HOST_IP, ANNOTATION_HOST_IP6, ANNOTATION_VTEP_MAC, ANNOTATION_VTEP_MAC6,
 };
@@ -62,7 +62,7 @@ pub(super) struct Started {
 pub(super) async fn start(cfg: &Config, metrics: &Arc<Metrics>) -> Result<Started> {
     // First: pods of an earlier run may already be sending, and the table
     // needs nothing from the API or the underlay.
-    crate::antispoof::start(metrics);
+    crate::tables::antispoof::start(metrics);
     let how = &cfg.iface;
     let client = kube_client(cfg.kubeconfig.as_deref()).await?;
     let node_name = retry("finding this node's name", || {
@@ -103,7 +103,7 @@ pub(super) async fn start(cfg: &Config, metrics: &Arc<Metrics>) -> Result<Starte
     }
     warn_loose_rp_filter(&cfg.proc_sys);
     if cfg.masquerade {
-        crate::masq::install(cfg.clusters()).context("installing masquerade rules")?;
+        crate::tables::masq::install(cfg.clusters()).context("installing masquerade rules")?;
     }
     announce(
         &nodes,
@@ -424,7 +424,7 @@ fn load_programs(cfg: &Config, metrics: &Arc<Metrics>) -> Result<FastPath> {
         Some(p) => Some(
             std::fs::read(p).with_context(|| format!("reading --ebpf-object {}", p.display()))?,
         ),
-        None => crate::ebpf::embedded_object().map(<[u8]>::to_vec),
+        None => crate::datapath::embedded_object().map(<[u8]>::to_vec),
     };
     Ok(FastPath::start(
         cfg.datapath,

@@ -9,7 +9,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 
 use super::NETLINK_BUCKETS;
-use crate::overlay::Action;
 
 /// The netlink operations timed in `mycni_netlink_op_duration_seconds`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -53,19 +52,6 @@ impl NetlinkOp {
             NetlinkOp::NeighbourDel => "neighbour_del",
             NetlinkOp::FdbSet => "fdb_set",
             NetlinkOp::FdbDel => "fdb_del",
-        }
-    }
-
-    /// The request that applies `a`.
-    pub fn of(a: &Action) -> Self {
-        match a {
-            // One histogram per kind of request, for both families.
-            Action::SetRoute(..) | Action::SetRoute6(..) => NetlinkOp::RouteSet,
-            Action::DelRoute(_) | Action::DelRoute6(_) => NetlinkOp::RouteDel,
-            Action::SetNeighbour(..) | Action::SetNeighbour6(..) => NetlinkOp::NeighbourSet,
-            Action::DelNeighbour(_) | Action::DelNeighbour6(_) => NetlinkOp::NeighbourDel,
-            Action::SetFdb(..) => NetlinkOp::FdbSet,
-            Action::DelFdb(_) => NetlinkOp::FdbDel,
         }
     }
 }

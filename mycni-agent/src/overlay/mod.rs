@@ -60,7 +60,7 @@ pub use desired::{apply, desired, desired_direct, desired_underlay6, diff};
 pub use device::{Vxlan6Spec, VxlanSpec};
 pub use kernel::{OverlayKernel, PeerRoutes};
 pub use nexthop_ids::NEXTHOP_ID_BASE;
-pub(crate) use room::{Device, Overlay, UnderlayChange, desire};
+pub(crate) use room::{Device, Output, Overlay, UnderlayChange, desire};
 pub use state::{Action, OverlayState, Remote};
 pub(crate) use underlay::glob_match;
 pub use underlay::{Underlay, Underlay6, Underlay6Select, UnderlaySelect};

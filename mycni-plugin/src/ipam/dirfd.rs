@@ -153,26 +153,3 @@ pub(super) fn for_each_dirent(dir: BorrowedFd<'_>, mut f: impl FnMut(&[u8], u8))
         }
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use crate::ipam::testutil::{ip, lease_files, range, store, write};
-
-    #[test]
-    fn listing_spans_several_getdents_calls() {
-        let (_tmp, store) = store();
-        // 2000 names take several DIRENT_BUF-sized reads.
-        for i in 0..2000 {
-            let name = format!("10.25.{}.{}", i / 250, i % 250 + 1);
-            write(&store, &name, b"x\r\neth0");
-        }
-        assert_eq!(store.leases().unwrap().len(), 2000);
-        let r = range("10.25.0.0/16");
-        assert_eq!(
-            store.allocate(&r, &[], "y", "eth0").unwrap(),
-            ip("10.25.0.251")
-        );
-        assert_eq!(store.release("x", "eth0", None).unwrap().len(), 2000);
-        assert_eq!(lease_files(&store), [ip("10.25.0.251")]);
-    }
-}

@@ -3,12 +3,11 @@
 
 use std::net::IpAddr;
 
-use super::store::StoreError;
+use super::error::StoreError;
 
 /// One lease file, as read back. An `ifname` of "" means the file was written by an old
 /// host-local that stored only the container ID; a `container_id` of "" means the content
-/// could not be interpreted, which makes the lease garbage for
-/// [`LeaseStore::gc`](super::store::LeaseStore::gc).
+/// could not be interpreted, which makes the lease garbage that GC frees.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
     pub ip: IpAddr,

@@ -33,7 +33,6 @@ use tokio::sync::watch;
 
 mod http;
 mod patch;
-mod selector;
 mod store;
 
 use store::{State, Target};

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use mycni_agent::ebpf::{Prog, pinned_links, read_local6, read_remote6};
+use mycni_agent::datapath::{LOCAL6, Prog, REMOTE6, pinned_links};
 use mycni_apiserver::node;
 use mycni_common::net::Mac;
 use mycni_common::{LocalEndpoint, RemoteNode};
@@ -27,7 +27,7 @@ fn wait_until(what: &str, f: impl FnMut() -> Result<bool>) -> Result<()> {
 }
 
 fn remote6(pin: &Path) -> Result<BTreeMap<(Ipv6Addr, u8), RemoteNode>> {
-    Ok(read_remote6(pin)?)
+    Ok(REMOTE6.read(pin)?)
 }
 
 #[test]
@@ -143,7 +143,7 @@ fn the_ipv6_maps_mirror_the_kernels_peers_and_pods() -> Result<()> {
         host_mac: host_mac.0,
     };
     wait_until("the pod in mycni_local6", || {
-        Ok(read_local6(&pin)?.get(&pod_ip) == Some(&ep))
+        Ok(LOCAL6.read(&pin)?.get(&pod_ip) == Some(&ep))
     })?;
     wait_until("the from-pod program on its veth", || {
         Ok(pinned_links(&pin)?.contains(&(Prog::FromPod, ifindex)))
@@ -158,7 +158,7 @@ fn the_ipv6_maps_mirror_the_kernels_peers_and_pods() -> Result<()> {
         &["-n", &node_ns, "-6", "route", "del", &route, "dev", veth],
     )?;
     wait_until("the pod out of mycni_local6", || {
-        Ok(!read_local6(&pin)?.contains_key(&pod_ip))
+        Ok(!LOCAL6.read(&pin)?.contains_key(&pod_ip))
     })?;
     Ok(())
 }

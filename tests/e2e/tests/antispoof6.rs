@@ -17,8 +17,8 @@ use std::net::{Ipv6Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use mycni_agent::antispoof;
 use mycni_agent::metrics::Format;
+use mycni_agent::tables::antispoof;
 use mycni_testkit::cni::{Call, Node};
 use mycni_testkit::{NetNs, in_netns};
 use serde_json::{Value, json};
@@ -242,9 +242,7 @@ fn spoofed_ipv6_sources_from_pods_are_dropped_and_counted() -> Result<()> {
 
     // What /metrics exports, rendered in the node as a scrape does.
     let metrics = mycni_agent::metrics::Metrics::default();
-    metrics
-        .antispoof_installed
-        .store(true, std::sync::atomic::Ordering::Relaxed);
+    antispoof::set_installed(&metrics, true);
     let text = in_netns(node.ns.name(), || metrics.render(Format::Prometheus))??;
     let line = format!(
         "mycni_antispoof_dropped_total{{family=\"ipv6\"}} {}",

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use mycni_agent::agent::{self, Config};
-use mycni_agent::fastpath::Mode;
+use mycni_agent::datapath::Mode;
 use mycni_common::net::{Cidr4, Cidr6, PodCidrs};
 use mycni_plugin::config::{DEFAULT_LOG_FILE, NetConf};
 use mycni_plugin::ipam::{self, Builtin};

@@ -32,11 +32,11 @@ use std::path::Path as FsPath;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use mycni_agent::ebpf::{
-    Datapath, Prog, embedded_object, read_counters, read_family_counters, sync_local, sync_remote,
+use mycni_agent::datapath::{
+    Datapath, LOCAL, Prog, REMOTE, embedded_object, read_counters, read_family_counters,
     write_config,
 };
-use mycni_agent::ebpf::{sync_local6, sync_peers, sync_remote6};
+use mycni_agent::datapath::{LOCAL6, PEERS, REMOTE6};
 use mycni_common::{
     CFG_TC_DECAP, CFG_TC_ENCAP, DpConfig, DpFamily, DpPath, LocalEndpoint, PathCounter, PeerNode,
     RemoteNode, TCX_NEXT,

@@ -3,7 +3,7 @@
 //! test namespace, and the packets of a ping are read back from the per-CPU
 //! counter map pinned in the test's own bpffs.
 
-use mycni_agent::ebpf::{Datapath, embedded_object, read_family_counters};
+use mycni_agent::datapath::{Datapath, embedded_object, read_family_counters};
 use mycni_common::{COUNTERS_MAP, DpFamily, DpPath, PathCounter};
 use mycni_testkit::{BpfFs, VethPair, sh};
 
@@ -106,8 +106,8 @@ fn ipv4_counters(pin: &std::path::Path) -> anyhow::Result<Vec<(DpPath, PathCount
 /// rather than misread it.
 #[test]
 fn counters_pinned_by_an_older_agent_are_rebuilt() -> anyhow::Result<()> {
-    use mycni_agent::ebpf::DatapathError;
-    use mycni_agent::fastpath::{FastPath, Mode};
+    use mycni_agent::datapath::DatapathError;
+    use mycni_agent::datapath::{FastPath, Mode};
     use mycni_agent::metrics::Metrics;
     use mycni_common::COUNTERS_LEN;
     use std::sync::Arc;

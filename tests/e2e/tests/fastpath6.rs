@@ -17,9 +17,8 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV6, TcpListener, TcpStream};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use mycni_agent::ebpf::{
-    Datapath, Prog, embedded_object, read_counters, sync_local6, sync_peers, sync_remote6,
-    write_config,
+use mycni_agent::datapath::{
+    Datapath, LOCAL6, PEERS, Prog, REMOTE6, embedded_object, read_counters, write_config,
 };
 use mycni_common::net::Mac;
 use mycni_common::{
@@ -260,13 +259,13 @@ impl Node {
         self.ns.run_in(|| -> Result<()> {
             let mut dp = Datapath::load(object, pin)?;
             write_config(pin, &cfg)?;
-            sync_local6(pin, &local)?;
-            sync_remote6(pin, &BTreeMap::from([((pod_cidr(p), 64), peer)]))?;
+            LOCAL6.sync(pin, &local)?;
+            REMOTE6.sync(pin, &BTreeMap::from([((pod_cidr(p), 64), peer)]))?;
             let peer_node = PeerNode {
                 vtep_mac: vtep_mac(p).0,
                 _pad: [0; 2],
             };
-            sync_peers(pin, &BTreeMap::from([(host_ip(p), peer_node)]))?;
+            PEERS.sync(pin, &BTreeMap::from([(host_ip(p), peer_node)]))?;
             dp.attach(Prog::FromVxlan, vxlan)?;
             dp.attach(Prog::FromUnderlay, ul0)?;
             for i in &pods {

@@ -33,7 +33,7 @@ fn ip_of(result: &Value) -> Result<Ipv4Addr> {
 fn wait_map(pin: &Path, ips: &BTreeSet<Ipv4Addr>, present: bool) -> Result<Duration> {
     let start = Instant::now();
     loop {
-        let local = mycni_agent::ebpf::read_local(pin)?;
+        let local = mycni_agent::datapath::LOCAL.read(pin)?;
         if ips.iter().all(|ip| local.contains_key(ip) == present) {
             return Ok(start.elapsed());
         }

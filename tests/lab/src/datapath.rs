@@ -1,6 +1,6 @@
 //! The agents' datapath as the lab sees it: which one each agent runs, its
-//! counters, the fast share of pod traffic, and restarting the agents on
-//! another datapath.
+//! counters, the fast share of pod traffic (`share`), and restarting the
+//! agents on another datapath.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -11,6 +11,12 @@ use anyhow::{Result, bail};
 use mycni_testkit::{in_netns, sh};
 
 use crate::{IpFamily, Lab, http_get, wait_for};
+
+mod share;
+#[cfg(test)]
+mod tests;
+
+pub use share::PathShare;
 
 /// Packets per path name (`mycni_common::DpPath::name`), as a node's agent
 /// exports them (all address families together).
@@ -232,153 +238,23 @@ pub fn describe_ipv6_overlay(d: &NodeDatapath, r: &PeerRoutes, r6: &PeerRoutes) 
     format!("; IPv6 to {} over the overlay ({how})", r6.vxlan)
 }
 
-fn path_named(name: &str) -> Option<mycni_common::DpPath> {
-    mycni_common::DpPath::ALL
-        .into_iter()
-        .find(|p| p.name() == name)
-}
-
-/// What a node's programs saw over an interval, summed the ways a fast
-/// share needs.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PathShare {
-    /// Pod traffic (`DpPath::is_pod_traffic`): what a fast share is out of.
-    /// The underlay program also sees the node's own traffic (the API, the
-    /// metrics scrapes), which says nothing about pods.
-    pub pod: u64,
-    /// Of `pod`, the packets the programs forwarded (`DpPath::is_fast`).
-    pub fast: u64,
-    /// Of `fast`, those that still crossed `vxlan.1` (`DpPath::crossed_vxlan`).
-    pub crossed_vxlan: u64,
-    /// Pod packets left to the kernel, by path name.
-    pub kernel: Counters,
-    /// Of `fast`, by path name (`fast_local`, `fast_encap`, ...).
-    pub fast_paths: Counters,
-}
-
-impl PathShare {
-    /// From counters read before and after the interval. A path name this
-    /// build does not know counts as pod traffic left to the kernel, so the
-    /// share can only come out too low, never too high.
-    pub fn between(before: &Counters, after: &Counters) -> PathShare {
-        let mut s = PathShare::default();
-        for (name, n) in after {
-            let d = n.saturating_sub(before.get(name).copied().unwrap_or(0));
-            if d == 0 {
-                continue;
-            }
-            let path = path_named(name);
-            if path.is_some_and(|p| !p.is_pod_traffic()) {
-                continue;
-            }
-            s.pod += d;
-            match path {
-                Some(p) if p.is_fast() => {
-                    s.fast += d;
-                    *s.fast_paths.entry(name.clone()).or_default() += d;
-                    if p.crossed_vxlan() {
-                        s.crossed_vxlan += d;
-                    }
-                }
-                _ => *s.kernel.entry(name.clone()).or_default() += d,
-            }
-        }
-        s
-    }
-
-    /// [`Self::between`] for the packets of family `f` alone (what the
-    /// programs counted under its `family` label: on the underlay, VXLAN
-    /// counts under the family it carries).
-    pub fn between_family(
-        before: &FamilyCounters,
-        after: &FamilyCounters,
-        f: IpFamily,
-    ) -> PathShare {
-        let of = |c: &FamilyCounters| c.get(family_label(f)).cloned().unwrap_or_default();
-        PathShare::between(&of(before), &of(after))
-    }
-
-    pub fn add(&mut self, o: &PathShare) {
-        self.pod += o.pod;
-        self.fast += o.fast;
-        self.crossed_vxlan += o.crossed_vxlan;
-        for (k, v) in &o.kernel {
-            *self.kernel.entry(k.clone()).or_default() += v;
-        }
-        for (k, v) in &o.fast_paths {
-            *self.fast_paths.entry(k.clone()).or_default() += v;
-        }
-    }
-
-    /// Fast packets per pod packet, in percent; None when no pod packet was seen.
-    pub fn fast_pct(&self) -> Option<f64> {
-        (self.pod > 0).then(|| 100.0 * self.fast as f64 / self.pod as f64)
-    }
-
-    /// Fast packets that crossed `vxlan.1`, in percent of the fast ones.
-    pub fn crossed_pct(&self) -> Option<f64> {
-        (self.fast > 0).then(|| 100.0 * self.crossed_vxlan as f64 / self.fast as f64)
-    }
-
-    /// `87.3% fast of 2345 pod packets, 0.0% of those through vxlan.1;
-    /// kernel: kernel_tcp_control 300, ...`
-    pub fn describe(&self) -> String {
-        self.describe_as(false)
-    }
-
-    /// [`Self::describe`] with the fast packets by path, for a node without
-    /// `vxlan.1` (an IPv6-only lab), where crossing it cannot happen and
-    /// the paths say what matters: `40.0% fast of 1000 pod packets
-    /// (fast_local 300, fast_vxlan6 100); kernel: ...`. A packet that
-    /// crossed `vxlan.1` all the same is still named.
-    pub fn describe_by_path(&self) -> String {
-        self.describe_as(true)
-    }
-
-    fn describe_as(&self, by_path: bool) -> String {
-        let Some(fast) = self.fast_pct() else {
-            return "the programs saw no pod packets".into();
-        };
-        let mut s = format!("{fast:.1}% fast of {} pod packets", self.pod);
-        if by_path && !self.fast_paths.is_empty() {
-            let mut paths: Vec<(&String, &u64)> = self.fast_paths.iter().collect();
-            paths.sort_by(|a, b| b.1.cmp(a.1));
-            let paths: Vec<String> = paths.iter().map(|(k, v)| format!("{k} {v}")).collect();
-            let _ = write!(s, " ({})", paths.join(", "));
-        }
-        match self.crossed_pct() {
-            Some(c) if !by_path || self.crossed_vxlan > 0 => {
-                let _ = write!(s, ", {c:.1}% of those through {VXLAN_DEV}");
-            }
-            _ => {}
-        }
-        let mut kernel: Vec<(&String, &u64)> = self.kernel.iter().collect();
-        kernel.sort_by(|a, b| b.1.cmp(a.1));
-        if !kernel.is_empty() {
-            let top: Vec<String> = kernel
-                .iter()
-                .take(4)
-                .map(|(k, v)| format!("{k} {v}"))
-                .collect();
-            let _ = write!(s, "; kernel: {}", top.join(", "));
-        }
-        s
-    }
-}
-
 impl Lab {
     /// Reads a node's Prometheus metrics (from the underlay, where its
     /// metrics address is reachable).
     pub fn metrics(&self, i: usize) -> Result<String> {
-        let addr = self.spec.metrics_socket(i).to_string();
-        in_netns(&self.spec.underlay_ns(), || http_get(&addr, "/metrics"))?
+        self.get_from_node(i, "/metrics")
     }
 
     /// A node's `/readyz` answer: status line and the agent's readiness
     /// detail (which says why a node runs the kernel datapath).
     pub fn readyz(&self, i: usize) -> Result<String> {
+        self.get_from_node(i, "/readyz")
+    }
+
+    /// `path` of node `i`'s metrics address, asked from the underlay.
+    fn get_from_node(&self, i: usize, path: &str) -> Result<String> {
         let addr = self.spec.metrics_socket(i).to_string();
-        in_netns(&self.spec.underlay_ns(), || http_get(&addr, "/readyz"))?
+        in_netns(&self.spec.underlay_ns(), || http_get(&addr, path))?
     }
 
     /// A node's fast-path counters (packets per path name, e.g.
@@ -391,8 +267,14 @@ impl Lab {
     /// Every node's counters, in node order; a node that does not answer
     /// counts as empty, so a delta over it is zero rather than an error.
     pub fn all_counters(&self) -> Vec<Counters> {
+        self.of_every_node(|i| self.counters(i))
+    }
+
+    /// `read` of every node in node order, empty for a node that cannot be
+    /// read.
+    fn of_every_node<T: Default>(&self, read: impl Fn(usize) -> Result<T>) -> Vec<T> {
         (1..=self.spec.nodes)
-            .map(|i| self.counters(i).unwrap_or_default())
+            .map(|i| read(i).unwrap_or_default())
             .collect()
     }
 
@@ -405,9 +287,7 @@ impl Lab {
     /// [`Self::family_counters`] of every node (empty for one that cannot
     /// be read), node 1 first.
     pub fn all_family_counters(&self) -> Vec<FamilyCounters> {
-        (1..=self.spec.nodes)
-            .map(|i| self.family_counters(i).unwrap_or_default())
-            .collect()
+        self.of_every_node(|i| self.family_counters(i))
     }
 
     /// The command line of node `i`'s agent. `ip netns exec` execs the
@@ -631,269 +511,5 @@ impl Lab {
             )?;
         }
         self.check_datapath(&mode)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn counters_parse_from_the_metrics_page() {
-        let m = "# TYPE mycni_datapath_packets_total counter\n\
-                 mycni_datapath_packets_total{path=\"fast_encap\",fast=\"true\"} 120\n\
-                 mycni_datapath_packets_total{path=\"kernel_tcp_control\",fast=\"false\"} 7\n\
-                 mycni_datapath_bytes_total{path=\"fast_encap\",fast=\"true\"} 99999\n";
-        let c = parse_counters(m);
-        assert_eq!(c.len(), 2);
-        assert_eq!(c["fast_encap"], 120);
-        assert_eq!(c["kernel_tcp_control"], 7);
-        // An agent of this build: one series per path and family.
-        let m = "mycni_datapath_packets_total{path=\"fast_encap\",fast=\"true\",family=\"other\"} 0\n\
-                 mycni_datapath_packets_total{path=\"fast_encap\",fast=\"true\",family=\"ipv4\"} 120\n\
-                 mycni_datapath_packets_total{path=\"fast_encap\",fast=\"true\",family=\"ipv6\"} 30\n\
-                 mycni_datapath_packets_total{path=\"kernel_not_ipv4\",fast=\"false\",family=\"other\"} 5\n\
-                 mycni_datapath_bytes_total{path=\"fast_encap\",fast=\"true\",family=\"ipv6\"} 99999\n";
-        let c = parse_counters(m);
-        assert_eq!(
-            (c.len(), c["fast_encap"], c["kernel_not_ipv4"]),
-            (2, 150, 5)
-        );
-        let f = parse_family_counters(m);
-        assert_eq!(f.len(), 3);
-        assert_eq!(f[family_label(IpFamily::V6)]["fast_encap"], 30);
-        assert_eq!(f["ipv4"]["fast_encap"], 120);
-        assert_eq!(f["other"]["kernel_not_ipv4"], 5);
-    }
-
-    #[test]
-    fn a_fast_share_of_one_family_counts_that_family_alone() {
-        let page = |v4: u64, v6_fast: u64, v6_kernel: u64| {
-            parse_family_counters(&format!(
-                "mycni_datapath_packets_total{{path=\"fast_encap\",fast=\"true\",family=\"ipv4\"}} {v4}\n\
-                 mycni_datapath_packets_total{{path=\"fast_encap\",fast=\"true\",family=\"ipv6\"}} {v6_fast}\n\
-                 mycni_datapath_packets_total{{path=\"kernel_unknown_dest\",fast=\"false\",family=\"ipv6\"}} {v6_kernel}\n\
-                 mycni_datapath_packets_total{{path=\"kernel_not_ipv4\",fast=\"false\",family=\"other\"}} {v4}\n"
-            ))
-        };
-        let (before, after) = (page(0, 0, 0), page(1000, 30, 70));
-        let v6 = PathShare::between_family(&before, &after, IpFamily::V6);
-        assert_eq!((v6.pod, v6.fast), (100, 30));
-        assert_eq!(v6.kernel["kernel_unknown_dest"], 70);
-        let v4 = PathShare::between_family(&before, &after, IpFamily::V4);
-        assert_eq!((v4.pod, v4.fast), (1000, 1000));
-        // No IPv6 counted at all (an IPv4-only lab, or an older agent).
-        let none = PathShare::between_family(&before, &FamilyCounters::new(), IpFamily::V6);
-        assert_eq!(none.fast_pct(), None);
-    }
-
-    #[test]
-    fn agent_flags_take_the_last_value_in_either_form() {
-        let args: Vec<String> = [
-            "run",
-            "--tc-encap",
-            "true",
-            "--resync=1s",
-            "--tc-encap=false",
-        ]
-        .iter()
-        .map(|a| a.to_string())
-        .collect();
-        assert_eq!(flag_value(&args, "--tc-encap").as_deref(), Some("false"));
-        assert_eq!(flag_value(&args, "--resync").as_deref(), Some("1s"));
-        assert_eq!(flag_value(&args, "--datapath"), None);
-    }
-
-    #[test]
-    fn the_kernel_paths_reason_comes_from_readyz() {
-        let r = "HTTP/1.1 200 OK ready: overlay up, 2 peers; datapath kernel: this agent was built without the eBPF object (cargo xtask build-ebpf --release)\n";
-        assert_eq!(
-            kernel_reason(r),
-            "this agent was built without the eBPF object (cargo xtask build-ebpf --release)"
-        );
-        assert!(kernel_reason("HTTP/1.1 503 x").contains("no reason"));
-    }
-
-    #[test]
-    fn the_fast_share_counts_pod_traffic_only() {
-        let c = |v: &[(&str, u64)]| -> Counters {
-            v.iter().map(|(k, n)| (k.to_string(), *n)).collect()
-        };
-        let before = c(&[("fast_encap", 100), ("kernel_underlay_other", 5)]);
-        let after = c(&[
-            ("fast_encap", 190),
-            ("fast_tc_decap", 0),
-            ("fast_vxlan_mtu", 10),
-            ("kernel_tcp_control", 20),
-            ("kernel_underlay_other", 500),
-            ("some_future_path", 10),
-        ]);
-        let s = PathShare::between(&before, &after);
-        // 90 + 10 fast, 20 + 10 kernel; the underlay's own traffic left out.
-        assert_eq!((s.pod, s.fast, s.crossed_vxlan), (130, 100, 10));
-        assert_eq!(s.kernel.len(), 2);
-        assert_eq!(s.fast_pct().map(|p| (p * 10.0).round()), Some(769.0));
-        assert_eq!(s.crossed_pct(), Some(10.0));
-        let d = s.describe();
-        assert!(d.starts_with("76.9% fast of 130 pod packets, 10.0% of those through vxlan.1; kernel: kernel_tcp_control 20"), "{d}");
-        assert_eq!(
-            PathShare::default().describe(),
-            "the programs saw no pod packets"
-        );
-        assert_eq!(
-            NodeDatapath::Kernel("--datapath kernel".into()).to_string(),
-            "kernel (--datapath kernel)"
-        );
-    }
-
-    #[test]
-    fn peer_routes_tell_direct_from_vxlan() {
-        let routes = "10.244.2.0/24 via 10.244.2.0 dev vxlan.1 onlink \n\
-                      10.244.3.0/24 via 192.168.77.13 dev eth0 \n";
-        let r = PeerRoutes::parse(routes);
-        assert_eq!(
-            r,
-            PeerRoutes {
-                direct: 1,
-                vxlan: 1,
-                vxlan6: 0,
-            }
-        );
-        assert_eq!(PeerRoutes::parse(""), PeerRoutes::default());
-        let all_direct = PeerRoutes {
-            direct: 2,
-            vxlan: 0,
-            vxlan6: 0,
-        };
-        assert_eq!(
-            describe_node(&NodeDatapath::EbpfTcEncap, &all_direct),
-            "ebpf, direct routing to 2 peers (no VXLAN)"
-        );
-        assert_eq!(
-            describe_node(&NodeDatapath::EbpfTcEncap, &r),
-            "ebpf, direct routing to 1 peer, tc encap to 1"
-        );
-        assert_eq!(
-            describe_node(&NodeDatapath::Kernel("--datapath kernel".into()), &r),
-            "kernel (--datapath kernel), direct routing to 1 peer, via vxlan.1 to 1"
-        );
-        let overlay = PeerRoutes {
-            direct: 0,
-            vxlan: 2,
-            vxlan6: 0,
-        };
-        assert_eq!(
-            describe_node(&NodeDatapath::EbpfTcEncap, &overlay),
-            "ebpf with tc encap"
-        );
-        // Direct routing leaves the IPv6 podCIDRs on the overlay.
-        let v6 = PeerRoutes {
-            direct: 0,
-            vxlan: 2,
-            vxlan6: 0,
-        };
-        assert_eq!(
-            describe_ipv6_overlay(&NodeDatapath::EbpfTcEncap, &all_direct, &v6),
-            "; IPv6 to 2 over the overlay (tc encap)"
-        );
-        assert_eq!(
-            describe_ipv6_overlay(&NodeDatapath::EbpfTcEncap, &overlay, &v6),
-            ""
-        );
-        assert_eq!(
-            describe_ipv6_overlay(
-                &NodeDatapath::EbpfTcEncap,
-                &all_direct,
-                &PeerRoutes::default()
-            ),
-            ""
-        );
-    }
-
-    #[test]
-    fn an_ipv6_only_node_reaches_its_peers_through_vxlan6() {
-        let routes6 = "fd00:10:244:2::/64 via fd00:77::12 dev vxlan6.1 proto 110 onlink \n\
-                       fd00:10:244:3::/64 nhid 12 via fd00:77::13 dev vxlan6.1 proto 110 onlink \n";
-        let r6 = PeerRoutes::parse(routes6);
-        assert_eq!(
-            r6,
-            PeerRoutes {
-                direct: 0,
-                vxlan: 0,
-                vxlan6: 2
-            }
-        );
-        let none = PeerRoutes::default();
-        assert_eq!(
-            describe_node_routes(&NodeDatapath::EbpfTcEncap, &none, &r6),
-            "ebpf, 2 peers through vxlan6.1 over the IPv6 underlay"
-        );
-        assert_eq!(
-            describe_node_routes(&NodeDatapath::EbpfVxlan, &none, &r6),
-            "ebpf, 2 peers through vxlan6.1 over the IPv6 underlay"
-        );
-        assert_eq!(
-            describe_node_routes(
-                &NodeDatapath::Kernel("--datapath kernel".into()),
-                &none,
-                &PeerRoutes::parse(routes6.lines().next().unwrap_or_default())
-            ),
-            "kernel (--datapath kernel), 1 peer through vxlan6.1 over the IPv6 underlay"
-        );
-        // A dual-stack node keeps its summary, and names a peer it reaches
-        // over the IPv6 underlay alone.
-        let dual = PeerRoutes {
-            direct: 0,
-            vxlan: 2,
-            vxlan6: 0,
-        };
-        assert_eq!(
-            describe_node_routes(&NodeDatapath::EbpfTcEncap, &dual, &dual),
-            "ebpf with tc encap"
-        );
-        let one6 = PeerRoutes {
-            direct: 0,
-            vxlan: 1,
-            vxlan6: 1,
-        };
-        assert_eq!(
-            describe_node_routes(&NodeDatapath::EbpfTcEncap, &dual, &one6),
-            "ebpf with tc encap; IPv6 to 1 peer through vxlan6.1 over the IPv6 underlay"
-        );
-    }
-
-    #[test]
-    fn an_ipv6_only_share_names_its_fast_paths() {
-        let c = |v: &[(&str, u64)]| -> Counters {
-            v.iter().map(|(k, n)| (k.to_string(), *n)).collect()
-        };
-        let after = c(&[("fast_local", 300), ("kernel_unknown_dest", 700)]);
-        let s = PathShare::between(&Counters::new(), &after);
-        assert_eq!(
-            s.describe_by_path(),
-            "30.0% fast of 1000 pod packets (fast_local 300); kernel: kernel_unknown_dest 700"
-        );
-        // The line of a node with vxlan.1 is as it was.
-        assert_eq!(
-            s.describe(),
-            "30.0% fast of 1000 pod packets, 0.0% of those through vxlan.1; kernel: \
-             kernel_unknown_dest 700"
-        );
-        // What did cross vxlan.1 is named all the same.
-        let crossed = PathShare::between(
-            &Counters::new(),
-            &c(&[("fast_local", 300), ("fast_decap", 100)]),
-        );
-        assert_eq!(
-            crossed.describe_by_path(),
-            "100.0% fast of 400 pod packets (fast_local 300, fast_decap 100), 25.0% of those \
-             through vxlan.1"
-        );
-        let mut sum = s.clone();
-        sum.add(&crossed);
-        assert_eq!(
-            (sum.fast_paths["fast_local"], sum.fast_paths["fast_decap"]),
-            (600, 100)
-        );
     }
 }

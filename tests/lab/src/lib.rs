@@ -6,7 +6,8 @@
 //! Its parts: `setup` (bringing the lab up and down, the agents), `pods`
 //! (the plugin as the runtime runs it, and the pods' echo server),
 //! `matrix` (the connectivity matrix), `datapath` (the agents' datapath,
-//! their counters and the fast share), `daemon` (processes in namespaces).
+//! their counters and the fast share), `daemon` (processes in namespaces),
+//! `stats` (the one percentile every bench and the soak report).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
@@ -24,6 +25,7 @@ mod pods;
 mod prometheus;
 mod setup;
 pub mod soak;
+pub mod stats;
 
 pub use daemon::spawn_daemon;
 pub(crate) use daemon::wait_for;

@@ -1,7 +1,7 @@
 //! Query strings, decoded the way Go's `url.ParseQuery` does.
 
-use crate::selector::{FieldSelector, LabelSelector, Selectors};
 use crate::store::ApiError;
+use crate::store::{FieldSelector, LabelSelector, Selectors};
 
 /// Decoded query parameters.
 #[derive(Debug, Default)]

@@ -16,8 +16,8 @@ use tokio::sync::mpsc;
 use super::table::table_of;
 use super::{Body, Ctx};
 use crate::Shared;
-use crate::selector::{FieldSelector, Selectors};
 use crate::store::{ApiError, Event, EventType, State, Stored};
+use crate::store::{FieldSelector, Selectors};
 
 /// Default watch length when the client gives no timeoutSeconds (the real
 /// server picks 30-60 minutes).

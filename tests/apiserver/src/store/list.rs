@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use super::State;
 use super::error::ApiError;
 use super::object::{NodeMap, Stored};
-use crate::selector::Selectors;
+use super::selector::Selectors;
 
 /// List snapshots kept for `continue` tokens.
 const SNAPSHOT_CAP: usize = 8;

@@ -11,12 +11,14 @@ mod decode;
 mod error;
 mod list;
 mod object;
+mod selector;
 mod writes;
 
 pub(crate) use decode::now_secs;
 pub(crate) use error::ApiError;
 pub(crate) use list::ListRequest;
 pub(crate) use object::{Event, EventType, NodeMap, PatchKind, Stored, Target};
+pub(crate) use selector::{FieldSelector, LabelSelector, Selectors};
 
 /// Events kept for watches to resume from; older ones are dropped as by a
 /// compaction (a watch from before them gets 410 Gone).

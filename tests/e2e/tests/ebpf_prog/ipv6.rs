@@ -368,9 +368,9 @@ fn ipv6_established_takes_the_fast_path_and_the_rest_stays_with_the_kernel() -> 
                 )
             })
             .collect();
-        sync_remote6(dp.pin, &direct)?;
+        REMOTE6.sync(dp.pin, &direct)?;
         dp.kernel("tcp6 A->R, peer marked direct", POD, &ar, DpPath::KernelDirectFib)?;
-        sync_remote6(dp.pin, &remote6_map())?;
+        REMOTE6.sync(dp.pin, &remote6_map())?;
         Ok(())
     })
 }
@@ -553,8 +553,8 @@ fn ipv6_services_and_unassured_udp_stay_with_the_kernel() -> Result<()> {
     node.run(|dp| {
         dp.configure(&config())?;
         ensure!(
-            mycni_agent::ebpf::read_local6(dp.pin)? == local6_map()
-                && mycni_agent::ebpf::read_remote6(dp.pin)? == remote6_map(),
+            mycni_agent::datapath::LOCAL6.read(dp.pin)? == local6_map()
+                && mycni_agent::datapath::REMOTE6.read(dp.pin)? == remote6_map(),
             "the IPv6 maps do not read back as written"
         );
         let (at_b, at_r) = (listen6(POD_B6)?, listen6(POD_R6)?);

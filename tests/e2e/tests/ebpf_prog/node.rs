@@ -157,15 +157,15 @@ impl Node {
         let pin = self.bpffs.path();
         self.ns.run_in(|| {
             let dp = Datapath::load(object, pin)?;
-            sync_remote(pin, &remote_map())?;
-            sync_local(pin, &local_map())?;
-            sync_remote6(pin, &remote6_map())?;
-            sync_local6(pin, &local6_map())?;
+            REMOTE.sync(pin, &remote_map())?;
+            LOCAL.sync(pin, &local_map())?;
+            REMOTE6.sync(pin, &remote6_map())?;
+            LOCAL6.sync(pin, &local6_map())?;
             let peer = PeerNode {
                 vtep_mac: PEER_VTEP_MAC,
                 _pad: [0; 2],
             };
-            sync_peers(pin, &BTreeMap::from([(UL_PEER, peer)]))?;
+            PEERS.sync(pin, &BTreeMap::from([(UL_PEER, peer)]))?;
             f(&Dp {
                 dp,
                 pin,

@@ -51,7 +51,7 @@ fn a_r_of_len(conn: &TcpConn6, len: usize) -> Vec<u8> {
 fn vxlan6_peers_are_handed_to_vxlan6() -> Result<()> {
     let node = Node::new("vxlan6")?.with_underlay()?.with_underlay6()?;
     node.run(|dp| {
-        sync_remote6(dp.pin, &remote6_over_vxlan6())?;
+        REMOTE6.sync(dp.pin, &remote6_over_vxlan6())?;
         let (at_r, at_b) = (listen6(POD_R6)?, listen6(POD_B6)?);
         let a_r = tcp_conn6(POD_A6, POD_R6, &at_r)?;
         let b_r = tcp_conn6(POD_B6, POD_R6, &at_r)?;
@@ -121,7 +121,7 @@ fn vxlan6_peers_are_handed_to_vxlan6() -> Result<()> {
         )?;
         // A vxlan.1 peer on a node without vxlan.1 (a map the kernel cannot
         // back): not into ifindex 0.
-        sync_remote6(dp.pin, &remote6_map())?;
+        REMOTE6.sync(dp.pin, &remote6_map())?;
         dp.configure(&DpConfig {
             vxlan_ifindex: 0,
             ..with_vxlan6(config())?
@@ -140,7 +140,7 @@ fn vxlan6_peers_are_handed_to_vxlan6() -> Result<()> {
             .into_keys()
             .zip(remote6_over_vxlan6().into_values())
             .collect();
-        sync_remote(dp.pin, &v4)?;
+        REMOTE.sync(dp.pin, &v4)?;
         dp.configure(&with_vxlan6(config())?)?;
         let at_r4 = TcpListener::bind(SocketAddrV4::new(POD_R, SERVER_PORT))?;
         let a_r4 = tcp_conn(POD_A, SocketAddrV4::new(POD_R, SERVER_PORT), &at_r4)?;
@@ -170,7 +170,7 @@ fn vxlan6_sends_what_the_program_hands_it_to_the_peer() -> Result<()> {
     let node = Node::new("vxlan6tx")?.with_underlay6()?;
     node.run(|dp| {
         dp.configure(&with_vxlan6(config())?)?;
-        sync_remote6(dp.pin, &remote6_over_vxlan6())?;
+        REMOTE6.sync(dp.pin, &remote6_over_vxlan6())?;
         let at_r = listen6(POD_R6)?;
         let a_r = tcp_conn6(POD_A6, POD_R6, &at_r)?;
         ensure_ct6(a_r.flow, "ESTABLISHED")?;
@@ -235,7 +235,7 @@ fn vxlan6_decapsulated_goes_to_the_pod_counted_apart() -> Result<()> {
     node.run(|dp| {
         let cfg = with_vxlan6(config())?;
         dp.configure(&cfg)?;
-        sync_remote6(dp.pin, &remote6_over_vxlan6())?;
+        REMOTE6.sync(dp.pin, &remote6_over_vxlan6())?;
         let at_r = listen6(POD_R6)?;
         let a_r = tcp_conn6(POD_A6, POD_R6, &at_r)?;
         ensure_ct6(a_r.flow, "ESTABLISHED")?;

@@ -52,9 +52,11 @@
 //! Parts: `variants` (the columns, the agents' flags for each, the checks
 //! that a column takes its path), `rulesets` (pure functions of their size,
 //! tested without root, and their installation), `measure` (sockperf and
-//! iperf3 in the namespaces), `report` (the table).
+//! iperf3 in the namespaces), `progs` (the programs' own run time over a
+//! measure), `report` (the table; its figures in `report/figures.rs`).
 
 mod measure;
+mod progs;
 mod report;
 mod rulesets;
 mod variants;
@@ -71,7 +73,8 @@ use crate::{
     Bins, Counters, IpFamily, Lab, PathShare, Spec, Stack, VXLAN_DEV, catch_interrupts,
     check_interrupted, node_ip,
 };
-use measure::{Pair, Sample, measure, watch_programs};
+use measure::{Pair, Sample, measure};
+use progs::watch_programs;
 use report::render;
 use rulesets::Installed;
 pub use rulesets::{Rules, cluster_ip, kube_proxy_ruleset, rule_count, synthetic_ruleset};

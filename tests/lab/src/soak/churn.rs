@@ -26,6 +26,7 @@ pub mod leaks;
 
 use super::CaseResult;
 use crate::Lab;
+use crate::stats::percentile_duration;
 use leaks::{await_datapath, ip_json, kernel_problems, node_state};
 use mycni_testkit::sh;
 
@@ -488,14 +489,6 @@ impl Ctx<'_> {
     }
 }
 
-fn percentile(v: &mut [Duration], p: usize) -> Duration {
-    if v.is_empty() {
-        return Duration::ZERO;
-    }
-    v.sort();
-    v[(v.len() - 1) * p / 100]
-}
-
 /// Runs `cycles` pod ADD/DEL cycles on lab node `node` (which must have no
 /// pods of its own), faults chosen by `seed`, then checks for leaks, GCs
 /// and deletes the pods it kept. Unexpected plugin failures (not caused by
@@ -652,18 +645,23 @@ pub fn churn(lab: &Lab, node: usize, cycles: usize, seed: u64) -> Result<CaseRes
         .clone();
     let s = &ctx.stats;
     let n = |a: &AtomicUsize| a.load(Ordering::Relaxed);
-    let mut add_times = ctx
+    let add_times = ctx
         .add_times
         .lock()
         .map_err(|_| anyhow::anyhow!("poisoned"))?
         .clone();
+    let add_ms = |p| {
+        percentile_duration(&add_times, p)
+            .unwrap_or_default()
+            .as_millis()
+    };
     notes.push(format!(
         "{} ADDs, {} DELs in {:.1} s; ADD p50 {} ms, p99 {} ms",
         n(&s.adds),
         n(&s.dels),
         churn_took.as_secs_f64(),
-        percentile(&mut add_times, 50).as_millis(),
-        percentile(&mut add_times, 99).as_millis()
+        add_ms(50),
+        add_ms(99)
     ));
     notes.push(format!(
         "kills planned {} ADD / {} DEL, the rest exited first; {} kept pods re-sandboxed after a killed ADD; \

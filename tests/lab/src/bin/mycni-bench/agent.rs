@@ -1,18 +1,15 @@
 //! `mycni-bench agent`.
 
-use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail, ensure};
-use k8s_openapi::api::core::v1::Node;
-use mycni_apiserver::node;
 use mycni_common::contract::RTPROT_MYCNI_AGENT;
 use mycni_common::net::Mac;
+use mycni_lab::stats::percentile_duration;
 use mycni_lab::{Bins, Lab, Spec, Stack};
-use mycni_testkit::{sh, unique};
-use serde_json::{Value, json};
+use mycni_testkit::unique;
 
 use crate::overlay::Overlay;
 
@@ -30,122 +27,16 @@ const IDLE: Duration = Duration::from_secs(60);
 /// Nexthop IDs of the `ip -batch` reference: the agent's first ones.
 const NHID_BASE: u32 = (PROTO as u32) << 24;
 
-/// Peer `i` (0-based): podCIDR outside 10.244.0.0/16 (the lab's own
-/// nodes), unique locally administered MAC, an unused host IP.
-struct Peer {
-    name: String,
-    cidr: String,
-    gw: Ipv4Addr,
-    mac: Mac,
-    host_ip: Ipv4Addr,
-}
+#[path = "agent/peers.rs"]
+mod peers;
+#[path = "agent/probe.rs"]
+mod probe;
+#[path = "agent/reference.rs"]
+mod reference;
 
-fn peer(i: usize) -> Peer {
-    let gw = Ipv4Addr::new(10, 1 + (i / 256) as u8, (i % 256) as u8, 0);
-    let k = i + 1;
-    Peer {
-        name: format!("peer-{:05}", i + 1),
-        cidr: format!("{gw}/24"),
-        gw,
-        mac: Mac([0x02, 0, 0, (k >> 16) as u8, (k >> 8) as u8, k as u8]),
-        host_ip: Ipv4Addr::new(192, 168, 100 + (i / 250) as u8, 1 + (i % 250) as u8),
-    }
-}
-
-fn peer_node(p: &Peer, full: bool) -> Result<Node> {
-    let mut n = node(&p.name, Some(&p.cidr));
-    n.metadata.annotations = Some(BTreeMap::from([
-        ("mycni.dev/vtep-mac".to_string(), p.mac.to_string()),
-        ("mycni.dev/host-ip".to_string(), p.host_ip.to_string()),
-    ]));
-    if full {
-        kubelet_fields(&mut n, p)?;
-    }
-    Ok(n)
-}
-
-/// What a kubelet-managed Node carries besides mycni's fields (about
-/// 10 KB of JSON): labels, status with 25 images, conditions and
-/// nodeInfo, and managedFields, so the agent's memory is measured
-/// against Nodes as a real cluster has them.
-fn kubelet_fields(n: &mut Node, p: &Peer) -> Result<()> {
-    let name = &p.name;
-    n.metadata.labels = Some(serde_json::from_value(json!({
-        "beta.kubernetes.io/arch": "amd64", "beta.kubernetes.io/os": "linux",
-        "kubernetes.io/arch": "amd64", "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
-        "node.kubernetes.io/instance-type": "m5.xlarge",
-        "topology.kubernetes.io/region": "eu-west-1", "topology.kubernetes.io/zone": "eu-west-1a",
-    }))?);
-    let ann = n.metadata.annotations.get_or_insert_default();
-    ann.insert("node.alpha.kubernetes.io/ttl".into(), "0".into());
-    ann.insert(
-        "volumes.kubernetes.io/controller-managed-attach-detach".into(),
-        "true".into(),
-    );
-    let images: Vec<Value> = (0..25)
-        .map(|j| {
-            json!({"names": [
-                format!("registry.k8s.io/project/image-{j}@sha256:{:064x}", j * 7919 + 1),
-                format!("registry.k8s.io/project/image-{j}:v1.{j}.0"),
-            ], "sizeBytes": 12_345_678 + j})
-        })
-        .collect();
-    let cond = |t: &str, st: &str, r: &str, m: &str| {
-        json!({"type": t, "status": st, "reason": r, "message": m,
-            "lastHeartbeatTime": "2026-08-01T10:00:00Z",
-            "lastTransitionTime": "2026-08-01T10:00:00Z"})
-    };
-    n.status = Some(serde_json::from_value(json!({
-        "capacity": {"cpu": "4", "ephemeral-storage": "81106868Ki", "hugepages-2Mi": "0",
-            "memory": "16069436Ki", "pods": "110"},
-        "allocatable": {"cpu": "4", "ephemeral-storage": "74748089130", "hugepages-2Mi": "0",
-            "memory": "15967036Ki", "pods": "110"},
-        "conditions": [
-            cond("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
-            cond("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
-            cond("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
-            cond("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
-            cond("NetworkUnavailable", "False", "MycniIsUp", "mycni-agent has the overlay up on this node"),
-        ],
-        "addresses": [{"type": "InternalIP", "address": p.host_ip.to_string()},
-            {"type": "Hostname", "address": name}],
-        "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
-        "nodeInfo": {"machineID": "ec2a3b4c5d6e7f8091a2b3c4d5e6f708",
-            "systemUUID": "ec2a3b4c-5d6e-7f80-91a2-b3c4d5e6f708",
-            "bootID": "4f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b",
-            "kernelVersion": "6.1.0-18-cloud-amd64", "osImage": "Debian GNU/Linux 12 (bookworm)",
-            "containerRuntimeVersion": "containerd://1.7.13", "kubeletVersion": "v1.33.1",
-            "kubeProxyVersion": "v1.33.1", "operatingSystem": "linux", "architecture": "amd64"},
-        "images": images,
-    }))?);
-    let fields = json!({
-        "f:metadata": {"f:annotations": {".": {}, "f:node.alpha.kubernetes.io/ttl": {},
-            "f:volumes.kubernetes.io/controller-managed-attach-detach": {}},
-            "f:labels": {".": {}, "f:beta.kubernetes.io/arch": {}, "f:beta.kubernetes.io/os": {},
-                "f:kubernetes.io/arch": {}, "f:kubernetes.io/hostname": {}, "f:kubernetes.io/os": {}}},
-        "f:status": {"f:conditions": {
-            "k:{\"type\":\"DiskPressure\"}": {"f:lastHeartbeatTime": {}},
-            "k:{\"type\":\"MemoryPressure\"}": {"f:lastHeartbeatTime": {}},
-            "k:{\"type\":\"PIDPressure\"}": {"f:lastHeartbeatTime": {}},
-            "k:{\"type\":\"Ready\"}": {"f:lastHeartbeatTime": {}, "f:message": {},
-                "f:reason": {}, "f:status": {}}},
-            "f:images": {}, "f:nodeInfo": {"f:bootID": {}}},
-    });
-    let managed: Vec<Value> = [
-        "kubelet",
-        "kube-controller-manager",
-        "mycni-agent",
-        "kubectl",
-    ]
-    .iter()
-    .map(|m| {
-        json!({"manager": m, "operation": "Update", "apiVersion": "v1",
-                "time": "2026-08-01T10:00:00Z", "fieldsType": "FieldsV1", "fieldsV1": fields})
-    })
-    .collect();
-    n.metadata.managed_fields = Some(serde_json::from_value(Value::Array(managed))?);
-    Ok(())
-}
+use peers::{Peer, peer, peer_node};
+use probe::{LogLine, agent_log, cpu, field, metrics, ms, proc_status, secs_between, strip_ansi};
+use reference::{References, ip_batch_reference, median, refs_fmt};
 
 /// Tears the lab down however the bench ends.
 struct Guard(Lab);
@@ -165,211 +56,6 @@ fn counts(s: &Overlay, vx: u32) -> Result<Option<(usize, usize, usize)>> {
         (Some(r), Some(n), Some(f)) => Some((r, n, f)),
         _ => None,
     })
-}
-
-fn proc_status(pid: u32, key: &str) -> Result<f64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let line = s
-        .lines()
-        .find(|l| l.starts_with(key))
-        .with_context(|| format!("no {key} in /proc/{pid}/status"))?;
-    let kb: f64 = line
-        .split_whitespace()
-        .nth(1)
-        .context("status value")?
-        .parse()?;
-    Ok(kb / 1024.0)
-}
-
-/// User and system CPU seconds of `pid` so far.
-fn cpu(pid: u32) -> Result<(f64, f64)> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let rest = s.rsplit_once(')').context("stat")?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    // After ")": state is field 3, utime 14 and stime 15 (1-based).
-    let ut: f64 = f.get(11).context("utime")?.parse()?;
-    let st: f64 = f.get(12).context("stime")?.parse()?;
-    Ok((ut / hz, st / hz))
-}
-
-fn strip_ansi(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut it = s.chars().peekable();
-    while let Some(c) = it.next() {
-        if c == '\u{1b}' {
-            if it.peek() == Some(&'[') {
-                it.next();
-                for d in it.by_ref() {
-                    if d.is_ascii_alphabetic() {
-                        break;
-                    }
-                }
-            }
-            continue;
-        }
-        out.push(c);
-    }
-    out
-}
-
-/// One line of the agent's log: its timestamp and text.
-struct LogLine {
-    at: SystemTime,
-    text: String,
-}
-
-fn agent_log(path: &Path) -> Result<Vec<LogLine>> {
-    let raw = std::fs::read_to_string(path)?;
-    let mut out = Vec::new();
-    for l in raw.lines() {
-        let l = strip_ansi(l);
-        let Some((ts, _)) = l.split_once(' ') else {
-            continue;
-        };
-        let Ok(t) = ts.parse::<k8s_openapi::jiff::Timestamp>() else {
-            continue;
-        };
-        let at = UNIX_EPOCH + Duration::from_nanos(t.as_nanosecond() as u64);
-        out.push(LogLine {
-            at,
-            text: l.to_string(),
-        });
-    }
-    Ok(out)
-}
-
-fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
-    let pat = format!("{name}=");
-    let start = line.find(&pat)? + pat.len();
-    line[start..].split_whitespace().next()
-}
-
-fn secs_between(a: SystemTime, b: SystemTime) -> f64 {
-    match b.duration_since(a) {
-        Ok(d) => d.as_secs_f64(),
-        Err(e) => -e.duration().as_secs_f64(),
-    }
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
-fn percentile(v: &[Duration], p: usize) -> Duration {
-    let mut s = v.to_vec();
-    s.sort();
-    s[((s.len() * p) / 100).min(s.len() - 1)]
-}
-
-/// One `ip -batch` reference run: the whole, and each batch file's share.
-struct Reference {
-    took: Duration,
-    phases: Vec<(&'static str, Duration)>,
-}
-
-/// `ip -batch` / `bridge -batch` programming the same entries into a fresh
-/// namespace with a VXLAN device like the agent's: FDB entries, neighbours
-/// and routes `via … onlink`, or, with `nexthops`, a nexthop per peer and
-/// routes through them (as the agent makes them where the kernel has
-/// nexthop objects).
-fn ip_batch_reference(n: usize, nexthops: bool) -> Result<Reference> {
-    let ns = mycni_testkit::NetNs::new("ref")?;
-    let dir = tempfile::Builder::new()
-        .prefix("mycni-bench-ref-")
-        .tempdir()?;
-    // No dummy module here: a veth pair stands in for the underlay.
-    ns.exec(
-        "ip",
-        &[
-            "link", "add", "eth0", "type", "veth", "peer", "name", "eth1",
-        ],
-    )?;
-    ns.exec("ip", &["link", "set", "eth1", "up"])?;
-    ns.exec("ip", &["addr", "add", "192.168.77.11/24", "dev", "eth0"])?;
-    ns.exec("ip", &["link", "set", "eth0", "up"])?;
-    ns.exec(
-        "ip",
-        &[
-            "link",
-            "add",
-            VXLAN,
-            "type",
-            "vxlan",
-            "id",
-            "1",
-            "dstport",
-            "8472",
-            "local",
-            "192.168.77.11",
-            "dev",
-            "eth0",
-            "nolearning",
-        ],
-    )?;
-    ns.exec("ip", &["addr", "add", "10.244.1.0/32", "dev", VXLAN])?;
-    ns.exec("ip", &["link", "set", VXLAN, "up"])?;
-    let (mut fdb, mut neigh, mut nh, mut route) =
-        (String::new(), String::new(), String::new(), String::new());
-    for i in 0..n {
-        let p = peer(i);
-        let mac = p.mac.to_string();
-        fdb.push_str(&format!(
-            "fdb add {mac} dev {VXLAN} dst {} self permanent\n",
-            p.host_ip
-        ));
-        neigh.push_str(&format!(
-            "neigh add {} lladdr {mac} dev {VXLAN} nud permanent\n",
-            p.gw
-        ));
-        if nexthops {
-            let id = NHID_BASE + i as u32;
-            nh.push_str(&format!(
-                "nexthop add id {id} via {} dev {VXLAN} onlink protocol {PROTO}\n",
-                p.gw
-            ));
-            route.push_str(&format!("route add {} nhid {id} proto {PROTO}\n", p.cidr));
-        } else {
-            route.push_str(&format!(
-                "route add {} via {} dev {VXLAN} onlink proto {PROTO}\n",
-                p.cidr, p.gw
-            ));
-        }
-    }
-    let mut batches: Vec<(&'static str, &'static str, String)> =
-        vec![("fdb", "bridge", fdb), ("neigh", "ip", neigh)];
-    if nexthops {
-        batches.push(("nexthop", "ip", nh));
-    }
-    batches.push(("route", "ip", route));
-    let mut files = Vec::new();
-    for (name, tool, text) in batches {
-        let f: PathBuf = dir.path().join(name);
-        std::fs::write(&f, text)?;
-        files.push((name, tool, f.to_string_lossy().into_owned()));
-    }
-    let mut phases = Vec::new();
-    let start = Instant::now();
-    for (name, tool, f) in &files {
-        let t = Instant::now();
-        sh(tool, &["-n", ns.name(), "-batch", f])?;
-        phases.push((*name, t.elapsed()));
-    }
-    let took = start.elapsed();
-    let overlay = Overlay::open(ns.name())?;
-    let vx = overlay.ifindex(VXLAN)?;
-    let c = counts(&overlay, vx)?;
-    ensure!(
-        c == Some((n, n, n)),
-        "ip -batch reference programmed {c:?} entries, not {n} each"
-    );
-    let nhs = overlay.count_nexthops(PROTO)?;
-    ensure!(
-        nhs == Some(if nexthops { n } else { 0 }),
-        "ip -batch reference programmed {nhs:?} nexthops"
-    );
-    Ok(Reference { took, phases })
 }
 
 pub fn bench(bin_dir: &Path, n: usize, full: bool) -> Result<()> {
@@ -429,23 +115,6 @@ pub fn bench(bin_dir: &Path, n: usize, full: bool) -> Result<()> {
         }
     }
     r
-}
-
-/// The reference runs, by how routes hold their gateway.
-#[derive(Default)]
-struct References {
-    onlink: Vec<Reference>,
-    nexthop: Vec<Reference>,
-}
-
-/// The median run by total time.
-fn median(v: &[Reference]) -> Result<&Reference> {
-    let mut sorted: Vec<&Reference> = v.iter().collect();
-    sorted.sort_by_key(|r| r.took);
-    sorted
-        .get(sorted.len() / 2)
-        .copied()
-        .context("no reference runs")
 }
 
 /// Changes `name`'s host-IP annotation.
@@ -708,10 +377,11 @@ fn run(lab: &Lab, n: usize, full: bool, refs: &References) -> Result<()> {
     let kept = std::env::temp_dir().join(format!("mycni-bench-agent-{n}.log"));
     let _ = std::fs::copy(dir.join("agent.log"), &kept);
 
-    let upd_med = percentile(&updates, 50);
-    let upd_p90 = percentile(&updates, 90);
-    let hip_med = percentile(&host_ip_changes, 50);
-    let hip_p90 = percentile(&host_ip_changes, 90);
+    let at = |v: &[Duration], p| percentile_duration(v, p).unwrap_or_default();
+    let upd_med = at(&updates, 50);
+    let upd_p90 = at(&updates, 90);
+    let hip_med = at(&host_ip_changes, 50);
+    let hip_p90 = at(&host_ip_changes, 90);
     let rss_peak = hwm_converged.max(hwm_end);
     let scale = n as f64 / 5000.0;
     let conv_target = TARGET_CONVERGE_S * scale;
@@ -756,7 +426,7 @@ fn run(lab: &Lab, n: usize, full: bool, refs: &References) -> Result<()> {
         ms(hip_med) / TARGET_HOST_IP_MS
     );
     if let Some((d, _)) = &direct {
-        let (med, p90) = (percentile(d, 50), percentile(d, 90));
+        let (med, p90) = (at(d, 50), at(d, 90));
         println!(
             "| host-IP change, direct peer (its nexthop), median / p90 (ms, {} runs) | {:.1} / {:.1} | {TARGET_HOST_IP_MS:.0} | {:.2} | | |",
             d.len(),
@@ -847,24 +517,4 @@ fn run(lab: &Lab, n: usize, full: bool, refs: &References) -> Result<()> {
     }
     println!("  agent log kept at {}", kept.display());
     Ok(())
-}
-
-fn refs_fmt(v: &[Reference]) -> String {
-    v.iter()
-        .map(|r| format!("{:.3}", r.took.as_secs_f64()))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// The agent's metrics as name -> value (unlabelled series only).
-fn metrics(lab: &Lab) -> Result<BTreeMap<String, f64>> {
-    let text = lab.metrics(1)?;
-    Ok(text
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.contains('{'))
-        .filter_map(|l| {
-            let (k, v) = l.split_once(' ')?;
-            Some((k.to_string(), v.trim().parse().ok()?))
-        })
-        .collect())
 }

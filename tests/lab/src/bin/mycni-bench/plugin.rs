@@ -8,6 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+use mycni_lab::stats::percentile_duration;
 use mycni_testkit::NetNs;
 use mycni_testkit::cni::REFERENCE_PLUGINS;
 use serde_json::{Value, json};
@@ -62,14 +63,9 @@ fn invoke(
     Ok(took)
 }
 
-fn median(v: &mut [Duration]) -> f64 {
-    v.sort();
-    v[v.len() / 2].as_secs_f64() * 1e3
-}
-
-fn p90(v: &mut [Duration]) -> f64 {
-    v.sort();
-    v[(v.len() * 9) / 10].as_secs_f64() * 1e3
+/// The p-th percentile in ms (see `mycni_lab::stats`).
+fn ms_at(v: &[Duration], p: u32) -> f64 {
+    percentile_duration(v, p).unwrap_or_default().as_secs_f64() * 1e3
 }
 
 pub fn bench(runs: usize, mycni: &Path) -> Result<()> {
@@ -128,12 +124,12 @@ pub fn bench(runs: usize, mycni: &Path) -> Result<()> {
     println!("| variant | ADD median ms | ADD p90 ms | DEL median ms | DEL p90 ms |");
     println!("|---|---|---|---|---|");
     let mut med = Vec::new();
-    for v in variants.iter_mut() {
+    for v in &variants {
         let (am, ap, dm, dp) = (
-            median(&mut v.add),
-            p90(&mut v.add),
-            median(&mut v.del),
-            p90(&mut v.del),
+            ms_at(&v.add, 50),
+            ms_at(&v.add, 90),
+            ms_at(&v.del, 50),
+            ms_at(&v.del, 90),
         );
         println!("| {} | {am:.2} | {ap:.2} | {dm:.2} | {dp:.2} |", v.label);
         med.push((am, dm));

@@ -9,11 +9,9 @@
 //! behind under another name), and an IPv4-only cluster gets no IPv6 table
 //! at all.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
+use anyhow::Result;
 
-use anyhow::{Context, Result, bail};
-
+use super::nft;
 use mycni_common::net::ClusterCidrs;
 
 pub const TABLE: &str = "mycni";
@@ -51,35 +49,20 @@ pub fn ruleset(cluster: impl Into<ClusterCidrs>) -> String {
     s
 }
 
-pub(crate) fn nft(script: &str) -> Result<()> {
-    let mut child = Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("running nft (is nftables installed?)")?;
-    if let Some(mut s) = child.stdin.take() {
-        s.write_all(script.as_bytes())?;
-    }
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        bail!(
-            "nft failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
-}
-
+/// Puts the tables in place (replacing earlier ones); idempotent.
 pub fn install(cluster: impl Into<ClusterCidrs>) -> Result<()> {
-    nft(&ruleset(cluster))
+    nft::apply(&ruleset(cluster))
 }
 
-pub fn uninstall() -> Result<()> {
-    nft(&format!(
+pub fn uninstall_script() -> String {
+    format!(
         "table ip {TABLE}\ndelete table ip {TABLE}\ntable ip6 {TABLE}\ndelete table ip6 {TABLE}\n"
-    ))
+    )
+}
+
+/// Removes both tables (`mycni-agent uninstall`); success if they are gone.
+pub fn uninstall() -> Result<()> {
+    nft::apply(&uninstall_script())
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::store::Stored;
+use super::Stored;
 
 #[derive(Debug, Clone, PartialEq)]
 enum Requirement {

@@ -1,4 +1,11 @@
-//! Helpers the lease store's tests share across its modules.
+//! The IPAM's tests, one file per module under test, and the helpers they share. Apart
+//! from the modules so that no module's tests import the store that imports it.
+
+mod builtin;
+mod gc;
+mod lock;
+mod range;
+mod store;
 
 use std::collections::HashSet;
 use std::fs;
@@ -6,9 +13,9 @@ use std::net::IpAddr;
 
 use tempfile::TempDir;
 
-use super::lock::TMP_PREFIX;
+use super::layout::TMP_PREFIX;
 use super::range::Range;
-use super::store::LeaseStore;
+use super::store::{Lease, LeaseStore};
 
 pub(super) const NONE: [IpAddr; 0] = [];
 pub(super) const LAST_RESERVED_FILE: &str = "last_reserved_ip.0";
@@ -20,6 +27,12 @@ pub(super) fn ip(s: &str) -> IpAddr {
 pub(super) fn range(cidr: &str) -> Range {
     let (net, prefix) = Range::parse_cidr(cidr).unwrap();
     Range::new(net, prefix, None, None).unwrap()
+}
+
+/// `start..=end` of `cidr`.
+pub(super) fn sub_range(cidr: &str, start: &str, end: &str) -> Range {
+    let (net, prefix) = Range::parse_cidr(cidr).unwrap();
+    Range::new(net, prefix, Some(ip(start)), Some(ip(end))).unwrap()
 }
 
 pub(super) fn store() -> (TempDir, LeaseStore) {
@@ -69,4 +82,27 @@ pub(super) fn keep(pairs: &[(&str, &str)]) -> HashSet<(String, String)> {
         .iter()
         .map(|(c, i)| (c.to_string(), i.to_string()))
         .collect()
+}
+
+/// One address for `cid`'s `ifname`, nothing reserved.
+pub(super) fn alloc(store: &LeaseStore, r: &Range, cid: &str, ifname: &str) -> IpAddr {
+    store.allocate(r, &[], cid, ifname).unwrap()
+}
+
+pub(super) fn lease(ip_text: &str, container_id: &str, ifname: &str) -> Lease {
+    Lease {
+        ip: ip(ip_text),
+        container_id: container_id.into(),
+        ifname: ifname.into(),
+    }
+}
+
+/// A lease file whose content names no container.
+pub(super) fn garbage(ip_text: &str) -> Lease {
+    lease(ip_text, "", "")
+}
+
+/// The permission bits of a file.
+pub(super) fn mode(meta: &fs::Metadata) -> u32 {
+    std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777
 }

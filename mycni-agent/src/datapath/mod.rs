@@ -1,6 +1,16 @@
-//! The fast path's life in the agent: load the programs (or say why not),
-//! keep the maps an exact mirror of what the kernel holds, attach to
-//! `vxlan.1` and every pod veth, detach from what is gone.
+//! The datapath subsystem: the fast path's life in the agent. Load the
+//! programs (or say why not), keep the maps an exact mirror of what the
+//! kernel holds, attach to `vxlan.1` and every pod veth, detach from what
+//! is gone.
+//!
+//! - [`desired`]: what the maps and attachments should hold, a pure
+//!   function of the overlay state and the pods (tested without root).
+//! - [`FastPath::sync`]: the apply step, writing that into the maps.
+//! - [`programs`]: load, attach, pin and detach the programs.
+//! - [`maps`]: the pinned maps, typed, read and synced.
+//! - [`counters`]: the collector `/metrics` reads the maps' sizes and the
+//!   per-path counters through.
+//! - [`inspect`]: `mycni-agent inspect`, the maps rendered for people.
 //!
 //! The agent, not the plugin, attaches to new pod veths: it is the single
 //! writer of the maps, it already reconciles against kernel state, and the
@@ -26,18 +36,32 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use anyhow::{Context, Result};
-use mycni_common::{
-    CFG_TC_DECAP, CFG_TC_ENCAP, DpConfig, LocalEndpoint, PeerNode, REMOTE_DIRECT, REMOTE_VXLAN6,
-    RemoteNode,
-};
+use mycni_common::{CFG_TC_DECAP, CFG_TC_ENCAP, DpConfig, LocalEndpoint, RemoteNode};
 
-use crate::ebpf::{self, Datapath, DatapathError, Prog};
-use crate::kernel::{PodEndpoint, PodEndpoints};
-use crate::overlay::VxlanSpec;
-
-use crate::metrics::Metrics;
-use crate::overlay::{self as reconcile, OverlayState, Remote};
 use mycni_common::net::Mac;
+
+use crate::kernel::PodEndpoints;
+use crate::metrics::Metrics;
+use crate::overlay::{OverlayState, VxlanSpec};
+
+pub mod counters;
+pub mod desired;
+mod error;
+pub mod inspect;
+pub mod maps;
+mod prog;
+pub mod programs;
+mod room;
+
+pub use counters::{DatapathMetrics, register_metrics};
+pub use error::DatapathError;
+pub use maps::{
+    AttachedMaps, HashMapOf, LOCAL, LOCAL6, MAPS, MapAddr, MapSource, PEERS, REMOTE, REMOTE6,
+    SyncStats, TrieMap, read_config, read_counters, read_family_counters, write_config,
+};
+pub use programs::{
+    Datapath, PROG_FROM_POD, Prog, detach, detach_all, embedded_object, link_pin_path, pinned_links,
+};
 
 /// `vxlan6.1` as a reconcile pass leaves it: its ifindex, its MAC and what
 /// the agent holds on it (`Kernel::dump_vxlan6` with the pass's changes
@@ -88,6 +112,8 @@ pub struct FastPath {
     vxlan6_only: bool,
     proc_sys: PathBuf,
     metrics: Arc<Metrics>,
+    /// What this datapath exports at scrape.
+    exported: Arc<DatapathMetrics>,
 }
 
 impl FastPath {
@@ -116,6 +142,7 @@ impl FastPath {
             tc_encap,
             vxlan6_only: false,
             proc_sys: proc_sys.to_path_buf(),
+            exported: metrics.collector::<DatapathMetrics>(),
             metrics,
         };
         let why = match (mode, object) {
@@ -135,7 +162,7 @@ impl FastPath {
                     }
                     tracing::info!(pin_dir = %pin_dir.display(), "eBPF fast path loaded");
                     fp.metrics.datapath_ebpf.store(true, Ordering::Relaxed);
-                    if let Ok(mut p) = fp.metrics.pin_dir.lock() {
+                    if let Ok(mut p) = fp.exported.pin_dir.lock() {
                         *p = Some(pin_dir.to_path_buf());
                     }
                     return fp;
@@ -152,7 +179,7 @@ impl FastPath {
         };
         // Programs a previous agent left attached would keep forwarding from
         // maps nobody maintains any more: the kernel path must be alone.
-        match ebpf::detach_all(pin_dir) {
+        match detach_all(pin_dir) {
             Ok(0) => {}
             Ok(n) => tracing::info!(links = n, "detached the fast path left by a previous agent"),
             Err(e) => tracing::warn!(error = %e, "cannot detach previous fast-path programs"),
@@ -230,127 +257,26 @@ impl FastPath {
         if !repinned.is_empty() {
             tracing::warn!(maps = ?repinned, "pinned maps were removed from bpffs; pinned them again");
         }
-        ebpf::write_config(&pin, &cfg)?;
+        write_config(&pin, &cfg)?;
 
-        // Only what the kernel backs: a route through vxlan.1 whose gateway
-        // has a neighbour whose MAC has an FDB entry, or a direct route to a
-        // peer's host.
-        let remote: BTreeMap<(Ipv4Addr, u8), RemoteNode> = overlay
-            .routes
-            .iter()
-            .filter_map(|(cidr, gw)| {
-                let node = if reconcile::via_vxlan(*cidr, *gw) {
-                    let mac = overlay.neighbours.get(gw)?;
-                    let host = overlay.fdb.get(mac)?;
-                    RemoteNode {
-                        vtep_mac: mac.0,
-                        flags: 0,
-                        _pad: 0,
-                        host_ip: u32::from_ne_bytes(host.octets()),
-                    }
-                } else {
-                    // The VTEP MAC of the peer whose host this is, if known
-                    // (for `inspect`; a direct packet carries none).
-                    let mac = overlay
-                        .fdb
-                        .iter()
-                        .find_map(|(m, h)| (h == gw).then_some(*m))
-                        .unwrap_or_default();
-                    RemoteNode {
-                        vtep_mac: mac.0,
-                        flags: REMOTE_DIRECT,
-                        _pad: 0,
-                        host_ip: u32::from_ne_bytes(gw.octets()),
-                    }
-                };
-                Some(((cidr.addr(), cidr.prefix()), node))
-            })
-            .collect();
-        // The hosts VXLAN may come from: those the FDB sends to.
-        let peers: BTreeMap<Ipv4Addr, PeerNode> = overlay
-            .fdb
-            .iter()
-            .map(|(mac, host)| {
-                (
-                    *host,
-                    PeerNode {
-                        vtep_mac: mac.0,
-                        _pad: [0; 2],
-                    },
-                )
-            })
-            .collect();
+        let want = desired::remote_maps(overlay, vxlan6.map(|v| v.overlay));
         let full = pods.is_some();
-        if full || self.remote_written.as_ref() != Some(&remote) {
-            ebpf::sync_peers(&pin, &peers)?;
-            let st = ebpf::sync_remote(&pin, &remote)?;
-            if full && self.remote_written.as_ref() == Some(&remote) && st.set + st.removed > 0 {
-                tracing::warn!(
-                    set = st.set,
-                    removed = st.removed,
-                    "repaired drift in mycni_remote"
-                );
-            }
-            self.remote_written = Some(remote);
+        if full || self.remote_written.as_ref() != Some(&want.remote) {
+            PEERS.sync(&pin, &want.peers)?;
         }
-        let mut remote6 = remote6_map(overlay.remotes6());
-        if let Some(v6) = &vxlan6 {
-            // A podCIDR on both devices is a pass caught between them (a
-            // peer moving from one underlay to the other): vxlan.1's wins,
-            // as run_loop programs it first.
-            for (k, v) in vxlan6_remote_map(v6.overlay) {
-                remote6.entry(k).or_insert(v);
-            }
-        }
-        if full || self.remote6_written.as_ref() != Some(&remote6) {
-            let st = ebpf::sync_remote6(&pin, &remote6)?;
-            if full && self.remote6_written.as_ref() == Some(&remote6) && st.set + st.removed > 0 {
-                tracing::warn!(
-                    set = st.set,
-                    removed = st.removed,
-                    "repaired drift in mycni_remote6"
-                );
-            }
-            self.remote6_written = Some(remote6);
-        }
+        sync_remote(&pin, REMOTE, &mut self.remote_written, want.remote, full)?;
+        sync_remote(&pin, REMOTE6, &mut self.remote6_written, want.remote6, full)?;
 
         if let Some(pods) = pods {
-            let local = local_map(&pods.v4);
-            let st = ebpf::sync_local(&pin, &local)?;
-            if st.set + st.removed > 0 {
-                tracing::info!(
-                    set = st.set,
-                    removed = st.removed,
-                    pods = local.len(),
-                    "synced mycni_local"
-                );
-            }
-            self.local = local;
-            let local6 = local_map(&pods.v6);
-            let st = ebpf::sync_local6(&pin, &local6)?;
-            if st.set + st.removed > 0 {
-                tracing::info!(
-                    set = st.set,
-                    removed = st.removed,
-                    pods = local6.len(),
-                    "synced mycni_local6"
-                );
-            }
-            self.local6 = local6;
+            self.local = sync_local(&pin, LOCAL, &pods.v4)?;
+            self.local6 = sync_local(&pin, LOCAL6, &pods.v6)?;
 
-            let underlay = vx
-                .filter(|_| self.tc_encap)
-                .map(|v| (Prog::FromUnderlay, v.underlay_index));
-            let want: BTreeSet<(Prog, u32)> = vx
-                .map(|_| (Prog::FromVxlan, vxlan))
-                .into_iter()
-                // What vxlan6.1 decapsulates, as what vxlan.1 does.
-                .chain(vxlan6.map(|v| (Prog::FromVxlan, v.ifindex)))
-                .chain(underlay)
-                // Every pod veth, whatever families its pod has.
-                .chain(pods.v4.values().map(|p| (Prog::FromPod, p.ifindex)))
-                .chain(pods.v6.values().map(|p| (Prog::FromPod, p.ifindex)))
-                .collect();
+            let want = desired::attachments(
+                vx.map(|v| (vxlan, v.underlay_index)),
+                self.tc_encap,
+                vxlan6.map(|v| v.ifindex),
+                pods,
+            );
             for &(p, ifindex) in want.difference(&self.attached.clone()) {
                 match dp.attach(p, ifindex) {
                     Ok(fresh) => {
@@ -361,28 +287,74 @@ impl FastPath {
                     Err(e) => tracing::warn!(prog = p.name(), ifindex, error = %e, "cannot attach"),
                 }
             }
-            for (p, ifindex) in ebpf::pinned_links(&pin)? {
+            for (p, ifindex) in pinned_links(&pin)? {
                 if !want.contains(&(p, ifindex)) {
-                    ebpf::detach(&pin, p, ifindex)?;
+                    detach(&pin, p, ifindex)?;
                     self.attached.remove(&(p, ifindex));
                     tracing::info!(prog = p.name(), ifindex, "detached from a gone interface");
                 }
             }
             self.attached.retain(|a| want.contains(a));
         }
-        let m = &self.metrics;
+        let m = &self.exported;
         // Entries of both families: a dual-stack pod counts twice.
-        m.dp_local.store(
+        m.local.store(
             (self.local.len() + self.local6.len()) as u64,
             Ordering::Relaxed,
         );
-        m.dp_remote.store(
+        m.remote.store(
             (self.remote_written.as_ref().map_or(0, BTreeMap::len)
                 + self.remote6_written.as_ref().map_or(0, BTreeMap::len)) as u64,
             Ordering::Relaxed,
         );
         Ok(())
     }
+}
+
+/// Writes one family's podCIDR trie when it differs from what this process
+/// last wrote, and on full passes whatever it holds (another writer, a
+/// lost entry: drift, said as such).
+fn sync_remote<A: MapAddr>(
+    pin: &Path,
+    map: TrieMap<A>,
+    written: &mut Option<BTreeMap<(A, u8), RemoteNode>>,
+    want: BTreeMap<(A, u8), RemoteNode>,
+    full: bool,
+) -> Result<(), DatapathError> {
+    if !full && written.as_ref() == Some(&want) {
+        return Ok(());
+    }
+    let st = map.sync(pin, &want)?;
+    if full && written.as_ref() == Some(&want) && st.set + st.removed > 0 {
+        tracing::warn!(
+            set = st.set,
+            removed = st.removed,
+            "repaired drift in {}",
+            map.name()
+        );
+    }
+    *written = Some(want);
+    Ok(())
+}
+
+/// Makes one family's local endpoint map hold the pods the kernel has.
+fn sync_local<A: MapAddr>(
+    pin: &Path,
+    map: HashMapOf<A, LocalEndpoint>,
+    pods: &BTreeMap<A, crate::kernel::PodEndpoint>,
+) -> Result<BTreeMap<A, LocalEndpoint>, DatapathError> {
+    let local = desired::local_map(pods);
+    let st = map.sync(pin, &local)?;
+    if st.set + st.removed > 0 {
+        tracing::info!(
+            set = st.set,
+            removed = st.removed,
+            pods = local.len(),
+            "synced {}",
+            map.name()
+        );
+    }
+    Ok(local)
 }
 
 impl FastPath {
@@ -434,64 +406,6 @@ impl FastPath {
     }
 }
 
-/// The local endpoint map of one family from the kernel's pods.
-fn local_map<A: Ord + Copy>(pods: &BTreeMap<A, PodEndpoint>) -> BTreeMap<A, LocalEndpoint> {
-    pods.iter()
-        .map(|(ip, p)| {
-            (
-                *ip,
-                LocalEndpoint {
-                    ifindex: p.ifindex,
-                    pod_mac: p.pod_mac.0,
-                    host_mac: p.host_mac.0,
-                },
-            )
-        })
-        .collect()
-}
-
-/// `mycni_remote6` from the IPv6 podCIDRs the kernel backs on `vxlan.1`
-/// (route, neighbour, FDB entry: `OverlayState::remotes6`). Never direct:
-/// an IPv4 underlay carries IPv6 only encapsulated.
-fn remote6_map(remotes: Vec<Remote<Ipv6Addr>>) -> BTreeMap<(Ipv6Addr, u8), RemoteNode> {
-    remotes
-        .into_iter()
-        .map(|r| {
-            (
-                (r.pod_cidr.addr(), r.pod_cidr.prefix()),
-                RemoteNode {
-                    vtep_mac: r.vtep_mac.0,
-                    flags: 0,
-                    _pad: 0,
-                    host_ip: u32::from_ne_bytes(r.host_ip.octets()),
-                },
-            )
-        })
-        .collect()
-}
-
-/// `mycni_remote6`'s entries for the peers over the IPv6 underlay: the
-/// IPv6 podCIDRs the kernel backs on `vxlan6.1` (a route whose gateway has
-/// a permanent neighbour whose MAC has an FDB entry), flagged
-/// `REMOTE_VXLAN6`, without host IP (an IPv6 one, which only the FDB needs).
-fn vxlan6_remote_map(overlay6: &OverlayState) -> BTreeMap<(Ipv6Addr, u8), RemoteNode> {
-    overlay6
-        .routes6
-        .iter()
-        .filter_map(|(cidr, gw)| {
-            let mac = overlay6.neighbours6.get(gw)?;
-            overlay6.fdb6.get(mac)?;
-            let node = RemoteNode {
-                vtep_mac: mac.0,
-                flags: REMOTE_VXLAN6,
-                _pad: 0,
-                host_ip: 0,
-            };
-            Some(((cidr.addr(), cidr.prefix()), node))
-        })
-        .collect()
-}
-
 /// `net.ipv4.ip_local_port_range`, as vxlan.1 reads it for source ports;
 /// the kernel's default when unreadable.
 fn read_port_range(proc_sys: &Path) -> (u16, u16) {
@@ -522,9 +436,9 @@ fn read_ms(proc_sys: &Path, key: &str) -> u32 {
 fn load(object: &[u8], pin_dir: &Path, log: bool) -> Result<Datapath, DatapathError> {
     match Datapath::load_with_log(object, pin_dir, log) {
         Ok(dp) => Ok(dp),
-        Err(DatapathError::Load(e)) if ebpf::MAPS.iter().any(|m| pin_dir.join(m).exists()) => {
+        Err(DatapathError::Load(e)) if MAPS.iter().any(|m| pin_dir.join(m).exists()) => {
             tracing::warn!(error = %e, "cannot reuse the pinned maps (layout changed?); rebuilding them");
-            for m in ebpf::MAPS {
+            for m in MAPS {
                 let _ = std::fs::remove_file(pin_dir.join(m));
             }
             Datapath::load_with_log(object, pin_dir, log)
@@ -568,45 +482,4 @@ fn spawn_log_reader(dp: &mut Datapath) {
 
 fn first_line(s: &str) -> &str {
     s.lines().next().unwrap_or(s)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn mac(b: u8) -> Mac {
-        Mac([2, 0, 0, 0, 6, b])
-    }
-
-    #[test]
-    fn vxlan6_entries_only_where_route_neighbour_and_fdb_entry_all_are() {
-        let mut o = OverlayState::default();
-        for (i, (neigh, fdb)) in [(true, true), (true, false), (false, true)]
-            .into_iter()
-            .enumerate()
-        {
-            let n = 0x50 + i as u16;
-            let cidr: mycni_common::net::Cidr6 = format!("fd00:10:244:{n:x}::/64").parse().unwrap();
-            let gw = cidr.network();
-            o.routes6.insert(cidr, gw);
-            if neigh {
-                o.neighbours6.insert(gw, mac(i as u8));
-            }
-            if fdb {
-                o.fdb6
-                    .insert(mac(i as u8), format!("fd00:77::{n:x}").parse().unwrap());
-            }
-        }
-        let m = vxlan6_remote_map(&o);
-        let want = RemoteNode {
-            vtep_mac: mac(0).0,
-            flags: REMOTE_VXLAN6,
-            _pad: 0,
-            host_ip: 0,
-        };
-        assert_eq!(
-            m.into_iter().collect::<Vec<_>>(),
-            vec![(("fd00:10:244:50::".parse().unwrap(), 64), want)]
-        );
-    }
 }

@@ -6,7 +6,7 @@
 //!
 //! The rule lives in a table of its own per family, `ip mycni_underlay`
 //! (and `ip6 mycni_underlay` for `vxlan6.1`), not in the
-//! masquerade table: `masq::install` replaces that table wholesale and only
+//! masquerade table: `tables::masq::install` replaces that table wholesale and only
 //! runs with `--masquerade`, while this rule must always exist and its set
 //! changes with every peer change. Two tables keep the two lifecycles apart,
 //! and neither replace can open a window in the other.
@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 
 use anyhow::Result;
 
-use crate::masq::nft;
+use super::nft;
 use crate::metrics::Metrics;
 
 pub const TABLE: &str = "mycni_underlay";
@@ -156,7 +156,7 @@ pub fn uninstall_script() -> String {
 
 /// Removes the tables (`mycni-agent uninstall`).
 pub fn uninstall() -> Result<()> {
-    nft(&uninstall_script())
+    nft::apply(&uninstall_script())
 }
 
 /// The peers' host IPs, per underlay family.
@@ -182,7 +182,7 @@ impl UnderlayFilter {
             installed: false,
             written: None,
         };
-        match nft(&ensure_script(port)) {
+        match nft::apply(&ensure_script(port)) {
             Ok(()) => f.installed = true,
             Err(e) => f.failed("installing the underlay filter", &e),
         }
@@ -204,7 +204,7 @@ impl UnderlayFilter {
             return;
         }
         let updated = self.installed
-            && match nft(&update_script(&want.0, &want.1)) {
+            && match nft::apply(&update_script(&want.0, &want.1)) {
                 Ok(()) => true,
                 Err(e) => {
                     // Someone removed the table or the set: put it all back
@@ -216,7 +216,7 @@ impl UnderlayFilter {
         let result = if updated {
             Ok(())
         } else {
-            nft(&replace_script(self.port, &want.0, &want.1))
+            nft::apply(&replace_script(self.port, &want.0, &want.1))
         };
         match result {
             Ok(()) => {

@@ -22,11 +22,16 @@
 //! once at start and is the same on every node. Separate tables keep the
 //! lifecycles apart, and no replace of one opens a window in another.
 
-use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
 
-use crate::masq::nft;
+use super::nft;
+use crate::metrics::{Metrics, gauge};
 
 pub const TABLE: &str = "mycni_antispoof";
 /// The named counter of dropped packets, read at scrape.
@@ -79,12 +84,12 @@ pub fn uninstall_script() -> String {
 
 /// Puts the table in place (replacing any earlier one); idempotent.
 pub fn install() -> Result<()> {
-    nft(&ruleset()).context("installing the IPv6 anti-spoofing table")
+    nft::apply(&ruleset()).context("installing the IPv6 anti-spoofing table")
 }
 
 /// Removes the table (`mycni-agent uninstall`); success if it is gone.
 pub fn uninstall() -> Result<()> {
-    nft(&uninstall_script())
+    nft::apply(&uninstall_script())
 }
 
 /// At start: installs the table and records the outcome for `/metrics`.
@@ -92,7 +97,7 @@ pub fn uninstall() -> Result<()> {
 /// exported (`mycni_antispoof_ipv6 0`), not fatal: the overlay and IPv4's
 /// filter do not depend on it, and an agent that crash-loops over it would
 /// take every pod's network down with it.
-pub fn start(metrics: &crate::metrics::Metrics) {
+pub fn start(metrics: &Metrics) {
     let ok = match install() {
         Ok(()) => {
             tracing::info!(
@@ -106,9 +111,16 @@ pub fn start(metrics: &crate::metrics::Metrics) {
             false
         }
     };
+    set_installed(metrics, ok);
+}
+
+/// Records whether the table was put in place, which is what lets a
+/// scrape read its counter (see [`AntiSpoofMetrics`]).
+pub fn set_installed(metrics: &Metrics, ok: bool) {
     metrics
-        .antispoof_installed
-        .store(ok, std::sync::atomic::Ordering::Relaxed);
+        .collector::<AntiSpoofMetrics>()
+        .installed
+        .store(ok, Ordering::Relaxed);
 }
 
 /// On full passes: puts the table back if someone removed it, so a lost
@@ -116,17 +128,9 @@ pub fn start(metrics: &crate::metrics::Metrics) {
 /// gap). A table that is there is left alone, so its counter keeps
 /// counting; its contents are not compared (a flushed chain stays flushed
 /// until the agent restarts).
-pub fn ensure(metrics: &crate::metrics::Metrics) {
-    let present = Command::new("nft")
-        .args(["list", "table", "ip6", TABLE])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if present {
-        metrics
-            .antispoof_installed
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+pub fn ensure(metrics: &Metrics) {
+    if nft::table_exists("ip6", TABLE) {
+        set_installed(metrics, true);
         return;
     }
     tracing::warn!(
@@ -139,17 +143,46 @@ pub fn ensure(metrics: &crate::metrics::Metrics) {
 /// Packets the rule dropped since the table was installed. Runs `nft`
 /// (a few ms): call it off the async workers.
 pub fn dropped() -> Result<u64> {
-    let out = Command::new("nft")
-        .args(["-j", "list", "counter", "ip6", TABLE, COUNTER])
-        .output()
-        .context("running nft (is nftables installed?)")?;
-    if !out.status.success() {
-        bail!(
-            "nft failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+    packets(&nft::query(&[
+        "-j", "list", "counter", "ip6", TABLE, COUNTER,
+    ])?)
+}
+
+/// `mycni_antispoof_ipv6` and `mycni_antispoof_dropped`, read from the
+/// table at scrape.
+#[derive(Debug, Default)]
+pub struct AntiSpoofMetrics {
+    /// The agent installed the table (`start`, `ensure`); until then a
+    /// scrape does not run `nft`.
+    installed: AtomicBool,
+}
+
+impl Collector for AntiSpoofMetrics {
+    fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
+        let dropped = self
+            .installed
+            .load(Ordering::Relaxed)
+            .then(|| dropped().ok())
+            .flatten();
+        // Read from the table itself: one deleted after start (a flush of
+        // the ruleset) shows as 0 and no sample, not as installed.
+        gauge(
+            &mut e,
+            "mycni_antispoof_ipv6",
+            "1 while the nftables table ip6 mycni_antispoof, which drops pods' IPv6 packets with a source not their own, is in place (read at scrape).",
+            u64::from(dropped.is_some()),
+        )?;
+        let mut m = e.encode_descriptor(
+            "mycni_antispoof_dropped",
+            "IPv6 packets from pods dropped because their source is not routed back through their veth (since the table was installed).",
+            None,
+            MetricType::Counter,
+        )?;
+        if let Some(n) = dropped {
+            ConstCounter::new(n).encode(m.encode_family(&[("family", "ipv6")])?)?;
+        }
+        Ok(())
     }
-    packets(&String::from_utf8_lossy(&out.stdout))
 }
 
 /// The `packets` of our counter in `nft -j list counter` output.
@@ -205,6 +238,21 @@ mod tests {
             uninstall_script(),
             "add table ip6 mycni_antispoof\ndelete table ip6 mycni_antispoof\n"
         );
+    }
+
+    #[test]
+    fn exported_off_before_the_table_is_installed() {
+        use crate::metrics::Format;
+        let m = Metrics::default();
+        // Not installed: no nft run, the family declared without samples.
+        set_installed(&m, false);
+        let t = m.render(Format::Prometheus).expect("render");
+        assert!(t.lines().any(|l| l == "mycni_antispoof_ipv6 0"), "{t}");
+        assert!(
+            t.contains("# TYPE mycni_antispoof_dropped_total counter\n"),
+            "{t}"
+        );
+        assert!(!t.contains("mycni_antispoof_dropped_total{"), "{t}");
     }
 
     #[test]

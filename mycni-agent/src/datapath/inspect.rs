@@ -9,7 +9,8 @@ use anyhow::{Context, Result};
 
 use mycni_common::{DpFamily, DpPath, PathCounter};
 
-use crate::ebpf::{self, Prog};
+use super::maps::{self, AttachedMaps, MapSource};
+use super::{LOCAL, LOCAL6, PEERS, Prog, REMOTE, REMOTE6, programs};
 use mycni_common::net::Mac;
 
 fn ifname(index: u32) -> String {
@@ -36,7 +37,7 @@ fn human(n: u64) -> String {
 
 /// Renders everything pinned under `pin_dir`.
 pub fn render(pin_dir: &Path) -> Result<String> {
-    let cfg = match ebpf::read_config(pin_dir) {
+    let cfg = match maps::read_config(pin_dir) {
         Ok(c) => c,
         Err(e) => {
             return Ok(format!(
@@ -45,7 +46,7 @@ pub fn render(pin_dir: &Path) -> Result<String> {
             ));
         }
     };
-    let links = ebpf::pinned_links(pin_dir)?;
+    let links = programs::pinned_links(pin_dir)?;
     render_from(
         pin_dir,
         cfg,
@@ -74,7 +75,7 @@ pub fn render_attached(vxlan: &str, vxlan6: &str, fallback: &Path) -> Result<Str
     let found = if index == 0 {
         None
     } else {
-        ebpf::AttachedMaps::discover(index)?
+        AttachedMaps::discover(index)?
     };
     let Some(found) = found else {
         let pinned = render(fallback)?;
@@ -82,12 +83,12 @@ pub fn render_attached(vxlan: &str, vxlan6: &str, fallback: &Path) -> Result<Str
             "no mycni program attached to {vxlan} in this network namespace\n{pinned}"
         ));
     };
-    let cfg = ebpf::read_config(&found).context("reading mycni_config")?;
+    let cfg = maps::read_config(&found).context("reading mycni_config")?;
     let header = format!("fast path attached to {vxlan} (ifindex {index}), maps found by id");
     render_from(&found, cfg, &header, &found.links)
 }
 
-fn render_from<S: ebpf::MapSource + ?Sized>(
+fn render_from<S: MapSource + ?Sized>(
     pin_dir: &S,
     cfg: mycni_common::DpConfig,
     header: &str,
@@ -96,7 +97,7 @@ fn render_from<S: ebpf::MapSource + ?Sized>(
     let mut o = String::new();
     writeln!(o, "{header}")?;
     if cfg.vxlan_ifindex == 0 {
-        writeln!(o, "  vxlan: none ({})", crate::agent::IPV6_ONLY)?;
+        writeln!(o, "  vxlan: none ({})", crate::overlay::IPV6_ONLY)?;
     } else {
         writeln!(
             o,
@@ -159,9 +160,9 @@ fn render_from<S: ebpf::MapSource + ?Sized>(
         )?;
     }
 
-    let remote = ebpf::read_remote(pin_dir).context("reading mycni_remote")?;
+    let remote = REMOTE.read(pin_dir).context("reading mycni_remote")?;
     // Maps pinned by an agent from before IPv6 have no IPv6 twins: none.
-    let remote6 = ebpf::read_remote6(pin_dir).unwrap_or_default();
+    let remote6 = REMOTE6.read(pin_dir).unwrap_or_default();
     writeln!(
         o,
         "\npeers: remote podCIDRs ({} IPv4, {} IPv6):",
@@ -197,7 +198,7 @@ fn render_from<S: ebpf::MapSource + ?Sized>(
             "peer hosts VXLAN is unwrapped from: none (no tc decapsulation)"
         )?;
     } else {
-        let peers = ebpf::read_peers(pin_dir).context("reading mycni_peers")?;
+        let peers = PEERS.read(pin_dir).context("reading mycni_peers")?;
         let hosts: Vec<String> = peers.keys().map(Ipv4Addr::to_string).collect();
         writeln!(
             o,
@@ -207,8 +208,8 @@ fn render_from<S: ebpf::MapSource + ?Sized>(
         )?;
     }
 
-    let local = ebpf::read_local(pin_dir).context("reading mycni_local")?;
-    let local6 = ebpf::read_local6(pin_dir).unwrap_or_default();
+    let local = LOCAL.read(pin_dir).context("reading mycni_local")?;
+    let local6 = LOCAL6.read(pin_dir).unwrap_or_default();
     writeln!(
         o,
         "\nlocal endpoints ({} IPv4, {} IPv6):",
@@ -231,7 +232,7 @@ fn render_from<S: ebpf::MapSource + ?Sized>(
         )?;
     }
 
-    o.push_str(&counters_table(&ebpf::read_family_counters(pin_dir)?));
+    o.push_str(&counters_table(&maps::read_family_counters(pin_dir)?));
     Ok(o)
 }
 

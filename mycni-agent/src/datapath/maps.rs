@@ -1,0 +1,456 @@
+//! The pinned maps, typed: opening them (by pin or from the attached
+//! programs), reading them, and making them hold exactly a desired content.
+
+use std::collections::BTreeMap;
+use std::marker::PhantomData;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::path::{Path, PathBuf};
+
+use aya::maps::lpm_trie::Key;
+use aya::maps::{Array, HashMap, LpmTrie, MapData, PerCpuArray};
+use aya::programs::{SchedClassifier, TcAttachType};
+use mycni_common::{
+    CONFIG_MAP, COUNTERS_LEN, COUNTERS_MAP, DpConfig, DpFamily, DpPath, LOCAL_MAP, LOCAL6_MAP,
+    LocalEndpoint, PEERS_MAP, PathCounter, PeerNode, REMOTE_MAP, REMOTE6_MAP, RemoteNode,
+};
+
+use super::error::DatapathError;
+use super::prog::Prog;
+
+/// Every map the object declares, pinned by these names.
+pub const MAPS: &[&str] = &[
+    COUNTERS_MAP,
+    CONFIG_MAP,
+    REMOTE_MAP,
+    LOCAL_MAP,
+    PEERS_MAP,
+    REMOTE6_MAP,
+    LOCAL6_MAP,
+];
+
+/// Where the fast path's maps are opened: under the directory the agent
+/// pinned them in, or by id, from the programs attached in this network
+/// namespace (what `inspect` finds when nobody tells it the directory).
+pub trait MapSource {
+    fn open_data(&self, name: &'static str) -> Result<MapData, aya::maps::MapError>;
+    /// Where `name` was looked for, for error messages.
+    fn locate(&self, name: &'static str) -> PathBuf;
+}
+
+impl MapSource for Path {
+    fn open_data(&self, name: &'static str) -> Result<MapData, aya::maps::MapError> {
+        MapData::from_pin(self.join(name))
+    }
+    fn locate(&self, name: &'static str) -> PathBuf {
+        self.join(name)
+    }
+}
+
+impl MapSource for PathBuf {
+    fn open_data(&self, name: &'static str) -> Result<MapData, aya::maps::MapError> {
+        self.as_path().open_data(name)
+    }
+    fn locate(&self, name: &'static str) -> PathBuf {
+        self.join(name)
+    }
+}
+
+/// The fast path as the kernel holds it in this network namespace: the
+/// mycni programs attached at TCX ingress of `vxlan.1`, of the underlay and
+/// of the pods' veths, and the maps they use, by id. Needs no bpffs path,
+/// and sees only this namespace's agent (a lab runs several on one kernel,
+/// each with its own pins).
+#[derive(Debug, Default)]
+pub struct AttachedMaps {
+    ids: BTreeMap<&'static str, u32>,
+    /// Every attachment found, in the order the devices were visited.
+    pub links: Vec<(Prog, u32)>,
+}
+
+impl AttachedMaps {
+    /// Starts at `vxlan` (its program uses the config, which names the
+    /// underlay and `vxlan6.1`, and the local endpoints, which name the pod
+    /// veths), then visits those and every pod veth. None when no mycni
+    /// program is attached to `vxlan`.
+    pub fn discover(vxlan: u32) -> Result<Option<Self>, DatapathError> {
+        let mut found = Self::default();
+        found.visit(vxlan)?;
+        if found.links.is_empty() {
+            return Ok(None);
+        }
+        if let Ok(cfg) = read_config(&found) {
+            // The underlay and vxlan6.1, where the config names them.
+            for i in [cfg.underlay_ifindex, cfg.vxlan6_ifindex] {
+                if i != 0 && i != vxlan {
+                    found.visit(i)?;
+                }
+            }
+        }
+        // Every pod veth, so the attachments shown are all of them (and
+        // the maps only `mycni_from_pod` uses are found): those of IPv4
+        // pods, then of pods with IPv6 alone (an IPv6-only node's).
+        let mut veths: Vec<u32> = Vec::new();
+        if let Ok(local) = LOCAL.read(&found) {
+            veths.extend(local.values().map(|ep| ep.ifindex));
+        }
+        if let Ok(local6) = LOCAL6.read(&found) {
+            for ep in local6.values() {
+                if !veths.contains(&ep.ifindex) {
+                    veths.push(ep.ifindex);
+                }
+            }
+        }
+        for i in veths {
+            found.visit(i)?;
+        }
+        Ok(Some(found))
+    }
+
+    fn visit(&mut self, ifindex: u32) -> Result<(), DatapathError> {
+        let programs = match SchedClassifier::query_tcx(ifindex, TcAttachType::Ingress) {
+            Ok((_, programs)) => programs,
+            // A device gone since its index was read has nothing to show.
+            Err(_) => return Ok(()),
+        };
+        for info in programs {
+            // The kernel keeps 15 bytes of a program's name.
+            let Some(prog) = info.name_as_str().and_then(|n| {
+                Prog::ALL
+                    .into_iter()
+                    .find(|p| n.len() >= 14 && p.name().starts_with(n))
+            }) else {
+                continue;
+            };
+            self.links.push((prog, ifindex));
+            let ids = info.map_ids().map_err(prog.error())?.unwrap_or_default();
+            for id in ids {
+                let Ok(map) = aya::maps::MapInfo::from_id(id) else {
+                    continue;
+                };
+                if let Some(name) = map
+                    .name_as_str()
+                    .and_then(|n| MAPS.iter().find(|m| **m == n))
+                {
+                    self.ids.insert(name, id);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl MapSource for AttachedMaps {
+    fn open_data(&self, name: &'static str) -> Result<MapData, aya::maps::MapError> {
+        let id = self
+            .ids
+            .get(name)
+            .ok_or_else(|| aya::maps::MapError::InvalidName {
+                name: format!("{name} (used by no attached mycni program)"),
+            })?;
+        MapData::from_id(*id)
+    }
+    fn locate(&self, name: &'static str) -> PathBuf {
+        match self.ids.get(name) {
+            Some(id) => PathBuf::from(format!("map id {id}")),
+            None => PathBuf::from("no attached program"),
+        }
+    }
+}
+
+fn open_map<S: MapSource + ?Sized>(
+    src: &S,
+    name: &'static str,
+) -> Result<aya::maps::Map, DatapathError> {
+    let data = src.open_data(name).map_err(map_err(src, name))?;
+    Ok(match name {
+        COUNTERS_MAP => aya::maps::Map::PerCpuArray(data),
+        CONFIG_MAP => aya::maps::Map::Array(data),
+        REMOTE_MAP | REMOTE6_MAP => aya::maps::Map::LpmTrie(data),
+        _ => aya::maps::Map::HashMap(data),
+    })
+}
+
+fn map_err<S: MapSource + ?Sized>(
+    src: &S,
+    name: &'static str,
+) -> impl Fn(aya::maps::MapError) -> DatapathError + use<S> {
+    let path = src.locate(name);
+    move |source| DatapathError::Map {
+        name,
+        path: path.clone(),
+        source,
+    }
+}
+
+pub fn read_config<S: MapSource + ?Sized>(pin_dir: &S) -> Result<DpConfig, DatapathError> {
+    let e = map_err(pin_dir, CONFIG_MAP);
+    let a: Array<MapData, DpConfig> = open_map(pin_dir, CONFIG_MAP)?.try_into().map_err(&e)?;
+    a.get(&0, 0).map_err(e)
+}
+
+pub fn write_config(pin_dir: &Path, cfg: &DpConfig) -> Result<(), DatapathError> {
+    let e = map_err(pin_dir, CONFIG_MAP);
+    let mut a: Array<MapData, DpConfig> = open_map(pin_dir, CONFIG_MAP)?.try_into().map_err(&e)?;
+    if a.get(&0, 0).ok().as_ref() != Some(cfg) {
+        a.set(0, cfg, 0).map_err(e)?;
+    }
+    Ok(())
+}
+
+/// What a sync changed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SyncStats {
+    pub set: usize,
+    pub removed: usize,
+    pub total: usize,
+}
+
+/// An address family the maps are keyed by: the key is the address's
+/// bytes in network order, 4 or 16 of them.
+pub trait MapAddr: Copy + Ord {
+    type Key: aya::Pod;
+    /// Bits in an address: the prefix of a host's LPM key.
+    const BITS: u8;
+    fn key(&self) -> Self::Key;
+    fn from_key(k: Self::Key) -> Self;
+}
+
+impl MapAddr for Ipv4Addr {
+    type Key = [u8; 4];
+    const BITS: u8 = 32;
+    fn key(&self) -> [u8; 4] {
+        self.octets()
+    }
+    fn from_key(k: [u8; 4]) -> Self {
+        Ipv4Addr::from(k)
+    }
+}
+
+impl MapAddr for Ipv6Addr {
+    type Key = [u8; 16];
+    const BITS: u8 = 128;
+    fn key(&self) -> [u8; 16] {
+        self.octets()
+    }
+    fn from_key(k: [u8; 16]) -> Self {
+        Ipv6Addr::from(k)
+    }
+}
+
+/// Reads an LPM trie of podCIDRs (`mycni_remote`, `mycni_remote6`).
+fn read_trie<A: MapAddr, S: MapSource + ?Sized>(
+    pin_dir: &S,
+    name: &'static str,
+) -> Result<BTreeMap<(A, u8), RemoteNode>, DatapathError> {
+    let e = map_err(pin_dir, name);
+    let t: LpmTrie<MapData, A::Key, RemoteNode> =
+        open_map(pin_dir, name)?.try_into().map_err(&e)?;
+    let mut out = BTreeMap::new();
+    for kv in t.iter() {
+        let (k, v) = kv.map_err(&e)?;
+        out.insert((A::from_key(k.data()), k.prefix_len() as u8), v);
+    }
+    Ok(out)
+}
+
+/// The diff both forwarding maps share: remove what `want` lacks (`write`
+/// with None), write what differs, count both.
+fn sync_entries<K: Ord, V: PartialEq>(
+    have: &BTreeMap<K, V>,
+    want: &BTreeMap<K, V>,
+    mut write: impl FnMut(&K, Option<&V>) -> Result<(), DatapathError>,
+) -> Result<SyncStats, DatapathError> {
+    let mut st = SyncStats {
+        total: want.len(),
+        ..Default::default()
+    };
+    for k in have.keys().filter(|k| !want.contains_key(k)) {
+        write(k, None)?;
+        st.removed += 1;
+    }
+    for (k, v) in want {
+        if have.get(k) != Some(v) {
+            write(k, Some(v))?;
+            st.set += 1;
+        }
+    }
+    Ok(st)
+}
+
+/// Makes an LPM trie of podCIDRs hold exactly `want` (podCIDR -> peer).
+fn sync_trie<A: MapAddr>(
+    pin_dir: &Path,
+    name: &'static str,
+    want: &BTreeMap<(A, u8), RemoteNode>,
+) -> Result<SyncStats, DatapathError> {
+    let have = read_trie(pin_dir, name)?;
+    let e = map_err(pin_dir, name);
+    let mut t: LpmTrie<MapData, A::Key, RemoteNode> =
+        open_map(pin_dir, name)?.try_into().map_err(&e)?;
+    sync_entries(&have, want, |k, v| {
+        let key = Key::new(u32::from(k.1), k.0.key());
+        match v {
+            Some(v) => t.insert(&key, v, 0),
+            None => t.remove(&key),
+        }
+        .map_err(&e)
+    })
+}
+
+/// Reads a hash map keyed by an address.
+fn read_hash<A: MapAddr, V: aya::Pod, S: MapSource + ?Sized>(
+    pin_dir: &S,
+    name: &'static str,
+) -> Result<BTreeMap<A, V>, DatapathError> {
+    let e = map_err(pin_dir, name);
+    let h: HashMap<MapData, A::Key, V> = open_map(pin_dir, name)?.try_into().map_err(&e)?;
+    let mut out = BTreeMap::new();
+    for kv in h.iter() {
+        let (k, v) = kv.map_err(&e)?;
+        out.insert(A::from_key(k), v);
+    }
+    Ok(out)
+}
+
+/// Makes a hash map keyed by an address hold exactly `want`.
+fn sync_hash<A: MapAddr, V: aya::Pod + PartialEq>(
+    pin_dir: &Path,
+    name: &'static str,
+    want: &BTreeMap<A, V>,
+) -> Result<SyncStats, DatapathError> {
+    let have = read_hash(pin_dir, name)?;
+    let e = map_err(pin_dir, name);
+    let mut h: HashMap<MapData, A::Key, V> = open_map(pin_dir, name)?.try_into().map_err(&e)?;
+    sync_entries(&have, want, |k, v| {
+        match v {
+            Some(v) => h.insert(&k.key(), v, 0),
+            None => h.remove(&k.key()),
+        }
+        .map_err(&e)
+    })
+}
+
+/// An LPM trie of podCIDRs, by name: `mycni_remote`, `mycni_remote6`.
+pub struct TrieMap<A> {
+    name: &'static str,
+    addr: PhantomData<fn() -> A>,
+}
+
+/// A hash map keyed by an address, by name: `mycni_local`, `mycni_local6`,
+/// `mycni_peers`.
+pub struct HashMapOf<A, V> {
+    name: &'static str,
+    types: PhantomData<fn() -> (A, V)>,
+}
+
+/// IPv4 podCIDR -> peer.
+pub const REMOTE: TrieMap<Ipv4Addr> = TrieMap::new(REMOTE_MAP);
+/// IPv6 podCIDR -> peer.
+pub const REMOTE6: TrieMap<Ipv6Addr> = TrieMap::new(REMOTE6_MAP);
+/// Pod IPv4 -> endpoint.
+pub const LOCAL: HashMapOf<Ipv4Addr, LocalEndpoint> = HashMapOf::new(LOCAL_MAP);
+/// Pod IPv6 -> endpoint.
+pub const LOCAL6: HashMapOf<Ipv6Addr, LocalEndpoint> = HashMapOf::new(LOCAL6_MAP);
+/// Peer host IP -> peer.
+pub const PEERS: HashMapOf<Ipv4Addr, PeerNode> = HashMapOf::new(PEERS_MAP);
+
+impl<A: MapAddr> TrieMap<A> {
+    const fn new(name: &'static str) -> Self {
+        TrieMap {
+            name,
+            addr: PhantomData,
+        }
+    }
+
+    pub const fn name(&self) -> &'static str {
+        self.name
+    }
+
+    pub fn read<S: MapSource + ?Sized>(
+        &self,
+        src: &S,
+    ) -> Result<BTreeMap<(A, u8), RemoteNode>, DatapathError> {
+        read_trie(src, self.name)
+    }
+
+    /// Makes the map hold exactly `want`.
+    pub fn sync(
+        &self,
+        pin_dir: &Path,
+        want: &BTreeMap<(A, u8), RemoteNode>,
+    ) -> Result<SyncStats, DatapathError> {
+        sync_trie(pin_dir, self.name, want)
+    }
+}
+
+impl<A: MapAddr, V: aya::Pod + PartialEq> HashMapOf<A, V> {
+    const fn new(name: &'static str) -> Self {
+        HashMapOf {
+            name,
+            types: PhantomData,
+        }
+    }
+
+    pub const fn name(&self) -> &'static str {
+        self.name
+    }
+
+    pub fn read<S: MapSource + ?Sized>(&self, src: &S) -> Result<BTreeMap<A, V>, DatapathError> {
+        read_hash(src, self.name)
+    }
+
+    /// Makes the map hold exactly `want`.
+    pub fn sync(&self, pin_dir: &Path, want: &BTreeMap<A, V>) -> Result<SyncStats, DatapathError> {
+        sync_hash(pin_dir, self.name, want)
+    }
+}
+
+/// Sums the per-CPU counters of the map pinned under `pin_dir`, one entry per
+/// path (all families together), in `DpPath::ALL` order. Works while no
+/// agent runs (what `inspect` and tests use).
+pub fn read_counters<S: MapSource + ?Sized>(
+    pin_dir: &S,
+) -> Result<Vec<(DpPath, PathCounter)>, DatapathError> {
+    let mut out: Vec<(DpPath, PathCounter)> = DpPath::ALL
+        .into_iter()
+        .map(|p| (p, PathCounter::default()))
+        .collect();
+    for (_, p, c) in read_family_counters(pin_dir)? {
+        let sum = &mut out[p as usize].1;
+        sum.packets += c.packets;
+        sum.bytes += c.bytes;
+    }
+    Ok(out)
+}
+
+/// The per-CPU counters of the map pinned under `pin_dir`, summed over the
+/// CPUs: one entry per family and path, in index order
+/// (`mycni_common::counter_slots`).
+pub fn read_family_counters<S: MapSource + ?Sized>(
+    pin_dir: &S,
+) -> Result<Vec<(DpFamily, DpPath, PathCounter)>, DatapathError> {
+    let e = map_err(pin_dir, COUNTERS_MAP);
+    let counters: PerCpuArray<MapData, PathCounter> =
+        open_map(pin_dir, COUNTERS_MAP)?.try_into().map_err(&e)?;
+    // Read while an agent of another build still owns the pins (before an
+    // upgrade's restart), the rows would not mean what this build thinks.
+    if counters.len() != COUNTERS_LEN {
+        return Err(DatapathError::CounterLayout {
+            path: pin_dir.locate(COUNTERS_MAP),
+            entries: counters.len(),
+            expected: COUNTERS_LEN,
+        });
+    }
+    let mut out = Vec::with_capacity(COUNTERS_LEN as usize);
+    for (i, f, p) in mycni_common::counter_slots() {
+        let per_cpu = counters.get(&i, 0).map_err(&e)?;
+        let sum = per_cpu
+            .iter()
+            .fold(PathCounter::default(), |acc, c| PathCounter {
+                packets: acc.packets + c.packets,
+                bytes: acc.bytes + c.bytes,
+            });
+        out.push((f, p, sum));
+    }
+    Ok(out)
+}

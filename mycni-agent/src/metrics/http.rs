@@ -1,0 +1,164 @@
+//! `/metrics`, `/healthz` and `/readyz`, served by axum.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use prometheus_client::encoding::prometheus_text;
+use tokio::net::TcpListener;
+
+use super::Metrics;
+
+/// The exposition formats `/metrics` speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// OpenMetrics 1.0 text.
+    OpenMetrics,
+    /// The Prometheus text format 0.0.4.
+    Prometheus,
+}
+
+impl Format {
+    /// OpenMetrics when an `Accept` header offers it with a non-zero
+    /// quality (Prometheus' scrape header does), else the 0.0.4 text format
+    /// every Prometheus-compatible tool reads.
+    pub fn negotiate(accept: Option<&str>) -> Self {
+        let offered = accept.unwrap_or("").split(',').any(|range| {
+            let mut parts = range.split(';').map(str::trim);
+            let media = parts.next().unwrap_or("");
+            let refused = parts.any(|p| {
+                p.strip_prefix("q=")
+                    .and_then(|q| q.parse::<f64>().ok())
+                    .is_some_and(|q| q <= 0.0)
+            });
+            media.eq_ignore_ascii_case("application/openmetrics-text") && !refused
+        });
+        if offered {
+            Format::OpenMetrics
+        } else {
+            Format::Prometheus
+        }
+    }
+
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            Format::Prometheus => prometheus_text::CONTENT_TYPE,
+        }
+    }
+}
+
+/// The endpoint's routes; separate from [`serve`] so tests can drive it
+/// without a socket.
+pub fn router(metrics: Arc<Metrics>) -> Router {
+    Router::new()
+        .route("/metrics", get(scrape))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
+        .with_state(metrics)
+}
+
+async fn scrape(State(m): State<Arc<Metrics>>, headers: HeaderMap) -> Response {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let format = Format::negotiate(accept);
+    // Off the async workers: the subsystems' collectors read pinned maps
+    // and run `nft`.
+    let rendered = tokio::task::spawn_blocking(move || m.render(format)).await;
+    match rendered.unwrap_or(Err(std::fmt::Error)) {
+        Ok(body) => ([(header::CONTENT_TYPE, format.content_type())], body).into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encoding the metrics failed: {e}\n"),
+        )
+            .into_response(),
+    }
+}
+
+/// 200 while the reconcile loop beats (see [`Liveness`]); 503 before its
+/// first pass too, so the startup probe waits for it, and the liveness probe
+/// (which Kubernetes starts only after the startup probe passed) restarts a
+/// stuck loop.
+async fn healthz(State(m): State<Arc<Metrics>>) -> Response {
+    match m.liveness.check() {
+        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
+        // What start-up waits for (podCIDR, the API) is in the detail.
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("unhealthy: {why} ({})\n", m.detail()),
+        )
+            .into_response(),
+    }
+}
+
+async fn readyz(State(m): State<Arc<Metrics>>) -> Response {
+    if m.ready.load(Ordering::Relaxed) {
+        (StatusCode::OK, format!("ready: {}\n", m.detail())).into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {}\n", m.detail()),
+        )
+            .into_response()
+    }
+}
+
+/// Serves until the process ends.
+pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
+    let listener = TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+    axum::serve(listener, router(metrics)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn healthz_follows_the_loop_heartbeat() {
+        let m = Arc::new(Metrics::default());
+        m.set_not_ready("waiting for spec.podCIDR");
+        let get = |m: Arc<Metrics>| async move {
+            let resp = healthz(State(m)).await;
+            let code = resp.status();
+            let body = axum::body::to_bytes(resp.into_body(), 4096)
+                .await
+                .expect("body");
+            (code, String::from_utf8_lossy(&body).into_owned())
+        };
+        let (code, body) = get(m.clone()).await;
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert!(
+            body.contains("starting") && body.contains("podCIDR"),
+            "{body}"
+        );
+        m.liveness.set_stale_after(Duration::from_millis(50));
+        m.liveness.beat();
+        assert_eq!(get(m.clone()).await, (StatusCode::OK, "ok\n".into()));
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        let (code, body) = get(m.clone()).await;
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert!(body.contains("has not finished a pass"), "{body}");
+        m.liveness.beat();
+        assert_eq!(get(m).await.0, StatusCode::OK);
+    }
+
+    #[test]
+    fn openmetrics_only_when_offered() {
+        let prom = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+        assert_eq!(Format::negotiate(Some(prom)), Format::OpenMetrics);
+        assert_eq!(Format::negotiate(None), Format::Prometheus);
+        assert_eq!(Format::negotiate(Some("*/*")), Format::Prometheus);
+        assert_eq!(
+            Format::negotiate(Some("application/openmetrics-text; q=0, text/plain")),
+            Format::Prometheus
+        );
+    }
+}
