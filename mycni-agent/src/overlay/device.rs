@@ -60,6 +60,22 @@ struct DeviceSpec<'a> {
     mac: Mac,
 }
 
+/// The [`DeviceSpec`] of a [`VxlanSpec`] or a [`Vxlan6Spec`], whose
+/// fields are named alike.
+macro_rules! device_of {
+    ($spec:expr) => {
+        DeviceSpec {
+            name: &$spec.name,
+            vni: $spec.vni,
+            port: $spec.port,
+            underlay_index: $spec.underlay_index,
+            local: $spec.local_ip.into(),
+            mtu: $spec.mtu,
+            mac: $spec.mac,
+        }
+    };
+}
+
 impl OverlayKernel {
     /// Creates the VXLAN device, or adopts an existing one and corrects what
     /// differs. Attributes the kernel cannot change in place (VNI, port,
@@ -67,17 +83,7 @@ impl OverlayKernel {
     /// MAC so peers' entries stay valid. Returns the index and whether it
     /// was (re)created.
     pub async fn ensure_vxlan(&self, spec: &VxlanSpec) -> Result<(u32, bool), KernelError> {
-        let (index, created) = self
-            .ensure_vxlan_device(&DeviceSpec {
-                name: &spec.name,
-                vni: spec.vni,
-                port: spec.port,
-                underlay_index: spec.underlay_index,
-                local: spec.local_ip.into(),
-                mtu: spec.mtu,
-                mac: spec.mac,
-            })
-            .await?;
+        let (index, created) = self.ensure_vxlan_device(&device_of!(spec)).await?;
         let address = Cidr4::new(spec.address, 32)
             .ok_or_else(|| KernelError::Other(format!("{}/32 is not a CIDR", spec.address)))?;
         if !self.nl.ipv4_addresses(index).await?.contains(&address) {
@@ -178,17 +184,7 @@ impl OverlayKernel {
     /// their gateway `onlink`; it carries the node's IPv6 VTEP address
     /// only where there is no `vxlan.1` to hold it (`address6`).
     pub async fn ensure_vxlan6(&self, spec: &Vxlan6Spec) -> Result<(u32, bool), KernelError> {
-        let r = self
-            .ensure_vxlan_device(&DeviceSpec {
-                name: &spec.name,
-                vni: spec.vni,
-                port: spec.port,
-                underlay_index: spec.underlay_index,
-                local: spec.local_ip.into(),
-                mtu: spec.mtu,
-                mac: spec.mac,
-            })
-            .await?;
+        let r = self.ensure_vxlan_device(&device_of!(spec)).await?;
         self.vxlan6_index.store(r.0, Ordering::Relaxed);
         if let Some(a6) = spec.address6 {
             self.ensure_vtep6(r.0, &spec.name, a6).await?;
