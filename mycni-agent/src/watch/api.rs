@@ -1,7 +1,7 @@
 //! The Kubernetes side: each kind of object the agent reads is watched
 //! into a cache of its own, trimmed to what the agent reads; every event
 //! of any kind wakes the loop, whose pass reads one [`Snapshot`] of all.
-//! Watching another kind (Pods, Namespaces, NetworkPolicies) is a [`Kind`]
+//! Watching another kind (Pods, Namespaces, NetworkPolicies) is a `Kind`
 //! and one line in [`ApiWatch::start`] (and its RBAC).
 
 use std::fmt::Debug;
@@ -20,19 +20,8 @@ use tokio::sync::Notify;
 
 use crate::metrics::Metrics;
 
+use super::kind::Kind;
 use super::nodes::NODES;
-
-/// How one kind of object is watched.
-pub(super) struct Kind<K> {
-    /// What the failure log calls it.
-    pub(super) name: &'static str,
-    /// Drops what the agent does not read, before the object is cached.
-    pub(super) trim: fn(&mut K),
-    /// Logs the initial list, with its size.
-    pub(super) listed: fn(usize),
-    /// Counts an event (not the initial list).
-    pub(super) event: fn(&Metrics),
-}
 
 /// The objects the subsystems read, as the API last told them: a pass
 /// reads one snapshot, whatever arrives meanwhile.

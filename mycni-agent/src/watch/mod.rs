@@ -5,6 +5,7 @@
 
 mod api;
 pub mod kernel;
+mod kind;
 mod nodes;
 
 pub use api::ApiWatch;

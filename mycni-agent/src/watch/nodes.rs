@@ -3,7 +3,7 @@
 use k8s_openapi::api::core::v1::Node;
 use mycni_common::node::NodeView;
 
-use super::api::Kind;
+use super::kind::Kind;
 
 pub(super) static NODES: Kind<Node> = Kind {
     name: "Node",
