@@ -17,28 +17,30 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
 use libfuzzer_sys::fuzz_target;
-use mycni_fuzz::peers::{
-    ANNOTATION_HOST_IP, ANNOTATION_HOST_IP6, ANNOTATION_VTEP_MAC, ANNOTATION_VTEP_MAC6, Cidr,
-    Cidr6, ClusterCidrs, Mac, NodeView, Peer, PodCidrs, Reject, Selection, parse_peer,
-    parse_underlay6, select_all, select_peers,
+use mycni_common::contract::{
+    ANNOTATION_HOST_IP, ANNOTATION_HOST_IP6, ANNOTATION_VTEP_MAC, ANNOTATION_VTEP_MAC6,
+};
+use mycni_common::net::{Cidr4, Cidr6, ClusterCidrs, Mac, PodCidrs};
+use mycni_common::node::{
+    NodeView, Peer, Reject, Selection, parse_peer, parse_underlay6, select_all, select_peers,
 };
 
 const OWN: &str = "n0";
 
-fn default_cluster() -> Cidr {
-    match Cidr::new(Ipv4Addr::new(10, 244, 0, 0), 16) {
+fn default_cluster() -> Cidr4 {
+    match Cidr4::new(Ipv4Addr::new(10, 244, 0, 0), 16) {
         Some(c) => c,
         None => unreachable!("/16 is an IPv4 prefix"),
     }
 }
 
 /// A parsed CIDR is the canonical text it came from, and round-trips.
-fn check_cidr(s: &str) -> Option<Cidr> {
-    let c = Cidr::parse_network(s).ok()?;
+fn check_cidr(s: &str) -> Option<Cidr4> {
+    let c = Cidr4::parse_network(s).ok()?;
     assert!(c.prefix() <= 32);
     assert_eq!(c.network(), c.addr(), "host bits kept in {s:?}");
     assert_eq!(c.to_string(), s, "accepted a non-canonical CIDR");
-    assert_eq!(Cidr::parse_network(&c.to_string()), Ok(c));
+    assert_eq!(Cidr4::parse_network(&c.to_string()), Ok(c));
     assert!(c.covers(c) && c.overlaps(c) && c.contains(c.addr()));
     Some(c)
 }

@@ -1,12 +1,10 @@
 //! Invariants shared by the fuzz targets in `fuzz_targets/`.
 //!
-//! The agent's Node validation (`mycni-agent/src/peers.rs`, std only) is
-//! compiled here from its source file rather than through a dependency on
-//! `mycni-agent`: that crate pulls kube, k8s-openapi, aya, tokio and rustls,
-//! and building them with coverage instrumentation (and AddressSanitizer)
-//! took 13m46s on the 2-core machine, against ~2 min for this crate with
-//! mycni-plugin alone. The code fuzzed is the same file the agent compiles;
-//! peers.rs says it must use std and `mycni_common` only.
+//! The agents' Node validation is `mycni_common::node` (std only), a
+//! dependency like any other: `peer_node` needs nothing of `mycni-agent`,
+//! which pulls kube, k8s-openapi, aya, tokio and rustls; building those with
+//! coverage instrumentation (and AddressSanitizer) took 13m46s on the 2-core
+//! machine, against ~2 min for this crate with mycni-plugin alone.
 
 use std::net::IpAddr;
 
@@ -15,10 +13,6 @@ use mycni_common::net::{Cidr, Family};
 use mycni_plugin::types::CniResult;
 use mycni_plugin::version::Version;
 use serde_json::Value;
-
-#[path = "../../mycni-agent/src/peers.rs"]
-#[allow(dead_code)]
-pub mod peers;
 
 pub const VERSIONS: [Version; 4] = [
     Version::V0_3_1,

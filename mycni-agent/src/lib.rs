@@ -1,20 +1,36 @@
 //! mycni-agent: the node agent of the mycni CNI.
 //!
-//! The library holds everything the binary does, behind narrow seams, so that
-//! tests drive the same code the DaemonSet runs: `peers` and `reconcile` are
-//! pure, `kernel` (and `kwatch`) talk netlink, `agent` talks to the
-//! Kubernetes API and runs the reconcile loop, `datapath` owns the
-//! programs and maps, `tables` the nftables tables, and `metrics` serves
-//! what they register. What the agent shares with the plugin (route
+//! The library holds everything the binary does, behind narrow seams, so
+//! that tests drive the same code the DaemonSet runs. Its rooms:
+//!
+//! - `watch`: what the agent watches (the API's Nodes, the kernel's
+//!   notifications); it only marks work;
+//! - `overlay`: the VXLAN devices and what the agent owns on them for its
+//!   peers: a pure desired state and diff, and its kernel adapter;
+//! - `kernel`: the node's netlink handle, and the pods the datapath reads;
+//! - `datapath`: the tc programs and their maps; `tables`: the node's
+//!   nftables tables (masquerade, anti-spoofing, underlay filter) over one
+//!   `nft` runner; `metrics`: the registry they register their collectors
+//!   in, and the HTTP endpoint;
+//! - `agent`: start-up and the loop that runs each room in turn.
+//!
+//! Node validation is `mycni_common::node`, the address and MAC types
+//! `mycni_common::net`; what the agent shares with the plugin (route
 //! protocols, veth aliases, the conflist, the ready file) is
 //! `mycni_common::contract`.
+//!
+//! Exported: what `main.rs` and the tests use. `agent` (its [`agent::Config`],
+//! [`agent::run`], [`agent::uninstall`]), `overlay` (its kernel adapter and
+//! desired state, which the e2e tests drive in namespaces), the datapath
+//! and metrics modules; the rest is the crate's own.
 
 pub mod agent;
 pub mod caps;
 pub mod datapath;
-pub mod kernel;
-pub mod kwatch;
+mod kernel;
 pub mod metrics;
-pub mod peers;
-pub mod reconcile;
+pub mod overlay;
 pub mod tables;
+mod watch;
+
+pub use kernel::is_pod_veth;

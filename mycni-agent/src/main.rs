@@ -7,14 +7,14 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use mycni_agent::agent::{self, Config, RunOptions};
+use mycni_agent::agent::{self, Config};
 use mycni_agent::datapath::Mode;
-use mycni_agent::kernel::{Underlay6Select, UnderlaySelect};
 use mycni_agent::metrics::{DEFAULT_STALE_AFTER, Liveness, Metrics};
-use mycni_agent::peers::{Cidr, Cidr6, ClusterCidrs};
+use mycni_agent::overlay::{Underlay6Select, UnderlaySelect};
 use mycni_common::contract::{
     DEFAULT_STATE_DIR, DEFAULT_VNI, DEFAULT_VXLAN_DEVICE, DEFAULT_VXLAN_PORT, DEFAULT_VXLAN6_DEVICE,
 };
+use mycni_common::net::{Cidr4, Cidr6, ClusterCidrs};
 
 #[derive(Parser)]
 #[command(
@@ -216,7 +216,7 @@ fn parse_cidr(s: &str) -> Result<ClusterCidrs, String> {
                 }
             }
         } else {
-            match Cidr::parse_network(part) {
+            match Cidr4::parse_network(part) {
                 Ok(c) if v4.is_none() => v4 = Some(c),
                 Ok(_) => r = Err(format!("{s:?} has more than one IPv4 CIDR")),
                 Err(_) => r = Err(format!("{part:?} is not an IPv4 CIDR like 10.244.0.0/16")),
@@ -325,11 +325,6 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 impl RunArgs {
-    /// The settings `run` takes besides [`Config`].
-    fn options(&self) -> RunOptions {
-        RunOptions { mtu: self.mtu.0 }
-    }
-
     /// The least `--liveness-stale-after`: 3 heartbeats. Fewer would
     /// restart a healthy agent whose pass merely ran long once.
     fn min_stale_after(&self) -> Duration {
@@ -361,10 +356,7 @@ impl RunArgs {
             kubeconfig: self.kubeconfig,
             cluster_cidr: self.cluster_cidr.v4,
             cluster_cidr6: self.cluster_cidr.v6,
-            iface: match self.iface {
-                UnderlaySelect::DefaultRoute => None,
-                u => Some(u.to_string()),
-            },
+            iface: self.iface,
             vxlan_name: self.vxlan_name,
             vxlan6_name: self.vxlan6_name,
             underlay6: self.underlay6,
@@ -385,6 +377,7 @@ impl RunArgs {
             direct_routing: self.direct_routing,
             ebpf_object: self.ebpf_object,
             pin_dir: self.bpffs.join("mycni"),
+            mtu: self.mtu.0,
         })
     }
 }
@@ -433,14 +426,14 @@ fn main() -> Result<()> {
         }
         Some(Cmd::Uninstall(args)) => rt.block_on(agent::uninstall(&args.config()?)),
         Some(Cmd::CheckConfig(args)) => {
-            let (opts, stale_after) = (args.options(), args.stale_after());
+            let stale_after = args.stale_after();
             let cfg = args.config()?;
             println!(
                 "configuration ok: cluster-cidr={} underlay={} underlay6={} mtu={} datapath={} direct-routing={} masquerade={} metrics-addr={} resync={:?} liveness-stale-after={:?}",
                 cfg.clusters(),
-                cfg.underlay()?,
+                cfg.iface,
                 cfg.underlay6,
-                opts.mtu.map_or("auto".to_string(), |m| m.to_string()),
+                cfg.mtu.map_or("auto".to_string(), |m| m.to_string()),
                 format!("{:?}", cfg.datapath).to_lowercase(),
                 cfg.direct_routing,
                 cfg.masquerade,
@@ -458,7 +451,7 @@ fn main() -> Result<()> {
 
 fn run(rt: &tokio::runtime::Runtime, args: RunArgs) -> Result<()> {
     // A bad setting first: it is what the operator just changed.
-    let (opts, stale_after) = (args.options(), args.stale_after());
+    let stale_after = args.stale_after();
     let cfg = args.config()?;
     // Then a missing capability must fail the pod at once, naming it, not
     // later as an EPERM from netlink or bpf(2).
@@ -472,7 +465,7 @@ fn run(rt: &tokio::runtime::Runtime, args: RunArgs) -> Result<()> {
     mycni_agent::tables::register_metrics(&metrics);
     mycni_agent::datapath::register_metrics(&metrics);
     metrics.liveness.set_stale_after(stale_after);
-    rt.block_on(agent::run_with(cfg, opts, metrics, async {
+    rt.block_on(agent::run(cfg, metrics, async {
         let mut term =
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
                 Ok(s) => s,
@@ -501,9 +494,9 @@ mod tests {
             .map_err(|e| e.to_string())?;
         match cli.cmd {
             Some(Cmd::CheckConfig(a)) => {
-                let (mtu, stale_after) = (a.options().mtu, a.stale_after());
+                let stale_after = a.stale_after();
                 let cfg = a.config().map_err(|e| e.to_string())?;
-                let underlay = cfg.underlay().map_err(|e| e.to_string())?;
+                let (mtu, underlay) = (cfg.mtu, cfg.iface.clone());
                 Ok(Parsed {
                     cfg,
                     mtu,

@@ -8,18 +8,17 @@
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use mycni_agent::peers::{
-    ANNOTATION_HOST_IP, ANNOTATION_VTEP_MAC, Cidr, Cidr6, ClusterCidrs, Mac, NodeView, PodCidrs,
-    parse_peer, select_peers,
-};
-use mycni_agent::reconcile::{OverlayState, apply, desired, diff};
+use mycni_agent::overlay::{OverlayState, apply, desired, diff};
+use mycni_common::contract::{ANNOTATION_HOST_IP, ANNOTATION_VTEP_MAC};
+use mycni_common::net::{Cidr4, Cidr6, ClusterCidrs, Mac, PodCidrs};
+use mycni_common::node::{NodeView, parse_peer, select_peers};
 use proptest::prelude::*;
 
 const OWN: &str = "node-0";
 
 fn cluster() -> ClusterCidrs {
     ClusterCidrs {
-        v4: Some(Cidr::parse_network("10.244.0.0/16").expect("valid")),
+        v4: Some(Cidr4::parse_network("10.244.0.0/16").expect("valid")),
         v6: Cidr6::parse_network("fd00:10:244::/56").ok(),
     }
 }
@@ -91,7 +90,7 @@ fn snapshot() -> impl Strategy<Value = Vec<NodeView>> {
 
 fn own() -> PodCidrs {
     PodCidrs {
-        v4: Cidr::parse_network("10.244.0.0/24").ok(),
+        v4: Cidr4::parse_network("10.244.0.0/24").ok(),
         v6: Cidr6::parse_network("fd00:10:244::/64").ok(),
     }
 }
@@ -127,7 +126,7 @@ fn apply_drift(k: &mut OverlayState, (dels, adds): &(Vec<usize>, Vec<(u8, u8)>))
         }
     }
     for (a, b) in adds {
-        let c = Cidr::parse_network(&format!("10.99.{a}.0/24")).expect("valid");
+        let c = Cidr4::parse_network(&format!("10.99.{a}.0/24")).expect("valid");
         k.routes.insert(c, Ipv4Addr::new(10, 99, *a, 0));
         k.neighbours
             .insert(Ipv4Addr::new(10, 98, *a, *b), Mac([2, 0, 0, 0, *a, *b]));

@@ -6,8 +6,9 @@
 //!
 //! With the `std` feature (userspace only: the plugin and the agent), also
 //! [`contract`], everything the plugin and the agent must agree on, and
-//! [`net`], the one CIDR and MAC type both parse with. The eBPF object is
-//! built without it and stays `no_std`.
+//! [`net`], the one CIDR and MAC type both parse with, and [`node`], the
+//! validation of the Node annotations agents announce to each other. The
+//! eBPF object is built without it and stays `no_std`.
 #![no_std]
 
 #[cfg(feature = "std")]
@@ -19,6 +20,8 @@ pub mod contract;
 pub mod net;
 #[cfg(feature = "netlink")]
 pub mod netlink;
+#[cfg(feature = "std")]
+pub mod node;
 
 /// bpffs directory under which the agent pins maps, programs and links.
 pub const PIN_DIR: &str = "/sys/fs/bpf/mycni";

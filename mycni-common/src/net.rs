@@ -383,6 +383,94 @@ impl<'de> serde::Deserialize<'de> for Mac {
     }
 }
 
+/// An IPv4 CIDR. The IPv4 side is the one every node of a cluster with
+/// an IPv4 range has, and most of the agent's code speaks of it.
+pub type Cidr4 = Cidr<Ipv4Addr>;
+/// An IPv6 CIDR, by the same parser.
+pub type Cidr6 = Cidr<Ipv6Addr>;
+
+/// The cluster's pod ranges (kube-controller-manager `--cluster-cidr`,
+/// one per family, at least one). No IPv6 range: the agent does not do
+/// IPv6, and ignores every IPv6 podCIDR. No IPv4 range: an IPv6-only
+/// cluster, whose nodes have no `vxlan.1` (see [`crate::node::select_all`]); every
+/// IPv4 podCIDR is ignored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClusterCidrs {
+    pub v4: Option<Cidr4>,
+    pub v6: Option<Cidr6>,
+}
+
+impl From<Cidr4> for ClusterCidrs {
+    fn from(v4: Cidr4) -> Self {
+        ClusterCidrs {
+            v4: Some(v4),
+            v6: None,
+        }
+    }
+}
+
+impl ClusterCidrs {
+    /// Both families' ranges, at least one of them.
+    pub fn new(v4: Option<Cidr4>, v6: Option<Cidr6>) -> Result<Self, String> {
+        if v4.is_none() && v6.is_none() {
+            return Err("no cluster CIDR of either family".into());
+        }
+        Ok(ClusterCidrs { v4, v6 })
+    }
+
+    /// An IPv6-only cluster: its nodes have no IPv4 podCIDR, hence no
+    /// `vxlan.1`, and reach each other over `vxlan6.1` alone.
+    pub fn ipv6_only(&self) -> bool {
+        self.v4.is_none() && self.v6.is_some()
+    }
+}
+
+/// As `--cluster-cidr` takes them: `10.244.0.0/16,fd00:10:244::/56`.
+impl fmt::Display for ClusterCidrs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.v4, &self.v6) {
+            (Some(v4), Some(v6)) => write!(f, "{v4},{v6}"),
+            (Some(v4), None) => write!(f, "{v4}"),
+            (None, Some(v6)) => write!(f, "{v6}"),
+            (None, None) => f.write_str("none"),
+        }
+    }
+}
+
+/// A node's own podCIDRs, as far as they are known and valid.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PodCidrs {
+    pub v4: Option<Cidr4>,
+    pub v6: Option<Cidr6>,
+}
+
+/// As an operator reads them in a log: `10.244.2.0/24, fd00:10:244:2::/64`.
+impl fmt::Display for PodCidrs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.v4, &self.v6) {
+            (Some(v4), Some(v6)) => write!(f, "{v4}, {v6}"),
+            (Some(v4), None) => write!(f, "{v4}"),
+            (None, Some(v6)) => write!(f, "{v6}"),
+            (None, None) => f.write_str("none"),
+        }
+    }
+}
+
+impl From<Option<Cidr4>> for PodCidrs {
+    fn from(v4: Option<Cidr4>) -> Self {
+        PodCidrs { v4, v6: None }
+    }
+}
+
+impl From<Cidr4> for PodCidrs {
+    fn from(v4: Cidr4) -> Self {
+        PodCidrs {
+            v4: Some(v4),
+            v6: None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -390,8 +478,6 @@ mod tests {
     use std::format;
     use std::string::{String, ToString};
     use std::vec::Vec;
-
-    type Cidr4 = Cidr<Ipv4Addr>;
 
     #[test]
     fn accepts_the_canonical_forms() {

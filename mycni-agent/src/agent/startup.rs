@@ -20,17 +20,22 @@ use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 
-use super::{
-    Config, IPV6_ONLY, RunOptions, VXLAN_OVERHEAD, kube_client, resolve_node_name, write_atomic,
-};
+use mycni_common::VXLAN_OVERHEAD;
+
+use super::client::{kube_client, resolve_node_name};
+use super::config::Config;
+use super::publish::write_atomic;
 use crate::datapath::FastPath;
-use crate::kernel::{Kernel, Underlay, Underlay6, Underlay6Select, Vxlan6Spec, VxlanSpec};
 use crate::metrics::Metrics;
-use crate::peers::{
-    ANNOTATION_HOST_IP, ANNOTATION_HOST_IP6, ANNOTATION_VTEP_MAC, ANNOTATION_VTEP_MAC6, Cidr,
-    Cidr6, Mac, PodCidrs,
+use crate::overlay::IPV6_ONLY;
+use crate::overlay::{
+    OverlayKernel, Underlay, Underlay6, Underlay6Select, UnderlaySelect, Vxlan6Spec, VxlanSpec,
 };
 use crate::tables::underlay_filter::UnderlayFilter;
+use mycni_common::contract::{
+    ANNOTATION_HOST_IP, ANNOTATION_HOST_IP6, ANNOTATION_VTEP_MAC, ANNOTATION_VTEP_MAC6,
+};
+use mycni_common::net::{Cidr4, Cidr6, Mac, PodCidrs};
 
 /// What start-up produced, handed to the loop as a whole.
 pub(super) struct Started {
@@ -40,7 +45,7 @@ pub(super) struct Started {
     /// The IPv4 podCIDR (None on an IPv6-only node) and the IPv6 one (on a
     /// node of a cluster the agent does IPv6 in).
     pub(super) own: PodCidrs,
-    pub(super) kernel: Kernel,
+    pub(super) kernel: OverlayKernel,
     /// `vxlan.1` as brought up; the loop moves it when the underlay moves.
     /// None on an IPv6-only node.
     pub(super) vx: Option<VxlanSpec>,
@@ -49,20 +54,16 @@ pub(super) struct Started {
     pub(super) vx6: Option<Vxlan6Spec>,
     /// The underlay's own subnets at start: the first set direct routing
     /// uses, before the loop re-reads the underlay.
-    pub(super) underlay_subnets: Vec<Cidr>,
+    pub(super) underlay_subnets: Vec<Cidr4>,
     pub(super) filter: UnderlayFilter,
     pub(super) fast: FastPath,
 }
 
-pub(super) async fn start(
-    cfg: &Config,
-    opts: RunOptions,
-    metrics: &Arc<Metrics>,
-) -> Result<Started> {
+pub(super) async fn start(cfg: &Config, metrics: &Arc<Metrics>) -> Result<Started> {
     // First: pods of an earlier run may already be sending, and the table
     // needs nothing from the API or the underlay.
     crate::tables::antispoof::start(metrics);
-    let how = cfg.underlay()?;
+    let how = &cfg.iface;
     let client = kube_client(cfg.kubeconfig.as_deref()).await?;
     let node_name = retry("finding this node's name", || {
         resolve_node_name(cfg, &client)
@@ -79,16 +80,15 @@ pub(super) async fn start(
     // Before vxlan.1 can exist: a fresh node accepts no VXLAN until its
     // first pass knows the peers; a restarted one keeps its peer set.
     let filter = UnderlayFilter::start(cfg.vxlan_port, metrics.clone());
-    let kernel = Kernel::new()?;
+    let kernel = OverlayKernel::new()?;
     let (vx, vx6, underlay_subnets, underlay_name) = match (own.v4, own.v6) {
         (Some(own_cidr), own_cidr6) => {
             let (vx, vx6, underlay) =
-                start_dual(cfg, opts, &kernel, &node_name, &how, (own_cidr, own_cidr6)).await?;
+                start_dual(cfg, &kernel, &node_name, how, (own_cidr, own_cidr6)).await?;
             (Some(vx), vx6, underlay.subnets, underlay.name)
         }
         (None, Some(own_cidr6)) => {
-            let (vx6, u6) =
-                start_ipv6_only(cfg, opts, &kernel, &node_name, &how, own_cidr6).await?;
+            let (vx6, u6) = start_ipv6_only(cfg, &kernel, &node_name, how, own_cidr6).await?;
             (None, Some(vx6), vec![], u6.name)
         }
         (None, None) => anyhow::bail!("this node has no podCIDR of either family"),
@@ -130,11 +130,10 @@ pub(super) async fn start(
 /// `vxlan6.1` beside it where the node has IPv6 pods and an IPv6 underlay.
 async fn start_dual(
     cfg: &Config,
-    opts: RunOptions,
-    kernel: &Kernel,
+    kernel: &OverlayKernel,
     node_name: &str,
-    how: &crate::kernel::UnderlaySelect,
-    own: (Cidr, Option<Cidr6>),
+    how: &UnderlaySelect,
+    own: (Cidr4, Option<Cidr6>),
 ) -> Result<(VxlanSpec, Option<Vxlan6Spec>, Underlay)> {
     let own_cidr6 = own.1;
     let underlay = kernel
@@ -154,12 +153,7 @@ async fn start_dual(
             .context("finding the IPv6 underlay (--underlay6, ConfigMap mycni-config key `underlay6`, env MYCNI_UNDERLAY6)")?,
         None => None,
     };
-    let mtu = overlay_mtu(
-        opts.mtu,
-        &underlay,
-        own_cidr6.is_some(),
-        underlay6.is_some(),
-    )?;
+    let mtu = overlay_mtu(cfg.mtu, &underlay, own_cidr6.is_some(), underlay6.is_some())?;
     let vx = bring_up_vxlan(cfg, kernel, &underlay, mtu, node_name, own).await?;
     let vx6 = match &underlay6 {
         Some(u6) => Some(
@@ -191,10 +185,9 @@ async fn start_dual(
 /// node's one VXLAN device, with the pods' MTU and the IPv6 VTEP address.
 async fn start_ipv6_only(
     cfg: &Config,
-    opts: RunOptions,
-    kernel: &Kernel,
+    kernel: &OverlayKernel,
     node_name: &str,
-    how: &crate::kernel::UnderlaySelect,
+    how: &UnderlaySelect,
     own_cidr6: Cidr6,
 ) -> Result<(Vxlan6Spec, Underlay6)> {
     if cfg.underlay6 == Underlay6Select::Off {
@@ -212,7 +205,7 @@ async fn start_ipv6_only(
                 cfg.underlay6
             )
         })?;
-    let mtu = mtu_within(opts.mtu, &u6.name, u6.mtu, VXLAN6_OVERHEAD, true)?;
+    let mtu = mtu_within(cfg.mtu, &u6.name, u6.mtu, VXLAN6_OVERHEAD, true)?;
     tracing::info!(node = %node_name, pod_cidr6 = %own_cidr6, underlay = %u6.name, host_ip6 = %u6.ip, "{IPV6_ONLY}: no {}, every peer through {}", cfg.vxlan_name, cfg.vxlan6_name);
     if cfg.direct_routing {
         tracing::warn!(
@@ -247,7 +240,7 @@ async fn wait_for_pod_cidr(
     loop {
         match nodes.get_opt(node_name).await {
             Ok(Some(n)) => {
-                let view = super::node_view(&n);
+                let view = crate::watch::node_view(&n);
                 let texts = view.pod_cidr_texts();
                 if texts.v4.is_empty() && texts.v6.is_empty() {
                     tracing::info!(node = %node_name, "waiting for spec.podCIDR (kube-controller-manager --allocate-node-cidrs)");
@@ -279,11 +272,11 @@ async fn wait_for_pod_cidr(
 /// `vxlan.1` over the underlay, addressed with the podCIDR's network address.
 async fn bring_up_vxlan(
     cfg: &Config,
-    kernel: &Kernel,
+    kernel: &OverlayKernel,
     underlay: &Underlay,
     mtu: u32,
     node_name: &str,
-    (own_cidr, own_cidr6): (Cidr, Option<crate::peers::Cidr6>),
+    (own_cidr, own_cidr6): (Cidr4, Option<Cidr6>),
 ) -> Result<VxlanSpec> {
     let existing_mac = kernel.link(&cfg.vxlan_name).await?.map(|l| l.mac);
     let mac = vtep_mac(&cfg.data_dir, existing_mac.as_deref())?;
@@ -321,7 +314,7 @@ async fn bring_up_vxlan(
 /// IPv6-only node the IPv6 VTEP address (`address6`).
 async fn bring_up_vxlan6(
     cfg: &Config,
-    kernel: &Kernel,
+    kernel: &OverlayKernel,
     u6: &Underlay6,
     mtu: u32,
     address6: Option<std::net::Ipv6Addr>,

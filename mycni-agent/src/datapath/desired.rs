@@ -9,7 +9,7 @@ use mycni_common::{LocalEndpoint, PeerNode, REMOTE_DIRECT, REMOTE_VXLAN6, Remote
 
 use super::Prog;
 use crate::kernel::{PodEndpoint, PodEndpoints};
-use crate::reconcile::{self, OverlayState, Remote};
+use crate::overlay::{self as reconcile, OverlayState, Remote};
 
 /// The forwarding maps' contents after a pass.
 #[derive(Debug, Default, PartialEq)]
@@ -174,7 +174,7 @@ pub fn vxlan6_remote_map(overlay6: &OverlayState) -> BTreeMap<(Ipv6Addr, u8), Re
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::peers::{Cidr, Mac};
+    use mycni_common::net::{Cidr4 as Cidr, Mac};
 
     fn mac(b: u8) -> Mac {
         Mac([2, 0, 0, 0, 6, b])
@@ -246,7 +246,7 @@ mod tests {
             .enumerate()
         {
             let n = 0x50 + i as u16;
-            let cidr: crate::peers::Cidr6 = format!("fd00:10:244:{n:x}::/64").parse().unwrap();
+            let cidr: mycni_common::net::Cidr6 = format!("fd00:10:244:{n:x}::/64").parse().unwrap();
             let gw = cidr.network();
             o.routes6.insert(cidr, gw);
             if neigh {

@@ -11,7 +11,7 @@ use mycni_common::{DpFamily, DpPath, PathCounter};
 
 use super::maps::{self, AttachedMaps, MapSource};
 use super::{LOCAL, LOCAL6, PEERS, Prog, REMOTE, REMOTE6, programs};
-use crate::peers::Mac;
+use mycni_common::net::Mac;
 
 fn ifname(index: u32) -> String {
     let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
@@ -97,7 +97,7 @@ fn render_from<S: MapSource + ?Sized>(
     let mut o = String::new();
     writeln!(o, "{header}")?;
     if cfg.vxlan_ifindex == 0 {
-        writeln!(o, "  vxlan: none ({})", crate::agent::IPV6_ONLY)?;
+        writeln!(o, "  vxlan: none ({})", crate::overlay::IPV6_ONLY)?;
     } else {
         writeln!(
             o,

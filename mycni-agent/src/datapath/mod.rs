@@ -38,10 +38,11 @@ use std::sync::atomic::Ordering;
 use anyhow::{Context, Result};
 use mycni_common::{CFG_TC_DECAP, CFG_TC_ENCAP, DpConfig, LocalEndpoint, RemoteNode};
 
-use crate::kernel::{PodEndpoints, VxlanSpec};
+use mycni_common::net::Mac;
+
+use crate::kernel::PodEndpoints;
 use crate::metrics::Metrics;
-use crate::peers::Mac;
-use crate::reconcile::OverlayState;
+use crate::overlay::{OverlayState, VxlanSpec};
 
 pub mod counters;
 pub mod desired;
@@ -50,6 +51,7 @@ pub mod inspect;
 pub mod maps;
 mod prog;
 pub mod programs;
+mod room;
 
 pub use counters::{DatapathMetrics, register_metrics};
 pub use error::DatapathError;

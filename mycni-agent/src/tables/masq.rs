@@ -12,7 +12,7 @@
 use anyhow::Result;
 
 use super::nft;
-use crate::peers::ClusterCidrs;
+use mycni_common::net::ClusterCidrs;
 
 pub const TABLE: &str = "mycni";
 
@@ -68,7 +68,7 @@ pub fn uninstall() -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::peers::{Cidr, Cidr6};
+    use mycni_common::net::{Cidr4 as Cidr, Cidr6};
 
     #[test]
     fn ipv6_gets_its_own_table_only_with_an_ipv6_cluster_cidr() {

@@ -19,6 +19,46 @@ pub mod masq;
 pub mod nft;
 pub mod underlay_filter;
 
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
+
+use crate::metrics::Metrics;
+
+use underlay_filter::UnderlayFilter;
+
+/// The node tables as a room of the loop's pass (masquerade is written
+/// once, at start).
+pub struct Tables {
+    filter: UnderlayFilter,
+    metrics: Arc<Metrics>,
+}
+
+impl Tables {
+    pub fn new(filter: UnderlayFilter, metrics: Arc<Metrics>) -> Self {
+        Tables { filter, metrics }
+    }
+
+    /// The pass's tables step, after the overlay's kernel writes, not
+    /// before: the underlay filter's set is rewritten through `nft` (tens
+    /// of ms with 5,000 peers), which would otherwise delay every route,
+    /// neighbour and FDB change behind it. A new peer's VXLAN is refused
+    /// by the filter for those few ms, which its first packets'
+    /// retransmission covers. `hosts` and `hosts6`: the peers' host
+    /// addresses; `full`: a full pass, which puts the anti-spoofing table
+    /// back if it went.
+    pub fn apply(
+        &mut self,
+        hosts: impl IntoIterator<Item = Ipv4Addr>,
+        hosts6: impl IntoIterator<Item = Ipv6Addr>,
+        full: bool,
+    ) {
+        self.filter.sync(hosts, hosts6);
+        if full {
+            antispoof::ensure(&self.metrics);
+        }
+    }
+}
+
 /// Registers the tables' collector (the anti-spoofing table's), so that its
 /// series are there before the table is first written.
 pub fn register_metrics(metrics: &crate::metrics::Metrics) {

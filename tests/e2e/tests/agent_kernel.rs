@@ -4,15 +4,15 @@
 
 use std::net::Ipv4Addr;
 
-use mycni_agent::kernel::{Kernel, VxlanSpec};
-use mycni_agent::peers::{Cidr, Mac, Peer};
-use mycni_agent::reconcile::{self, OverlayState};
+use mycni_agent::overlay::{self, OverlayKernel, OverlayState, VxlanSpec};
+use mycni_common::net::{Cidr4, Mac};
+use mycni_common::node::Peer;
 use mycni_testkit::NetNs;
 
 fn peer(name: &str, cidr: &str, mac: u8, ip: u8) -> Peer {
     Peer {
         name: name.into(),
-        pod_cidr: Cidr::parse_network(cidr).expect("test CIDR"),
+        pod_cidr: Cidr4::parse_network(cidr).expect("test CIDR"),
         pod_cidr6: None,
         vtep_mac: Mac([2, 0, 0, 0, 0, mac]),
         host_ip: Ipv4Addr::new(192, 168, 55, ip),
@@ -20,14 +20,14 @@ fn peer(name: &str, cidr: &str, mac: u8, ip: u8) -> Peer {
     }
 }
 
-fn in_node<T: Send>(ns: &NetNs, f: impl AsyncFnOnce(Kernel, VxlanSpec) -> T + Send) -> T {
+fn in_node<T: Send>(ns: &NetNs, f: impl AsyncFnOnce(OverlayKernel, VxlanSpec) -> T + Send) -> T {
     ns.run_in(|| {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("runtime");
         rt.block_on(async {
-            let k = Kernel::new().expect("netlink");
+            let k = OverlayKernel::new().expect("netlink");
             let u = k.underlay(Some("eth0")).await.expect("underlay");
             let spec = VxlanSpec {
                 name: "vxlan.1".into(),
@@ -68,18 +68,18 @@ fn applied_state_reads_back_exactly() {
     let (first, second) = in_node(&ns, async |k, spec| {
         let (idx, created) = k.ensure_vxlan(&spec).await.unwrap();
         assert!(created);
-        let want = reconcile::desired(&[
+        let want = overlay::desired(&[
             peer("a", "10.244.1.0/24", 1, 2),
             peer("b", "10.244.2.0/24", 2, 3),
         ]);
-        let acts = reconcile::diff(&want, &OverlayState::default());
+        let acts = overlay::diff(&want, &OverlayState::default());
         assert_eq!(k.apply(idx, 0, &acts).await, 0);
         let have = k.dump(idx, 0).await.unwrap();
-        let first = reconcile::diff(&want, &have);
+        let first = overlay::diff(&want, &have);
         // A second device setup must adopt, not recreate, and keep entries.
         let (idx2, created2) = k.ensure_vxlan(&spec).await.unwrap();
         assert_eq!((idx2, created2), (idx, false));
-        let second = reconcile::diff(&want, &k.dump(idx, 0).await.unwrap());
+        let second = overlay::diff(&want, &k.dump(idx, 0).await.unwrap());
         (first, second)
     });
     assert!(first.is_empty(), "after apply, dump differs: {first:?}");
@@ -111,8 +111,8 @@ fn stale_entries_and_foreign_ones() {
     // Someone else's route on vxlan.1 must survive; ours must go.
     let left = in_node(&ns, async |k, spec| {
         let (idx, _) = k.ensure_vxlan(&spec).await.unwrap();
-        let want = reconcile::desired(&[peer("a", "10.244.1.0/24", 1, 2)]);
-        k.apply(idx, 0, &reconcile::diff(&want, &OverlayState::default()))
+        let want = overlay::desired(&[peer("a", "10.244.1.0/24", 1, 2)]);
+        k.apply(idx, 0, &overlay::diff(&want, &OverlayState::default()))
             .await;
         idx
     });
@@ -122,7 +122,7 @@ fn stale_entries_and_foreign_ones() {
     let empty = in_node(&ns, async |k, spec| {
         let (idx, _) = k.ensure_vxlan(&spec).await.unwrap();
         let have = k.dump(idx, 0).await.unwrap();
-        let acts = reconcile::diff(&OverlayState::default(), &have);
+        let acts = overlay::diff(&OverlayState::default(), &have);
         assert_eq!(acts.len(), 3, "{acts:?}");
         assert_eq!(k.apply(idx, 0, &acts).await, 0);
         k.dump(idx, 0).await.unwrap()

@@ -5,15 +5,17 @@
 
 use std::net::Ipv4Addr;
 
-use mycni_agent::kernel::{Kernel, PeerRoutes, VxlanSpec};
-use mycni_agent::peers::{Cidr, Cidr6, Mac, Peer};
-use mycni_agent::reconcile::{self, NEXTHOP_ID_BASE, OverlayState};
+use mycni_agent::overlay::{
+    self, NEXTHOP_ID_BASE, OverlayKernel, OverlayState, PeerRoutes, VxlanSpec,
+};
+use mycni_common::net::{Cidr4, Cidr6, Mac};
+use mycni_common::node::Peer;
 use mycni_testkit::NetNs;
 
 fn peer(name: &str, cidr: &str, mac: u8, ip: u8) -> Peer {
     Peer {
         name: name.into(),
-        pod_cidr: Cidr::parse_network(cidr).expect("test CIDR"),
+        pod_cidr: Cidr4::parse_network(cidr).expect("test CIDR"),
         pod_cidr6: None,
         vtep_mac: Mac([2, 0, 0, 0, 0, mac]),
         host_ip: Ipv4Addr::new(192, 168, 55, ip),
@@ -36,12 +38,12 @@ fn node() -> NetNs {
     ns
 }
 
-/// Runs `f` with a fresh `Kernel` (as a restarted agent has) inside `ns`:
+/// Runs `f` with a fresh `OverlayKernel` (as a restarted agent has) inside `ns`:
 /// `onlink` makes it the fallback's.
 fn in_node<T: Send>(
     ns: &NetNs,
     onlink: bool,
-    f: impl AsyncFnOnce(Kernel, VxlanSpec, u32) -> T + Send,
+    f: impl AsyncFnOnce(OverlayKernel, VxlanSpec, u32) -> T + Send,
 ) -> T {
     ns.run_in(|| {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -50,9 +52,9 @@ fn in_node<T: Send>(
             .expect("runtime");
         rt.block_on(async {
             let k = if onlink {
-                Kernel::with_onlink_routes()
+                OverlayKernel::with_onlink_routes()
             } else {
-                Kernel::new()
+                OverlayKernel::new()
             }
             .expect("netlink");
             let u = k.underlay(Some("eth0")).await.expect("underlay");
@@ -74,9 +76,9 @@ fn in_node<T: Send>(
 }
 
 /// One pass, as the loop runs it: dump, diff, apply; what it changed.
-async fn pass(k: &Kernel, vx: u32, underlay: u32, want: &OverlayState) -> usize {
+async fn pass(k: &OverlayKernel, vx: u32, underlay: u32, want: &OverlayState) -> usize {
     let have = k.dump(vx, underlay).await.expect("dump");
-    let acts = reconcile::diff(want, &have);
+    let acts = overlay::diff(want, &have);
     assert_eq!(k.apply(vx, underlay, &acts).await, 0, "{acts:?}");
     acts.len()
 }
@@ -92,7 +94,7 @@ fn routes(ns: &NetNs) -> String {
 }
 
 fn two() -> OverlayState {
-    reconcile::desired(&[
+    overlay::desired(&[
         peer("a", "10.244.1.0/24", 1, 2),
         peer("b", "10.244.2.0/24", 2, 3),
     ])
@@ -174,14 +176,14 @@ fn onlink_routes_are_taken_over_and_the_fallback_keeps_working() {
 #[test]
 fn a_direct_peers_new_host_ip_is_its_nexthop_replaced() {
     let ns = node();
-    let lan = Cidr::parse_network("192.168.55.0/24").expect("cidr");
+    let lan = Cidr4::parse_network("192.168.55.0/24").expect("cidr");
     let a = peer("a", "10.244.1.0/24", 1, 2);
     let moved = Peer {
         host_ip: Ipv4Addr::new(192, 168, 55, 9),
         ..a.clone()
     };
-    let before = reconcile::desired_direct(std::slice::from_ref(&a), &[lan]);
-    let after = reconcile::desired_direct(std::slice::from_ref(&moved), &[lan]);
+    let before = overlay::desired_direct(std::slice::from_ref(&a), &[lan]);
+    let after = overlay::desired_direct(std::slice::from_ref(&moved), &[lan]);
     in_node(&ns, false, async |k, spec, eth0| {
         let (vx, _) = k.ensure_vxlan(&spec).await.unwrap();
         assert_eq!(pass(&k, vx, eth0, &before).await, 2, "route and FDB entry");
@@ -302,7 +304,7 @@ fn two_dual() -> OverlayState {
         pod_cidr6: Some(Cidr6::parse_network(cidr6).expect("test CIDR")),
         ..peer(name, cidr, mac, ip)
     };
-    reconcile::desired(&[
+    overlay::desired(&[
         dual("a", "10.244.1.0/24", "fd00:10:244:1::/64", 1, 2),
         dual("b", "10.244.2.0/24", "fd00:10:244:2::/64", 2, 3),
     ])

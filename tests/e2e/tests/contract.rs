@@ -2,7 +2,8 @@
 //! what one leaves on the node and the other reads. Each test here runs the
 //! agent's writer and the plugin's own reader (not the shared definitions in
 //! `mycni_common::contract`), so it fails when the two sides drift apart,
-//! whichever side changed.
+//! whichever side changed. It lives here, in neither crate, because
+//! neither side owns the contract: both are its users.
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -10,8 +11,7 @@ use std::time::Duration;
 
 use mycni_agent::agent::{self, Config};
 use mycni_agent::datapath::Mode;
-use mycni_agent::kernel;
-use mycni_agent::peers::{Cidr, Cidr6, PodCidrs};
+use mycni_common::net::{Cidr4, Cidr6, PodCidrs};
 use mycni_plugin::config::{DEFAULT_LOG_FILE, NetConf};
 use mycni_plugin::ipam::{self, Builtin};
 use mycni_plugin::version;
@@ -23,12 +23,12 @@ fn config(ipam_data_dir: Option<&str>, plugin_log_file: Option<&str>) -> Config 
         pod_name: None,
         pod_namespace: None,
         kubeconfig: None,
-        cluster_cidr: Some(Cidr::parse_network("10.244.0.0/16").expect("valid")),
+        cluster_cidr: Some(Cidr4::parse_network("10.244.0.0/16").expect("valid")),
         cluster_cidr6: None,
-        iface: None,
+        iface: Default::default(),
         vxlan_name: "vx-test".into(),
         vxlan6_name: "vx6-test".into(),
-        underlay6: mycni_agent::kernel::Underlay6Select::Off,
+        underlay6: mycni_agent::overlay::Underlay6Select::Off,
         vni: 7,
         vxlan_port: 4789,
         cni_conf_dir: "/tmp/net.d".into(),
@@ -46,6 +46,7 @@ fn config(ipam_data_dir: Option<&str>, plugin_log_file: Option<&str>) -> Config 
         direct_routing: false,
         ebpf_object: None,
         pin_dir: "/sys/fs/bpf/mycni".into(),
+        mtu: None,
     }
 }
 
@@ -53,7 +54,7 @@ fn config(ipam_data_dir: Option<&str>, plugin_log_file: Option<&str>) -> Config 
 /// the runtime hands it to the plugin: with the list's `name` and
 /// `cniVersion` put in (libcni's `ConfFromBytes` + `injectConf`).
 fn plugin_stdin(cfg: &Config, pod_cidr: &str, mtu: u32) -> Vec<(String, Vec<u8>)> {
-    let own = Cidr::parse_network(pod_cidr).expect("valid");
+    let own = Cidr4::parse_network(pod_cidr).expect("valid");
     let text = serde_json::to_string_pretty(&agent::conflist(cfg, own, mtu)).expect("serialises");
     let list: Value = serde_json::from_str(&text).expect("the conflist is JSON");
     let versions: Vec<String> = list["cniVersions"]
@@ -116,7 +117,7 @@ fn the_plugin_reads_every_field_of_the_agents_conflist() {
 fn a_dual_stack_node_gives_the_plugins_ipam_both_podcidrs() {
     let cfg = config(None, None);
     let own = PodCidrs {
-        v4: Cidr::parse_network("10.244.7.0/24").ok(),
+        v4: Cidr4::parse_network("10.244.7.0/24").ok(),
         v6: Cidr6::parse_network("fd00:10:244:7::/64").ok(),
     };
     let text = serde_json::to_string(&agent::conflist(&cfg, own, 1450)).expect("serialises");
@@ -143,7 +144,7 @@ fn a_dual_stack_node_gives_the_plugins_ipam_both_podcidrs() {
         serde_json::to_string_pretty(&agent::conflist(&cfg, single, 1450)).expect("json"),
         serde_json::to_string_pretty(&agent::conflist(
             &cfg,
-            Cidr::parse_network("10.244.7.0/24").expect("valid"),
+            Cidr4::parse_network("10.244.7.0/24").expect("valid"),
             1450
         ))
         .expect("json")
@@ -216,13 +217,16 @@ fn the_agents_defaults_are_the_plugins() {
 #[test]
 fn the_agent_recognises_the_plugins_veths_and_routes() {
     let alias = mycni_plugin::plugin::alias(agent::NETWORK_NAME, "0123abcd", "eth0");
-    assert!(kernel::is_pod_veth(&alias), "{alias}");
-    assert!(!kernel::is_pod_veth("eth0"));
-    assert!(!kernel::is_pod_veth(""));
+    assert!(mycni_agent::is_pod_veth(&alias), "{alias}");
+    assert!(!mycni_agent::is_pod_veth("eth0"));
+    assert!(!mycni_agent::is_pod_veth(""));
     // The agent lists pods by the plugin's route protocol and owns its own.
     assert_eq!(
-        kernel::RTPROT_MYCNI_PLUGIN,
+        mycni_common::contract::RTPROT_MYCNI_PLUGIN,
         mycni_plugin::netlink::RTPROT_MYCNI_PLUGIN
     );
-    assert_ne!(kernel::RTPROT_MYCNI_AGENT, kernel::RTPROT_MYCNI_PLUGIN);
+    assert_ne!(
+        mycni_common::contract::RTPROT_MYCNI_AGENT,
+        mycni_common::contract::RTPROT_MYCNI_PLUGIN
+    );
 }

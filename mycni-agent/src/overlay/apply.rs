@@ -1,0 +1,377 @@
+//! Writing a diff to the kernel: deletes, then sets in dependency order
+//! (FDB, neighbour, route), peer routes through nexthop objects of their
+//! own where the kernel has them.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use std::sync::atomic::Ordering;
+
+use futures::{StreamExt, stream};
+use mycni_common::net::Cidr;
+use mycni_common::netlink::{Nexthop, NexthopRoute, Route, RouteFamily};
+
+use crate::kernel::{KernelError, RTPROT_MYCNI_AGENT};
+use crate::metrics::NetlinkOp;
+
+use super::desired::via_vxlan;
+use super::kernel::{OverlayKernel, PeerRoutes};
+use super::nexthop_ids::{AnyCidr, Hop, NexthopPlan};
+use super::state::Action;
+
+/// Requests in flight at once when applying a diff: enough to hide the
+/// per-request round trip, few enough not to overrun the socket buffer.
+const CONCURRENCY: usize = 64;
+
+impl OverlayKernel {
+    /// Applies a diff of [`OverlayKernel::dump_vxlan6`]'s state to `vxlan6.1`,
+    /// as [`OverlayKernel::apply`] does without nexthop objects. Returns the
+    /// number of failed actions.
+    pub async fn apply_vxlan6(&self, vxlan6: u32, actions: &[Action]) -> usize {
+        let plans = BTreeMap::new();
+        let (dels, sets): (Vec<&Action>, Vec<&Action>) =
+            actions.iter().partition(|a| a.is_delete());
+        let mut failed = 0;
+        // One at a time: a few peers, and the FDB -> neighbour -> route
+        // order kept by the diff's sort within each group.
+        for a in dels.into_iter().chain(sets) {
+            if let Err(e) = self
+                .apply_one(PeerRoutes::Onlink, &plans, vxlan6, 0, a)
+                .await
+            {
+                tracing::warn!(error = %e, device = "vxlan6", "kernel update failed");
+                failed += 1;
+            }
+        }
+        failed
+    }
+
+    /// Applies a diff. Deletes run first, then sets in dependency order,
+    /// each group with bounded concurrency; last, nexthops of the agent's
+    /// no route goes through any more are deleted. Returns the number of
+    /// failed actions (each logged); a failure never stops the rest.
+    pub async fn apply(&self, vxlan: u32, underlay: u32, actions: &[Action]) -> usize {
+        let mode = match self.peer_routes().await {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot tell whether the kernel has nexthop objects");
+                return actions.len().max(1);
+            }
+        };
+        if mode == PeerRoutes::Nexthops && !self.nexthop_ids_read.load(Ordering::Relaxed) {
+            // An apply without a dump before it (the loop always dumps
+            // first): read the IDs the kernel holds before handing any out.
+            if let Err(e) = self.dump_nexthop_routes(vxlan, underlay).await {
+                tracing::warn!(error = %e, "cannot read the nexthops");
+                return actions.len().max(1);
+            }
+        }
+        let (dels, sets): (Vec<&Action>, Vec<&Action>) =
+            actions.iter().partition(|a| a.is_delete());
+        let mut failed = 0;
+        for group in [dels, sets] {
+            // Within a group, keep FDB -> neighbour -> route order by phases.
+            let mut phases: [Vec<&Action>; 3] = [vec![], vec![], vec![]];
+            for a in group {
+                let phase = match a {
+                    Action::SetFdb(..) | Action::DelRoute(_) | Action::DelRoute6(_) => 0,
+                    Action::SetNeighbour(..)
+                    | Action::DelNeighbour(_)
+                    | Action::SetNeighbour6(..)
+                    | Action::DelNeighbour6(_) => 1,
+                    Action::SetRoute(..) | Action::SetRoute6(..) | Action::DelFdb(_) => 2,
+                };
+                phases[phase].push(a);
+            }
+            for phase in phases {
+                // Nexthop IDs are handed out in the diff's (podCIDR) order,
+                // not in whatever order concurrent requests start: the same
+                // peers get the same IDs in every run.
+                let mut plans: BTreeMap<AnyCidr, (Hop, NexthopPlan)> = if mode
+                    == PeerRoutes::Nexthops
+                {
+                    let mut ids = self.ids();
+                    phase
+                        .iter()
+                        .filter_map(|a| {
+                            let (c, hop) = match a {
+                                Action::SetRoute(c, gw) => ((*c).into(), Hop::of_route(*c, *gw)),
+                                Action::SetRoute6(c, gw) => ((*c).into(), Hop::of_route(*c, *gw)),
+                                _ => return None,
+                            };
+                            Some((c, (hop, ids.plan(c, hop))))
+                        })
+                        .collect()
+                } else {
+                    BTreeMap::new()
+                };
+                // The nexthops first, in a few batches; a route whose
+                // nexthop failed is not tried.
+                let bad = self.set_nexthops(vxlan, underlay, &mut plans).await;
+                failed += bad.len();
+                let phase: Vec<&Action> = phase
+                    .into_iter()
+                    .filter(|a| match a {
+                        Action::SetRoute(c, _) => !bad.contains(&(*c).into()),
+                        Action::SetRoute6(c, _) => !bad.contains(&(*c).into()),
+                        _ => true,
+                    })
+                    .collect();
+                let results: Vec<Result<(), KernelError>> = stream::iter(phase)
+                    .map(|a| {
+                        crate::metrics::netlink_timed(
+                            netlink_op(a),
+                            self.apply_one(mode, &plans, vxlan, underlay, a),
+                        )
+                    })
+                    .buffer_unordered(CONCURRENCY)
+                    .collect()
+                    .await;
+                for r in results {
+                    if let Err(e) = r {
+                        tracing::warn!(error = %e, "kernel update failed");
+                        failed += 1;
+                    }
+                }
+            }
+        }
+        if mode == PeerRoutes::Nexthops {
+            let unused = self.ids().take_unused();
+            if !unused.is_empty() {
+                tracing::info!(
+                    nexthops = unused.len(),
+                    "deleting nexthops no peer route goes through"
+                );
+            }
+            for id in unused {
+                if let Err(e) = self.nl.delete_nexthop(id).await {
+                    tracing::warn!(error = %e, "kernel update failed");
+                    failed += 1;
+                }
+            }
+        }
+        failed
+    }
+
+    /// One action; deleting what is already gone is success.
+    async fn apply_one(
+        &self,
+        mode: PeerRoutes,
+        plans: &BTreeMap<AnyCidr, (Hop, NexthopPlan)>,
+        vxlan: u32,
+        underlay: u32,
+        a: &Action,
+    ) -> Result<(), KernelError> {
+        let nl = &self.nl;
+        let r = match a {
+            Action::SetRoute(c, gw) if mode == PeerRoutes::Nexthops => {
+                let (hop, plan) = self.plan_of(plans, *c, *gw);
+                return self.set_nexthop_route(vxlan, underlay, hop, plan, *c).await;
+            }
+            Action::SetRoute6(c, gw) if mode == PeerRoutes::Nexthops => {
+                let (hop, plan) = self.plan_of(plans, *c, *gw);
+                return self.set_nexthop_route(vxlan, underlay, hop, plan, *c).await;
+            }
+            Action::DelRoute(c) if mode == PeerRoutes::Nexthops => {
+                return self.delete_nexthop_route(*c).await;
+            }
+            Action::DelRoute6(c) if mode == PeerRoutes::Nexthops => {
+                return self.delete_nexthop_route(*c).await;
+            }
+            Action::SetRoute(c, gw) => {
+                let route = if via_vxlan(*c, *gw) {
+                    // The gateway (the peer's podCIDR.0) is on no subnet of ours.
+                    Route {
+                        dst: *c,
+                        gateway: Some(*gw),
+                        oif: Some(vxlan).filter(|i| *i != 0),
+                        protocol: RTPROT_MYCNI_AGENT,
+                        onlink: true,
+                    }
+                } else {
+                    // A peer's podCIDR straight to its host IP on the
+                    // underlay (direct routing).
+                    Route {
+                        dst: *c,
+                        gateway: Some(*gw),
+                        oif: Some(underlay),
+                        protocol: RTPROT_MYCNI_AGENT,
+                        onlink: false,
+                    }
+                };
+                nl.replace_route(route).await
+            }
+            Action::SetRoute6(c, gw) => {
+                // Always through vxlan.1: see `OverlayState::routes6`.
+                nl.replace_route(Route {
+                    dst: *c,
+                    gateway: Some(*gw),
+                    oif: Some(vxlan).filter(|i| *i != 0),
+                    protocol: RTPROT_MYCNI_AGENT,
+                    onlink: true,
+                })
+                .await
+            }
+            // The dumped route may sit on a dead device: match by
+            // destination and protocol only.
+            Action::DelRoute(c) => nl.delete_route(*c, RTPROT_MYCNI_AGENT).await,
+            Action::DelRoute6(c) => nl.delete_route(*c, RTPROT_MYCNI_AGENT).await,
+            Action::SetNeighbour(ip, mac) => nl.replace_permanent_neighbour(vxlan, *ip, *mac).await,
+            Action::SetNeighbour6(ip, mac) => {
+                nl.replace_permanent_neighbour(vxlan, *ip, *mac).await
+            }
+            Action::DelNeighbour(ip) => nl.delete_neighbour(vxlan, *ip).await,
+            Action::DelNeighbour6(ip) => nl.delete_neighbour(vxlan, *ip).await,
+            Action::SetFdb(mac, ip) => nl.replace_fdb_entry(vxlan, *mac, *ip).await,
+            Action::DelFdb(mac) => nl.delete_fdb_entry(vxlan, *mac).await,
+        };
+        Ok(r?)
+    }
+
+    /// The route to `c` through its own nexthop, holding `hop`, as `plan`
+    /// says: the nexthop set first (a route cannot name a nexthop that does
+    /// not exist yet), then the route, each only if the kernel does not
+    /// hold it already. A host-IP change of a directly routed peer is the
+    /// nexthop alone.
+    async fn set_nexthop_route<A: RouteFamily>(
+        &self,
+        vxlan: u32,
+        underlay: u32,
+        hop: Hop,
+        plan: NexthopPlan,
+        c: Cidr<A>,
+    ) -> Result<(), KernelError> {
+        if plan.set_nexthop {
+            self.nl
+                .replace_nexthop(&nexthop(hop, plan.id, vxlan, underlay))
+                .await?;
+        }
+        if plan.set_route {
+            self.nl
+                .replace_nexthop_route(NexthopRoute {
+                    dst: c,
+                    nhid: plan.id,
+                    protocol: RTPROT_MYCNI_AGENT,
+                })
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The hop and plan of the route to `c` via `gw`: the one made for the
+    /// whole phase, else one made now.
+    fn plan_of<A: RouteFamily>(
+        &self,
+        plans: &BTreeMap<AnyCidr, (Hop, NexthopPlan)>,
+        c: Cidr<A>,
+        gw: A,
+    ) -> (Hop, NexthopPlan)
+    where
+        AnyCidr: From<Cidr<A>>,
+    {
+        let any: AnyCidr = c.into();
+        match plans.get(&any) {
+            Some(p) => *p,
+            None => {
+                let hop = Hop::of_route(c, gw);
+                (hop, self.ids().plan(any, hop))
+            }
+        }
+    }
+
+    /// Deletes the route to `c` and then its nexthop, which no other route
+    /// goes through.
+    async fn delete_nexthop_route<A: RouteFamily>(&self, c: Cidr<A>) -> Result<(), KernelError>
+    where
+        AnyCidr: From<Cidr<A>>,
+    {
+        self.nl.delete_route(c, RTPROT_MYCNI_AGENT).await?;
+        let id = self.ids().release(c);
+        if let Some(id) = id {
+            self.nl.delete_nexthop(id).await?;
+        }
+        Ok(())
+    }
+
+    /// Sets the nexthops `plans` says are missing or wrong, a datagram of
+    /// them at a time (5,000 peers at start-up), and marks them done.
+    /// Returns the podCIDRs whose nexthop failed, each logged.
+    async fn set_nexthops(
+        &self,
+        vxlan: u32,
+        underlay: u32,
+        plans: &mut BTreeMap<AnyCidr, (Hop, NexthopPlan)>,
+    ) -> BTreeSet<AnyCidr> {
+        let wanted: Vec<Nexthop> = plans
+            .values()
+            .filter(|(_, p)| p.set_nexthop)
+            .map(|(hop, p)| nexthop(*hop, p.id, vxlan, underlay))
+            .collect();
+        if wanted.is_empty() {
+            return BTreeSet::new();
+        }
+        let failed: BTreeSet<u32> = match self.nl.replace_nexthops(&wanted).await {
+            Ok(failed) => failed
+                .into_iter()
+                .map(|(id, e)| {
+                    tracing::warn!(error = %e, "kernel update failed");
+                    id
+                })
+                .collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "kernel update failed");
+                wanted.iter().map(|n| n.id).collect()
+            }
+        };
+        // 0: a failure whose echo did not say which: none can be trusted.
+        let all_bad = failed.contains(&0);
+        let mut bad = BTreeSet::new();
+        for (c, (_, p)) in plans.iter_mut().filter(|(_, (_, p))| p.set_nexthop) {
+            if all_bad || failed.contains(&p.id) {
+                bad.insert(*c);
+            } else {
+                p.set_nexthop = false;
+            }
+        }
+        bad
+    }
+
+    /// Deletes every nexthop of the agent's (and with them the routes
+    /// through them), for `uninstall`: deleting `vxlan.1` takes only those
+    /// on it along, not a directly routed peer's on the underlay.
+    pub async fn delete_nexthops(&self) -> Result<(), KernelError> {
+        if !self.nl.nexthops_supported().await? {
+            return Ok(());
+        }
+        for n in self.nl.nexthops_by_protocol(RTPROT_MYCNI_AGENT).await? {
+            self.nl.delete_nexthop(n.id).await?;
+        }
+        Ok(())
+    }
+}
+
+/// The histogram an action's request is timed in: one per kind of
+/// request, for both families.
+fn netlink_op(a: &Action) -> NetlinkOp {
+    match a {
+        Action::SetRoute(..) | Action::SetRoute6(..) => NetlinkOp::RouteSet,
+        Action::DelRoute(_) | Action::DelRoute6(_) => NetlinkOp::RouteDel,
+        Action::SetNeighbour(..) | Action::SetNeighbour6(..) => NetlinkOp::NeighbourSet,
+        Action::DelNeighbour(_) | Action::DelNeighbour6(_) => NetlinkOp::NeighbourDel,
+        Action::SetFdb(..) => NetlinkOp::FdbSet,
+        Action::DelFdb(_) => NetlinkOp::FdbDel,
+    }
+}
+
+/// The nexthop holding `hop`, as the agent makes it.
+fn nexthop(hop: Hop, id: u32, vxlan: u32, underlay: u32) -> Nexthop {
+    let oif = if hop.direct { underlay } else { vxlan };
+    Nexthop {
+        id,
+        gateway: Some(hop.gateway),
+        oif: Some(oif).filter(|i| *i != 0),
+        protocol: RTPROT_MYCNI_AGENT,
+        // The gateway (the peer's podCIDR.0) is on no subnet of vxlan.1; a
+        // direct peer's host IP is on the underlay's.
+        onlink: !hop.direct,
+    }
+}
