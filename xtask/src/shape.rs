@@ -4,11 +4,10 @@
 //!
 //! - No hand-written `.rs` file over [`MAX_LINES`] lines.
 //! - No import cycle between modules: within each parent module, the graph
-//!   of which child uses which (a use of `a::b::c` from `a::d::e` is an edge
-//!   `b -> d`'s sibling `b`, lifted to the children of their common
-//!   ancestor) has no cycle. A child using its ancestors is not an edge:
-//!   the parent declares the child, the child may use what the parent
-//!   holds.
+//!   of which child uses which has no cycle (a use of `a::b::c` from
+//!   `a::d::e` is the edge `d -> b` between the children of their common
+//!   ancestor `a`). A child using its ancestors is not an edge: the parent
+//!   declares the child, the child may use what the parent holds.
 //! - Rooms that must stay sinks: a module listed in [`SINKS`] uses no other
 //!   top-level module of its crate (metrics are registered into it, it
 //!   reads no subsystem).
