@@ -19,5 +19,6 @@ pub mod kwatch;
 pub mod masq;
 pub mod metrics;
 pub mod peers;
+pub mod policy;
 pub mod reconcile;
 pub mod underlay_filter;
