@@ -12,11 +12,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use super::eval::{peer_matches, peers_match, RuleRef};
+use super::Cluster;
+use super::eval::{RuleRef, peer_matches, peers_match};
 use super::model::{
     Direction, IpBlock, Key, Peer, Peers, Pod, Policy, PortMatch, Ports, Protocol, Rule,
 };
-use super::Cluster;
 
 /// The remote ends an allow admits.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -21,9 +21,9 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use thiserror::Error;
 
 use super::model::{
-    Cidr, ContainerPort, IpBlock, Key, Labels, Namespace, NamespaceScope, Operator, Peer, Peers,
-    Pod, Policy, PortMatch, PortRule, Ports, Protocol, Requirement, Rule, Selector,
-    NAMESPACE_NAME_LABEL,
+    Cidr, ContainerPort, IpBlock, Key, Labels, NAMESPACE_NAME_LABEL, Namespace, NamespaceScope,
+    Operator, Peer, Peers, Pod, Policy, PortMatch, PortRule, Ports, Protocol, Requirement, Rule,
+    Selector,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -202,7 +202,7 @@ pub fn policy_from_k8s(np: &net::NetworkPolicy) -> Result<Converted<Policy>, Pro
                         return Err(problem(
                             format!("spec.policyTypes[{i}]"),
                             ProblemKind::BadPolicyType(t.clone()),
-                        ))
+                        ));
                     }
                 }
             }
@@ -325,7 +325,7 @@ fn port_rule(p: &net::NetworkPolicyPort) -> Result<PortRule, ProblemKind> {
             let end = match end {
                 None => start,
                 Some(e) if e < *n => {
-                    return Err(ProblemKind::EndPortBelowPort { port: *n, end: e })
+                    return Err(ProblemKind::EndPortBelowPort { port: *n, end: e });
                 }
                 Some(e) => port_number(e)?,
             };
@@ -335,7 +335,7 @@ fn port_rule(p: &net::NetworkPolicyPort) -> Result<PortRule, ProblemKind> {
             PortMatch::Named(name.clone())
         }
         (Some(IntOrString::String(name)), None) => {
-            return Err(ProblemKind::BadPortName(name.clone()))
+            return Err(ProblemKind::BadPortName(name.clone()));
         }
         (_, Some(_)) => return Err(ProblemKind::EndPortWithoutNumericPort),
     };

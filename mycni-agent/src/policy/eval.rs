@@ -9,10 +9,10 @@
 
 use std::net::IpAddr;
 
+use super::Cluster;
 use super::model::{
     Direction, Key, NamespaceScope, Peer, Peers, Pod, PortMatch, Ports, Protocol, Rule,
 };
-use super::Cluster;
 
 /// One end of a connection.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -23,12 +23,12 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 pub use compile::{
-    compile_node, compile_pod, Allow, CompiledPod, DirectionRules, PeerSet, PortRange, PortSet,
+    Allow, CompiledPod, DirectionRules, PeerSet, PortRange, PortSet, compile_node, compile_pod,
 };
 pub use convert::{
-    namespace_from_k8s, pod_from_k8s, policy_from_k8s, Converted, Problem, ProblemKind,
+    Converted, Problem, ProblemKind, namespace_from_k8s, pod_from_k8s, policy_from_k8s,
 };
-pub use eval::{allowed, Endpoint, Judgement, RuleRef, Verdict};
+pub use eval::{Endpoint, Judgement, RuleRef, Verdict, allowed};
 pub use model::*;
 
 /// Everything the semantics depend on: the agent's three caches.

@@ -1,1 +1,7 @@
+//! Tests of the policy module: the upstream truth tables, the rules list,
+//! the converter on garbage, and a property test against a naive evaluator.
 
+mod convert;
+mod fixture;
+mod rules;
+mod upstream;
