@@ -3,5 +3,7 @@
 
 mod convert;
 mod fixture;
+mod naive;
+mod prop;
 mod rules;
 mod upstream;
