@@ -122,13 +122,13 @@ pub fn allowed(
     port: u16,
 ) -> Verdict {
     let (s, d) = (side(cluster, src), side(cluster, dst));
-    if let (Some(a), Some(b)) = (s.pod, d.pod) {
-        if a.key == b.key {
-            return Verdict {
-                egress: Judgement::SamePod,
-                ingress: Judgement::SamePod,
-            };
-        }
+    if let (Some(a), Some(b)) = (s.pod, d.pod)
+        && a.key == b.key
+    {
+        return Verdict {
+            egress: Judgement::SamePod,
+            ingress: Judgement::SamePod,
+        };
     }
     let conn = Conn {
         dst: d.pod,
