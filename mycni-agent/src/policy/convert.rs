@@ -118,6 +118,14 @@ pub fn pod_from_k8s(pod: &core::Pod) -> Result<Converted<Pod>, Problem> {
             .into_iter()
             .collect(),
     };
+    // A pod that has finished gave its addresses back: the runtime may
+    // already have handed them to a new pod while the API still lists the
+    // old one, whose labels must not speak for the newcomer.
+    let finished = matches!(
+        status.and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    );
+    let texts = if finished { Vec::new() } else { texts };
     let mut ips = Vec::new();
     for (i, text) in texts.into_iter().enumerate() {
         match text.parse::<IpAddr>() {

@@ -241,6 +241,12 @@ fn pods_convert_tolerantly() {
         conv.value.ips,
         vec!["10.244.1.2".parse::<std::net::IpAddr>().expect("ip")]
     );
+    // A finished pod keeps no address: it may already be another pod's.
+    let done: core::Pod = serde_json::from_value(json!({
+        "metadata": {"namespace": "x", "name": "job"},
+        "status": {"phase": "Succeeded", "podIPs": [{"ip": "10.244.1.3"}]}}))
+    .expect("parses");
+    assert!(pod_from_k8s(&done).expect("converts").value.ips.is_empty());
 }
 
 #[test]

@@ -49,6 +49,26 @@ fn empty_namespace_selector_is_not_every_ip() {
     assert!(tcp80(&c, &outside, &pod("x", "a")));
 }
 
+/// `NotIn` also matches objects that do not carry the key at all (the
+/// upstream tables only use it on a key every namespace has).
+#[test]
+fn not_in_matches_missing_key() {
+    let mut c = model();
+    c.add_policy(np(
+        "x",
+        "p",
+        json!({"podSelector": {"matchLabels": {"pod": "a"}}, "ingress": [{"from": [
+            {"podSelector": {"matchExpressions": [
+                {"key": "tier", "operator": "NotIn", "values": ["db"]}]}}]}]}),
+    ));
+    let tiered = c.pods.get_mut(&Key::new("x", "c")).expect("x/c");
+    tiered.labels.insert("tier".into(), "db".into());
+    let want = Reach::all(true)
+        .expect("*", "x/a", false)
+        .expect("x/b", "x/a", true);
+    check_tcp(&c, &want);
+}
+
 /// Rule 3: `egress: []` with policyTypes omitted isolates ingress only.
 #[test]
 fn empty_egress_list_adds_no_egress_isolation() {
@@ -127,6 +147,8 @@ fn host_network_pods_only_match_ip_blocks() {
     ));
     assert!(tcp80(&c, &h, &pod("x", "a")));
     assert!(compile_node(&c, "node-2").keys().all(|k| k.name != "h"));
+    let h_pod = &c.pods[&Key::new("x", "h")];
+    assert_eq!(c.policies_selecting(h_pod).count(), 0);
 }
 
 /// Rule 11: a pod and its own node always talk, both ways, under
