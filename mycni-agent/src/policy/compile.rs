@@ -108,6 +108,15 @@ pub struct CompiledPod {
     pub egress: DirectionRules,
 }
 
+impl CompiledPod {
+    pub fn rules(&self, direction: Direction) -> &DirectionRules {
+        match direction {
+            Direction::Ingress => &self.ingress,
+            Direction::Egress => &self.egress,
+        }
+    }
+}
+
 /// Every pod-network pod on `node`, compiled.
 pub fn compile_node(cluster: &Cluster, node: &str) -> BTreeMap<Key, CompiledPod> {
     cluster
@@ -128,23 +137,13 @@ pub fn compile_pod(cluster: &Cluster, pod: &Pod) -> CompiledPod {
 }
 
 fn direction(cluster: &Cluster, pod: &Pod, direction: Direction) -> DirectionRules {
-    let isolating: Vec<&Policy> = cluster
-        .policies_selecting(pod)
-        .filter(|p| p.isolates(direction))
-        .collect();
+    let isolating = cluster.policies_isolating(pod, direction);
     if isolating.is_empty() {
         return DirectionRules::Open;
     }
     let mut allows = Vec::new();
-    for policy in &isolating {
-        for (index, rule) in policy.rules(direction) {
-            let at = RuleRef {
-                policy: policy.key.clone(),
-                direction,
-                index: *index,
-            };
-            compile_rule(cluster, policy, rule, pod, at, &mut allows);
-        }
+    for (at, policy, rule) in Cluster::rules_of(&isolating, direction) {
+        compile_rule(cluster, policy, rule, pod, at, &mut allows);
     }
     DirectionRules::Isolated {
         by: isolating.iter().map(|p| p.key.clone()).collect(),

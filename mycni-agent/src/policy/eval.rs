@@ -161,32 +161,23 @@ fn judge(
     if remote.pod.is_none() && remote.node.is_some() && remote.node == pod.node.as_deref() {
         return Judgement::OwnNode;
     }
-    let isolating: Vec<_> = cluster
-        .policies_selecting(pod)
-        .filter(|p| p.isolates(direction))
-        .collect();
+    let isolating = cluster.policies_isolating(pod, direction);
     if isolating.is_empty() {
         return Judgement::NotIsolated;
     }
-    let mut by = Vec::new();
-    for policy in &isolating {
-        for (index, rule) in policy.rules(direction) {
-            if rule_matches(
+    let by: Vec<RuleRef> = Cluster::rules_of(&isolating, direction)
+        .filter(|(_, policy, rule)| {
+            rule_matches(
                 cluster,
                 &policy.key.namespace,
                 rule,
                 remote.pod,
                 remote.ip,
                 conn,
-            ) {
-                by.push(RuleRef {
-                    policy: policy.key.clone(),
-                    direction,
-                    index: *index,
-                });
-            }
-        }
-    }
+            )
+        })
+        .map(|(at, _, _)| at)
+        .collect();
     if by.is_empty() {
         Judgement::Denied {
             isolated_by: isolating.iter().map(|p| p.key.clone()).collect(),

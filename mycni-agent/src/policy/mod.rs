@@ -70,6 +70,31 @@ impl Cluster {
             .find(|p| !p.host_network && p.ips.contains(&ip))
     }
 
+    /// The policies isolating `pod` in `direction`; their rules' union is
+    /// what it allows (none: the direction is open).
+    pub fn policies_isolating<'a>(&'a self, pod: &'a Pod, direction: Direction) -> Vec<&'a Policy> {
+        self.policies_selecting(pod)
+            .filter(|p| p.isolates(direction))
+            .collect()
+    }
+
+    /// Every rule of `policies` for `direction`, named as verdicts name it.
+    pub fn rules_of<'a>(
+        policies: &'a [&'a Policy],
+        direction: Direction,
+    ) -> impl Iterator<Item = (RuleRef, &'a Policy, &'a Rule)> + 'a {
+        policies.iter().flat_map(move |policy| {
+            policy.rules(direction).iter().map(move |(index, rule)| {
+                let at = RuleRef {
+                    policy: policy.key.clone(),
+                    direction,
+                    index: *index,
+                };
+                (at, *policy, rule)
+            })
+        })
+    }
+
     /// Policies of `pod`'s namespace whose podSelector selects it, in key
     /// order. hostNetwork pods are never selected.
     pub fn policies_selecting<'a>(&'a self, pod: &'a Pod) -> impl Iterator<Item = &'a Policy> + 'a {

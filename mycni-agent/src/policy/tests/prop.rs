@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use super::fixture::np;
 use super::naive::{End, RawLabels, RawPod, World};
 use crate::policy::{
-    Cluster, CompiledPod, Endpoint, Judgement, Key, Protocol, allowed, compile_pod,
+    Cluster, CompiledPod, Direction, Endpoint, Judgement, Key, Protocol, allowed, compile_pod,
     namespace_from_k8s, pod_from_k8s,
 };
 
@@ -283,21 +283,25 @@ fn check_world(w: &World) -> Result<(), TestCaseError> {
                             port,
                             v
                         );
-                        if let (Endpoint::Pod { pod, .. }, true) = (s, judged(&v.egress)) {
-                            let admits = compiled[pod].egress.admits(d_end.ip, proto, port);
+                        // Each end's compiled direction, where the policy
+                        // (not an exemption) decides, says what the evaluator says.
+                        let sides = [
+                            (s, &v.egress, d_end.ip, Direction::Egress),
+                            (d, &v.ingress, s_end.ip, Direction::Ingress),
+                        ];
+                        for (end, judgement, remote, dir) in sides {
+                            let Endpoint::Pod { pod, .. } = end else {
+                                continue;
+                            };
+                            if !judged(judgement) {
+                                continue;
+                            }
+                            let admits = compiled[pod].rules(dir).admits(remote, proto, port);
                             prop_assert_eq!(
                                 admits,
-                                v.egress.allows(),
-                                "compiled egress of {}",
-                                pod
-                            );
-                        }
-                        if let (Endpoint::Pod { pod, .. }, true) = (d, judged(&v.ingress)) {
-                            let admits = compiled[pod].ingress.admits(s_end.ip, proto, port);
-                            prop_assert_eq!(
-                                admits,
-                                v.ingress.allows(),
-                                "compiled ingress of {}",
+                                judgement.allows(),
+                                "compiled {:?} of {}",
+                                dir,
                                 pod
                             );
                         }
