@@ -15,7 +15,7 @@ use std::net::IpAddr;
 use super::Cluster;
 use super::eval::{RuleRef, peer_matches, peers_match};
 use super::model::{
-    Direction, IpBlock, Key, Peer, Peers, Pod, Policy, PortMatch, Ports, Protocol, Rule,
+    Cidr, Direction, IpBlock, Key, Peer, Peers, Pod, Policy, PortMatch, Ports, Protocol, Rule,
 };
 
 /// The remote ends an allow admits.
@@ -96,6 +96,50 @@ impl DirectionRules {
                 .iter()
                 .any(|a| a.peers.contains(remote) && a.ports.contains(protocol, port)),
         }
+    }
+}
+
+impl DirectionRules {
+    /// The allows flattened to (remote prefix, port range) pairs, the shape
+    /// of an nftables concatenated interval set: selectors become host
+    /// prefixes, ipBlocks their prefixes minus excepts, "all" the two
+    /// default routes and 0-65535 of each protocol. None when open. A
+    /// remote end is admitted iff some element covers (its address,
+    /// protocol, port). Elements may overlap (two allows naming the same
+    /// address): the writer decides whether its set type merges them.
+    pub fn elements(&self) -> Option<BTreeSet<(Cidr, PortRange)>> {
+        let DirectionRules::Isolated { allows, .. } = self else {
+            return None;
+        };
+        let mut out = BTreeSet::new();
+        for allow in allows {
+            let prefixes: Vec<Cidr> = match &allow.peers {
+                PeerSet::All => ["0.0.0.0", "::"]
+                    .iter()
+                    .filter_map(|a| Cidr::new(a.parse().ok()?, 0))
+                    .collect(),
+                PeerSet::Some { addrs, blocks } => addrs
+                    .iter()
+                    .map(|a| Cidr::host(*a))
+                    .chain(blocks.iter().flat_map(IpBlock::prefixes))
+                    .collect(),
+            };
+            let ranges: Vec<PortRange> = match &allow.ports {
+                PortSet::All => Protocol::ALL
+                    .iter()
+                    .map(|p| PortRange {
+                        protocol: *p,
+                        start: 0,
+                        end: u16::MAX,
+                    })
+                    .collect(),
+                PortSet::Some(r) => r.iter().copied().collect(),
+            };
+            for p in &prefixes {
+                out.extend(ranges.iter().map(|r| (*p, *r)));
+            }
+        }
+        Some(out)
     }
 }
 

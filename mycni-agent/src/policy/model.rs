@@ -147,6 +147,22 @@ impl Cidr {
         Cidr::new(ip, self.prefix).is_some_and(|c| c.addr == self.addr)
     }
 
+    /// The two prefixes one bit longer that make up this one (None for a
+    /// single address).
+    pub fn halves(&self) -> Option<(Cidr, Cidr)> {
+        let high = match self.addr {
+            IpAddr::V4(a) if self.prefix < 32 => {
+                IpAddr::V4((u32::from(a) | (1u32 << (31 - self.prefix))).into())
+            }
+            IpAddr::V6(a) if self.prefix < 128 => {
+                IpAddr::V6((u128::from(a) | (1u128 << (127 - self.prefix))).into())
+            }
+            _ => return None,
+        };
+        let low = Cidr::new(self.addr, self.prefix + 1)?;
+        Some((low, Cidr::new(high, self.prefix + 1)?))
+    }
+
     /// `other` lies inside `self` and is smaller (what `except` must be).
     pub fn strictly_contains(&self, other: &Cidr) -> bool {
         other.prefix > self.prefix && self.contains(other.addr)
@@ -170,6 +186,31 @@ pub struct IpBlock {
 impl IpBlock {
     pub fn contains(&self, ip: IpAddr) -> bool {
         self.cidr.contains(ip) && !self.except.iter().any(|e| e.contains(ip))
+    }
+
+    /// The block minus its excepts, as disjoint prefixes: a set of plain
+    /// prefixes is what an nftables interval set holds, and carving the
+    /// excepts out here keeps them from leaking into other peers' matches.
+    /// At most (except prefix - cidr prefix) prefixes per except.
+    pub fn prefixes(&self) -> Vec<Cidr> {
+        let mut out = Vec::new();
+        let mut todo = vec![self.cidr];
+        while let Some(c) = todo.pop() {
+            let covered = self
+                .except
+                .iter()
+                .any(|e| e.prefix <= c.prefix && e.contains(c.addr));
+            if covered {
+                continue;
+            }
+            let carved = self.except.iter().any(|e| c.strictly_contains(e));
+            match c.halves() {
+                Some((low, high)) if carved => todo.extend([high, low]),
+                _ => out.push(c),
+            }
+        }
+        out.sort();
+        out
     }
 }
 

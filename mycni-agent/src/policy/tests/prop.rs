@@ -14,8 +14,8 @@ use serde_json::{Value, json};
 use super::fixture::np;
 use super::naive::{End, RawLabels, RawPod, World};
 use crate::policy::{
-    Cluster, CompiledPod, Direction, Endpoint, Judgement, Key, Protocol, allowed, compile_pod,
-    namespace_from_k8s, pod_from_k8s,
+    Cidr, Cluster, CompiledPod, Direction, Endpoint, IpBlock, Judgement, Key, Protocol, allowed,
+    compile_pod, namespace_from_k8s, pod_from_k8s,
 };
 
 const KEYS: [&str; 2] = ["app", "tier"];
@@ -296,7 +296,17 @@ fn check_world(w: &World) -> Result<(), TestCaseError> {
                             if !judged(judgement) {
                                 continue;
                             }
-                            let admits = compiled[pod].rules(dir).admits(remote, proto, port);
+                            let rules = compiled[pod].rules(dir);
+                            let admits = rules.admits(remote, proto, port);
+                            // The flattened set the nftables writer loads agrees.
+                            let by_elements = rules.elements().is_none_or(|els| {
+                                els.iter().any(|(c, r)| {
+                                    c.contains(remote)
+                                        && r.protocol == proto
+                                        && (r.start..=r.end).contains(&port)
+                                })
+                            });
+                            prop_assert_eq!(by_elements, admits, "elements {:?} of {}", dir, pod);
                             prop_assert_eq!(
                                 admits,
                                 judgement.allows(),
@@ -313,8 +323,48 @@ fn check_world(w: &World) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// An ipBlock's prefixes (excepts carved out) cover exactly its addresses.
+fn block_and_probe() -> impl Strategy<Value = (IpBlock, Vec<IpAddr>)> {
+    (
+        any::<u32>(),
+        0u8..=28,
+        prop::collection::vec((any::<u32>(), 1u8..=8), 0..=3),
+        prop::collection::vec(any::<u32>(), 1..=40),
+    )
+        .prop_map(|(base, len, excepts, probes)| {
+            let cidr = Cidr::new(IpAddr::V4(base.into()), len).expect("v4 prefix");
+            let net = match cidr.addr() {
+                IpAddr::V4(a) => u32::from(a),
+                IpAddr::V6(_) => 0,
+            };
+            let span = u32::MAX.checked_shr(u32::from(len)).unwrap_or(0);
+            // Excepts inside the block, probes mostly inside it too.
+            let except = excepts
+                .into_iter()
+                .filter_map(|(off, extra)| {
+                    Cidr::new(IpAddr::V4((net | (off & span)).into()), len + extra)
+                })
+                .collect();
+            let probes = probes
+                .into_iter()
+                .map(|p| IpAddr::V4((net | (p & span)).into()))
+                .chain([IpAddr::V4((!net).into())])
+                .collect();
+            (IpBlock { cidr, except }, probes)
+        })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(600))]
+
+    #[test]
+    fn block_prefixes_cover_exactly_the_block((block, probes) in block_and_probe()) {
+        let prefixes = block.prefixes();
+        for ip in probes {
+            let by_prefixes = prefixes.iter().any(|c| c.contains(ip));
+            prop_assert_eq!(by_prefixes, block.contains(ip), "{} in {:?} -> {:?}", ip, block, prefixes);
+        }
+    }
 
     #[test]
     fn evaluator_compiled_form_and_naive_agree(w in world()) {

@@ -251,6 +251,41 @@ fn unknown_namespace_keeps_its_name_label() {
     assert!(!tcp80(&c, &pod("z", "a"), &pod("x", "b")));
 }
 
+/// An ipBlock becomes plain prefixes for the set: each except costs at
+/// most (except length - block length) prefixes.
+#[test]
+fn ip_block_prefixes_carve_out_excepts() {
+    let block = |cidr: &str, except: &[&str]| {
+        let parse = |s: &str| {
+            let (a, l) = s.split_once('/').expect("prefix");
+            crate::policy::Cidr::new(ip(a), l.parse().expect("len")).expect("cidr")
+        };
+        crate::policy::IpBlock {
+            cidr: parse(cidr),
+            except: except.iter().map(|e| parse(e)).collect(),
+        }
+    };
+    let texts = |b: crate::policy::IpBlock| -> Vec<String> {
+        b.prefixes().iter().map(|c| c.to_string()).collect()
+    };
+    assert_eq!(
+        texts(block("10.0.0.0/24", &["10.0.0.0/30"])),
+        [
+            "10.0.0.4/30",
+            "10.0.0.8/29",
+            "10.0.0.16/28",
+            "10.0.0.32/27",
+            "10.0.0.64/26",
+            "10.0.0.128/25"
+        ]
+    );
+    assert_eq!(texts(block("fd00::/64", &[])), ["fd00::/64"]);
+    assert_eq!(
+        texts(block("fd00::/126", &["fd00::1/128", "fd00::2/127"])),
+        ["fd00::/128"]
+    );
+}
+
 /// The compiled form's shape: what the nftables writer will read.
 #[test]
 fn compiled_form_resolves_selectors_and_named_ports() {
