@@ -7,9 +7,14 @@
 //!   port)`, written for clarity; it is the oracle of the tests.
 //! - `compile`: the per-pod form the nftables writer consumes (isolation per
 //!   direction, peer addresses/prefixes x protocol x port ranges), selectors
-//!   and named ports already resolved.
+//!   and named ports already resolved; `DirectionRules::elements` flattens
+//!   it to (remote prefix, port range) pairs, the shape of an nftables
+//!   concatenated interval set.
 //!
-//! No kernel, no watch: the agent feeds a `Cluster` from its caches.
+//! No kernel, no watch: the agent feeds a `Cluster` from its caches. The
+//! API only speaks of TCP, UDP and SCTP, so nothing here judges ARP, ICMP
+//! or neighbour discovery: the datapath must let those through before it
+//! consults this module's output.
 
 pub mod compile;
 pub mod convert;
