@@ -12,7 +12,9 @@
 //!   nftables tables (masquerade, anti-spoofing, underlay filter) over one
 //!   `nft` runner; `metrics`: the registry they register their collectors
 //!   in, and the HTTP endpoint;
-//! - `agent`: start-up and the loop that runs each room in turn.
+//! - `agent`: start-up and the loop that runs each room in turn;
+//! - `policy`: NetworkPolicy v1 semantics, pure (the evaluator and the
+//!   per-pod compiled form); not yet a room of the loop.
 //!
 //! Node validation is `mycni_common::node`, the address and MAC types
 //! `mycni_common::net`; what the agent shares with the plugin (route
@@ -30,6 +32,7 @@ pub mod datapath;
 mod kernel;
 pub mod metrics;
 pub mod overlay;
+pub mod policy;
 pub mod tables;
 mod watch;
 

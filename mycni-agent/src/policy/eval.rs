@@ -1,0 +1,253 @@
+//! The reference evaluator: is a new connection from `src` to `dst` on
+//! (protocol, port) allowed, and by what.
+//!
+//! It judges a *connection*, as the API does: its replies are allowed with
+//! it, so a pod whose egress is denied still answers connections others open
+//! to it. It is written to be obviously right rather than fast (it scans
+//! every policy); the compiled form is what the datapath uses, and the tests
+//! hold the two to the same answers.
+
+use std::net::IpAddr;
+
+use super::Cluster;
+use super::model::{
+    Direction, Key, NamespaceScope, Peer, Peers, Pod, PortMatch, Ports, Protocol, Rule,
+};
+
+/// One end of a connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// A pod, seen at one of its addresses (the family matters for ipBlock).
+    /// A hostNetwork pod is its node's stack; an unknown pod is an address.
+    Pod { pod: Key, ip: IpAddr },
+    /// A node's own stack (kubelet, hostNetwork pods) at one of its addresses.
+    Node { node: String, ip: IpAddr },
+    /// Anything else: another cluster's pod, the internet, a remote node
+    /// the caller does not name.
+    External(IpAddr),
+}
+
+/// Which rule of which policy allowed the connection.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct RuleRef {
+    pub policy: Key,
+    pub direction: Direction,
+    /// Index in the object's `spec.ingress` / `spec.egress`.
+    pub index: usize,
+}
+
+/// One end's say on the connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Judgement {
+    /// This end is not a pod-network pod: NetworkPolicy has nothing to say.
+    NotJudged,
+    /// A pod talking to itself never leaves its network namespace.
+    SamePod,
+    /// A pod and its own node always talk (kubelet probes; the API docs).
+    OwnNode,
+    /// No policy selecting this pod isolates it in this direction.
+    NotIsolated,
+    /// Isolated, and these rules (the union over policies) allow it.
+    Allowed(Vec<RuleRef>),
+    /// Isolated by these policies and no rule of theirs allows it.
+    Denied { isolated_by: Vec<Key> },
+}
+
+impl Judgement {
+    pub fn allows(&self) -> bool {
+        !matches!(self, Judgement::Denied { .. })
+    }
+}
+
+/// Both ends must allow: the source's egress AND the destination's ingress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    pub egress: Judgement,
+    pub ingress: Judgement,
+}
+
+impl Verdict {
+    pub fn is_allowed(&self) -> bool {
+        self.egress.allows() && self.ingress.allows()
+    }
+}
+
+/// An endpoint resolved against the cluster.
+#[derive(Debug, Clone, Copy)]
+struct Side<'a> {
+    /// Only pod-network pods: selectors never see hostNetwork pods.
+    pod: Option<&'a Pod>,
+    node: Option<&'a str>,
+    ip: IpAddr,
+}
+
+fn side<'a>(cluster: &'a Cluster, ep: &'a Endpoint) -> Side<'a> {
+    match ep {
+        Endpoint::Pod { pod, ip } => match cluster.pods.get(pod) {
+            Some(p) if p.host_network => Side {
+                pod: None,
+                node: p.node.as_deref(),
+                ip: *ip,
+            },
+            Some(p) => Side {
+                pod: Some(p),
+                node: p.node.as_deref(),
+                ip: *ip,
+            },
+            None => Side {
+                pod: None,
+                node: None,
+                ip: *ip,
+            },
+        },
+        Endpoint::Node { node, ip } => Side {
+            pod: None,
+            node: Some(node),
+            ip: *ip,
+        },
+        Endpoint::External(ip) => Side {
+            pod: None,
+            node: None,
+            ip: *ip,
+        },
+    }
+}
+
+/// Whether a new connection `src -> dst` on `protocol`/`port` is allowed.
+pub fn allowed(
+    cluster: &Cluster,
+    src: &Endpoint,
+    dst: &Endpoint,
+    protocol: Protocol,
+    port: u16,
+) -> Verdict {
+    let (s, d) = (side(cluster, src), side(cluster, dst));
+    if let (Some(a), Some(b)) = (s.pod, d.pod)
+        && a.key == b.key
+    {
+        return Verdict {
+            egress: Judgement::SamePod,
+            ingress: Judgement::SamePod,
+        };
+    }
+    let conn = Conn {
+        dst: d.pod,
+        protocol,
+        port,
+    };
+    Verdict {
+        egress: judge(cluster, Direction::Egress, s, d, &conn),
+        ingress: judge(cluster, Direction::Ingress, d, s, &conn),
+    }
+}
+
+/// What a port rule is checked against; named ports resolve on `dst`.
+struct Conn<'a> {
+    dst: Option<&'a Pod>,
+    protocol: Protocol,
+    port: u16,
+}
+
+fn judge(
+    cluster: &Cluster,
+    direction: Direction,
+    local: Side,
+    remote: Side,
+    conn: &Conn,
+) -> Judgement {
+    let Some(pod) = local.pod else {
+        return Judgement::NotJudged;
+    };
+    if remote.pod.is_none() && remote.node.is_some() && remote.node == pod.node.as_deref() {
+        return Judgement::OwnNode;
+    }
+    let isolating = cluster.policies_isolating(pod, direction);
+    if isolating.is_empty() {
+        return Judgement::NotIsolated;
+    }
+    let by: Vec<RuleRef> = Cluster::rules_of(&isolating, direction)
+        .filter(|(_, policy, rule)| {
+            rule_matches(
+                cluster,
+                &policy.key.namespace,
+                rule,
+                remote.pod,
+                remote.ip,
+                conn,
+            )
+        })
+        .map(|(at, _, _)| at)
+        .collect();
+    if by.is_empty() {
+        Judgement::Denied {
+            isolated_by: isolating.iter().map(|p| p.key.clone()).collect(),
+        }
+    } else {
+        Judgement::Allowed(by)
+    }
+}
+
+fn rule_matches(
+    cluster: &Cluster,
+    policy_ns: &str,
+    rule: &Rule,
+    remote: Option<&Pod>,
+    remote_ip: IpAddr,
+    conn: &Conn,
+) -> bool {
+    peers_match(cluster, policy_ns, &rule.peers, remote, remote_ip)
+        && match &rule.ports {
+            Ports::All => true,
+            Ports::Only(list) => list.iter().any(|p| {
+                p.protocol == conn.protocol
+                    && match &p.port {
+                        PortMatch::Any => true,
+                        PortMatch::Range { start, end } => (*start..=*end).contains(&conn.port),
+                        PortMatch::Named(name) => {
+                            conn.dst.and_then(|d| d.named_port(name, conn.protocol))
+                                == Some(conn.port)
+                        }
+                    }
+            }),
+        }
+}
+
+/// Whether the remote end (a pod-network pod or not, at `ip`) is one of
+/// `peers` for a policy living in `policy_ns`.
+pub(crate) fn peers_match(
+    cluster: &Cluster,
+    policy_ns: &str,
+    peers: &Peers,
+    remote: Option<&Pod>,
+    ip: IpAddr,
+) -> bool {
+    match peers {
+        Peers::All => true,
+        Peers::Only(list) => list
+            .iter()
+            .any(|peer| peer_matches(cluster, policy_ns, peer, remote, ip)),
+    }
+}
+
+pub(crate) fn peer_matches(
+    cluster: &Cluster,
+    policy_ns: &str,
+    peer: &Peer,
+    remote: Option<&Pod>,
+    ip: IpAddr,
+) -> bool {
+    match peer {
+        // ipBlock looks at the address only, so it matches pods, nodes and
+        // hostNetwork pods alike.
+        Peer::IpBlock(block) => block.contains(ip),
+        Peer::Pods { namespaces, pods } => remote.is_some_and(|p| {
+            let ns_ok = match namespaces {
+                NamespaceScope::PolicyNamespace => p.key.namespace == policy_ns,
+                NamespaceScope::Selected(sel) => {
+                    sel.matches(&cluster.namespace_labels(&p.key.namespace))
+                }
+            };
+            ns_ok && pods.matches(&p.labels)
+        }),
+    }
+}

@@ -1,0 +1,218 @@
+//! The upstream model (`test/e2e/network/netpol`): namespaces x, y, z
+//! (labels `ns=<n>` and the name label), pods a, b, c (label `pod=<p>`)
+//! spread over three nodes, each serving TCP, UDP and SCTP on 80 and 81 with
+//! ports named `serve-<port>-<proto>`; plus expected reachability tables
+//! written the way `reachability.go` builds them.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use serde_json::{Value, json};
+
+use crate::policy::{
+    Cluster, ContainerPort, Endpoint, Key, Labels, NAMESPACE_NAME_LABEL, Namespace, Pod, Policy,
+    Protocol, allowed, compile_pod, policy_from_k8s,
+};
+
+pub const NAMESPACES: [&str; 3] = ["x", "y", "z"];
+pub const PODS: [&str; 3] = ["a", "b", "c"];
+
+pub fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// x/a is 10.244.1.1 and fd00::1:1, z/c is 10.244.3.3 and fd00::3:3.
+pub fn pod_ip(ns: &str, pod: &str, v6: bool) -> IpAddr {
+    let n = NAMESPACES
+        .iter()
+        .position(|x| *x == ns)
+        .map_or(9, |i| i + 1);
+    let p = PODS.iter().position(|x| *x == pod).map_or(9, |i| i + 1);
+    let text = if v6 {
+        format!("fd00::{n}:{p}")
+    } else {
+        format!("10.244.{n}.{p}")
+    };
+    text.parse().expect("fixture address")
+}
+
+pub fn serve_ports() -> Vec<ContainerPort> {
+    let mut ports = Vec::new();
+    for port in [80u16, 81] {
+        for (protocol, name) in [
+            (Protocol::Tcp, "tcp"),
+            (Protocol::Udp, "udp"),
+            (Protocol::Sctp, "sctp"),
+        ] {
+            ports.push(ContainerPort {
+                name: Some(format!("serve-{port}-{name}")),
+                protocol,
+                port,
+            });
+        }
+    }
+    ports
+}
+
+pub fn model() -> Cluster {
+    let mut c = Cluster::default();
+    for ns in NAMESPACES {
+        c.add_namespace(Namespace {
+            name: ns.to_string(),
+            labels: labels(&[("ns", ns), (NAMESPACE_NAME_LABEL, ns)]),
+        });
+        for (i, pod) in PODS.iter().enumerate() {
+            c.add_pod(Pod {
+                key: Key::new(ns, *pod),
+                labels: labels(&[("pod", pod)]),
+                ips: vec![pod_ip(ns, pod, false), pod_ip(ns, pod, true)],
+                ports: serve_ports(),
+                host_network: false,
+                node: Some(format!("node-{i}")),
+            });
+        }
+    }
+    c
+}
+
+/// A policy written as the YAML of the upstream test, through the real
+/// converter, which must not drop anything from these valid objects.
+pub fn np(ns: &str, name: &str, spec: Value) -> Policy {
+    let obj: NetworkPolicy = serde_json::from_value(json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"namespace": ns, "name": name},
+        "spec": spec,
+    }))
+    .expect("fixture policy parses");
+    let conv = policy_from_k8s(&obj).expect("fixture policy converts");
+    assert!(conv.dropped.is_empty(), "{:?}", conv.dropped);
+    conv.value
+}
+
+/// Expected reachability between the nine pods; the diagonal is ignored,
+/// as upstream does.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reach(BTreeMap<(String, String), bool>);
+
+fn all_pods() -> Vec<String> {
+    NAMESPACES
+        .iter()
+        .flat_map(|n| PODS.iter().map(move |p| format!("{n}/{p}")))
+        .collect()
+}
+
+/// "*" every pod, "x/*" every pod of x, "x/a" one pod.
+fn pattern_matches(pattern: &str, pod: &str) -> bool {
+    match pattern.strip_suffix("/*") {
+        _ if pattern == "*" => true,
+        Some(ns) => pod.split('/').next() == Some(ns),
+        None => pattern == pod,
+    }
+}
+
+impl Reach {
+    pub fn all(v: bool) -> Reach {
+        let pods = all_pods();
+        let mut m = BTreeMap::new();
+        for s in &pods {
+            for d in pods.iter().filter(|d| *d != s) {
+                m.insert((s.clone(), d.clone()), v);
+            }
+        }
+        Reach(m)
+    }
+
+    /// Sets every (src, dst) pair matching both patterns; later calls win,
+    /// like `ExpectPeer`.
+    pub fn expect(mut self, src: &str, dst: &str, v: bool) -> Reach {
+        for ((s, d), val) in self.0.iter_mut() {
+            if pattern_matches(src, s) && pattern_matches(dst, d) {
+                *val = v;
+            }
+        }
+        self
+    }
+
+    fn render(&self) -> String {
+        let pods = all_pods();
+        let mut out = String::from("    ");
+        for d in &pods {
+            out.push_str(&format!("{d} "));
+        }
+        for s in &pods {
+            out.push_str(&format!("\n{s} "));
+            for d in &pods {
+                let cell = match self.0.get(&(s.clone(), d.clone())) {
+                    None => "  - ",
+                    Some(true) => "  . ",
+                    Some(false) => "  X ",
+                };
+                out.push_str(cell);
+            }
+        }
+        out
+    }
+}
+
+fn key_of(pod: &str) -> Key {
+    let (ns, name) = pod.split_once('/').unwrap_or((pod, ""));
+    Key::new(ns, name)
+}
+
+/// Probes every pair with both the reference evaluator and the compiled
+/// form (they must agree on every cell), and returns the observed table.
+pub fn probe(c: &Cluster, protocol: Protocol, port: u16, v6: bool) -> Reach {
+    let mut observed = Reach::all(true);
+    for ((s, d), cell) in observed.0.iter_mut() {
+        let (sk, dk) = (key_of(s), key_of(d));
+        let (sip, dip) = (
+            pod_ip(&sk.namespace, &sk.name, v6),
+            pod_ip(&dk.namespace, &dk.name, v6),
+        );
+        let src = Endpoint::Pod {
+            pod: sk.clone(),
+            ip: sip,
+        };
+        let dst = Endpoint::Pod {
+            pod: dk.clone(),
+            ip: dip,
+        };
+        let reference = allowed(c, &src, &dst, protocol, port).is_allowed();
+        let compiled = compile_pod(c, &c.pods[&sk])
+            .egress
+            .admits(dip, protocol, port)
+            && compile_pod(c, &c.pods[&dk])
+                .ingress
+                .admits(sip, protocol, port);
+        assert_eq!(
+            reference, compiled,
+            "evaluator and compiled form disagree on {s} -> {d} {protocol:?}/{port}"
+        );
+        *cell = reference;
+    }
+    observed
+}
+
+/// Asserts the table for one protocol/port on one family, printing both
+/// tables (`.` allowed, `X` denied) when they differ.
+pub fn check(c: &Cluster, protocol: Protocol, port: u16, v6: bool, want: &Reach) {
+    let got = probe(c, protocol, port, v6);
+    assert!(
+        &got == want,
+        "{protocol:?}/{port} v6={v6}\nexpected:\n{}\nobserved:\n{}",
+        want.render(),
+        got.render()
+    );
+}
+
+/// The common case: the same expectation on TCP 80 and 81 over IPv4.
+pub fn check_tcp(c: &Cluster, want: &Reach) {
+    for port in [80, 81] {
+        check(c, Protocol::Tcp, port, false, want);
+    }
+}
