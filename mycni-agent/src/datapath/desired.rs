@@ -239,6 +239,31 @@ mod tests {
     }
 
     #[test]
+    fn remote6_holds_both_devices_and_vxlan1_wins_a_podcidr_on_both() {
+        let six = |n: u16| -> mycni_common::net::Cidr6 {
+            format!("fd00:10:244:{n:x}::/64").parse().unwrap()
+        };
+        // vxlan.1 carries 0x60 (IPv6 over the IPv4 underlay).
+        let mut o = OverlayState::default();
+        o.routes6.insert(six(0x60), six(0x60).network());
+        o.neighbours6.insert(six(0x60).network(), mac(1));
+        o.fdb.insert(mac(1), Ipv4Addr::new(192, 168, 0, 11));
+        // vxlan6.1 holds 0x60 too (a peer caught moving) and 0x61.
+        let mut o6 = OverlayState::default();
+        for (n, m) in [(0x60, 2), (0x61, 3)] {
+            o6.routes6.insert(six(n), six(n).network());
+            o6.neighbours6.insert(six(n).network(), mac(m));
+            o6.fdb6.insert(mac(m), "fd00:77::2".parse().unwrap());
+        }
+        let r6 = remote_maps(&o, Some(&o6)).remote6;
+        assert_eq!(r6.len(), 2, "{r6:?}");
+        let both = r6[&(six(0x60).addr(), 64)];
+        assert_eq!((both.flags, both.vtep_mac), (0, mac(1).0));
+        let only6 = r6[&(six(0x61).addr(), 64)];
+        assert_eq!((only6.flags, only6.vtep_mac), (REMOTE_VXLAN6, mac(3).0));
+    }
+
+    #[test]
     fn vxlan6_entries_only_where_route_neighbour_and_fdb_entry_all_are() {
         let mut o = OverlayState::default();
         for (i, (neigh, fdb)) in [(true, true), (true, false), (false, true)]
