@@ -1,35 +1,39 @@
 //! Many changes (neighbours, FDB entries, routes) a datagram at a time.
 //!
 //! One change per request costs a round trip through the connection task
-//! and the kernel each (~17 us at thousands of peers, most of it wake-ups,
-//! not the kernel's work). A [`Batch`] puts up to [`BATCH`] requests, each
-//! with NLM_F_ACK, in one datagram: the kernel handles them in order
-//! within that one `sendmsg` and queues one answer per request, each with
-//! the request's sequence number, so every change keeps its own result
-//! (deleting what is gone is success, as for one change). The requests
-//! are the ones the single operations send (`set_neighbour_message`, ...),
-//! built in one place.
+//! and the kernel each (~17 us at thousands of peers, most of it wake-ups
+//! and the answer's own read, not the kernel's work). A [`Batch`] puts up
+//! to [`BATCH`] requests in one datagram, which the kernel handles in
+//! order within that one `sendmsg`. Only the last asks for an
+//! acknowledgement (NLM_F_ACK): the kernel answers a request that fails
+//! whether it was asked to or not, with its sequence number, so once the
+//! last one's answer is in, every failure of the datagram is in too, each
+//! placed by its number, and every change keeps its own result (deleting
+//! what is gone is success, as for one change). A success costs no
+//! answer, no read and no wake-up. The requests are the ones the single
+//! operations send (`set_neighbour_message`, ...), built in one place.
 //!
 //! The batches travel on a socket of their own: rtnetlink's handle sends
-//! one message per request and has no batch call. That socket asks for
-//! acknowledgements without the echoed request (NETLINK_CAP_ACK), so a
-//! whole batch's answers stay small (< 1 KiB each, as the kernel accounts
-//! them) and fit the receive buffer: the kernel drops an answer that does
-//! not, and a batch would then wait for it forever.
+//! one message per request and has no batch call, and the failures of the
+//! requests that asked for no answer arrive as unsolicited messages,
+//! which that socket's connection keeps for the batch that is waiting
+//! (one at a time). It asks for answers without the echoed request
+//! (NETLINK_CAP_ACK), so even a datagram of failures stays small (< 1 KiB
+//! each, as the kernel accounts them) and fits the receive buffer.
 
 use std::fmt;
 use std::net::IpAddr;
 use std::os::fd::{FromRawFd, IntoRawFd};
 use std::prelude::rust_2024::*;
-use std::sync::PoisonError;
 use std::{format, vec};
 
 use futures::StreamExt;
+use futures::channel::mpsc::UnboundedReceiver;
 use netlink_packet_route::RouteNetlinkMessage;
 use rtnetlink::packet_core::{
     NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload,
 };
-use rtnetlink::proto::{ConnectionHandle, NetlinkCodec, from_socket_with_codec};
+use rtnetlink::proto::{ConnectionHandle, NetlinkCodec, ReplyExpectation, from_socket_with_codec};
 use rtnetlink::sys::{Socket, SocketAddr, TokioSocket};
 
 use super::neighbours::{
@@ -40,15 +44,20 @@ use super::routes::{delete_route_message, nexthop_route_message, route_message};
 use super::{Cause, Error, Netlink, NexthopRoute, Result, Route, RouteFamily, gone_is_ok};
 use crate::net::{Cidr, Mac};
 
-/// Requests per datagram: 128 answers of < 1 KiB each stay well inside a
-/// default receive buffer (208 KiB), even if it cannot be enlarged.
+/// Requests per datagram: even if all fail, 128 answers of < 1 KiB each
+/// stay well inside a default receive buffer (208 KiB).
 pub const BATCH: usize = 128;
 
 /// The receive buffer asked for (best effort: the kernel caps it at
 /// `net.core.rmem_max` without CAP_NET_ADMIN).
 const RCVBUF: usize = 1 << 20;
 
-pub(super) type BatchHandle = ConnectionHandle<RouteNetlinkMessage>;
+/// A batch socket's connection: its handle, and the answers no request
+/// waits for (the failures of all but a datagram's last request).
+pub(super) struct BatchConn {
+    handle: ConnectionHandle<RouteNetlinkMessage>,
+    unsolicited: UnboundedReceiver<(NetlinkMessage<RouteNetlinkMessage>, SocketAddr)>,
+}
 
 /// What one request of a batch does, for its error's text (made only when
 /// it fails: a batch at start-up holds thousands).
@@ -173,9 +182,9 @@ impl Batch {
     }
 }
 
-/// A batch socket in `netns`, connected: acknowledgements forwarded (each
-/// request's result is its own), without the echoed request.
-fn connect_in(netns: &std::fs::File) -> Result<BatchHandle> {
+/// A batch socket in `netns`, connected: the last request's
+/// acknowledgement forwarded, answers without the echoed request.
+fn connect_in(netns: &std::fs::File) -> Result<BatchConn> {
     if tokio::runtime::Handle::try_current().is_err() {
         return Err(Error::new(
             "netlink batch socket",
@@ -192,54 +201,60 @@ fn connect_in(netns: &std::fs::File) -> Result<BatchHandle> {
     // SAFETY: the descriptor comes from `into_raw_fd` and is owned by
     // nothing else; TokioSocket takes it over.
     let socket = unsafe { TokioSocket::from_raw_fd(socket.into_raw_fd()) };
-    let (mut conn, handle, _) =
+    let (mut conn, handle, unsolicited) =
         from_socket_with_codec::<RouteNetlinkMessage, _, NetlinkCodec>(socket);
     conn.set_forward_ack(true);
     tokio::spawn(conn);
-    Ok(handle)
+    Ok(BatchConn {
+        handle,
+        unsolicited,
+    })
 }
 
-/// The results of a chunk from its answers, `(sequence number, errno)`
-/// (0: done). Requests get consecutive sequence numbers in their order
-/// (netlink-proto numbers a batch's messages one by one) and each exactly
-/// one answer: with all `n` answers there, the lowest is the first
-/// request's (lowest as offsets from any one of them, which keeps it
-/// right across the numbers' wrap). Any other set of answers (some lost, the connection gone)
-/// places none: every request of the chunk is then failed, never guessed.
-fn place(n: usize, answers: &[(u32, i32)]) -> Option<Vec<i32>> {
-    if answers.len() != n {
-        return None;
-    }
-    let any = answers.first()?.0;
-    // Offsets as i32: a chunk's numbers lie within 2^31 of each other.
-    let low = answers.iter().map(|a| a.0.wrapping_sub(any) as i32).min()?;
-    let first = any.wrapping_add_signed(low);
-    let mut out = vec![None; n];
-    for &(seq, errno) in answers {
-        let slot = out.get_mut(usize::try_from(seq.wrapping_sub(first)).ok()?)?;
-        if slot.is_some() {
-            return None;
+/// The errno of each of a datagram's `n` requests (0: done) from its last
+/// request's answer (`last`: its sequence number and errno) and the
+/// failures before it (`failed`). Requests get consecutive sequence
+/// numbers in their order (netlink-proto numbers a datagram's messages one
+/// by one), so the last one's tells every other's; a failure outside the
+/// datagram's numbers is not one of its own and is left out.
+fn place(n: usize, last: (u32, i32), failed: &[(u32, i32)]) -> Vec<i32> {
+    let mut out = vec![0; n];
+    let Some(end) = out.last_mut() else {
+        return out;
+    };
+    *end = last.1;
+    // n <= BATCH: no overflow.
+    let first = last.0.wrapping_sub(n as u32 - 1);
+    for &(seq, errno) in failed {
+        if let Some(slot) = usize::try_from(seq.wrapping_sub(first))
+            .ok()
+            .filter(|i| *i + 1 < n)
+            .and_then(|i| out.get_mut(i))
+        {
+            *slot = errno;
         }
-        *slot = Some(errno);
     }
-    out.into_iter().collect()
+    out
 }
 
 impl Netlink {
-    fn batch_handle(&self) -> Result<BatchHandle> {
-        let mut h = self.batches.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(h) = h.as_ref() {
-            return Ok(h.clone());
+    /// The batch connection, opened on first use.
+    fn batch_conn<'a>(&self, slot: &'a mut Option<BatchConn>) -> Result<&'a mut BatchConn> {
+        if slot.is_none() {
+            let netns = self.netns.as_ref().ok_or_else(|| {
+                Error::new(
+                    "netlink batch socket",
+                    Cause::Other("this connection's network namespace could not be opened".into()),
+                )
+            })?;
+            *slot = Some(connect_in(netns)?);
         }
-        let netns = self.netns.as_ref().ok_or_else(|| {
+        slot.as_mut().ok_or_else(|| {
             Error::new(
                 "netlink batch socket",
-                Cause::Other("this connection's network namespace could not be opened".into()),
+                Cause::Other("connection vanished".into()),
             )
-        })?;
-        let handle = connect_in(netns)?;
-        *h = Some(handle.clone());
-        Ok(handle)
+        })
     }
 
     /// Sends `batch`, [`BATCH`] requests to a datagram, and returns one
@@ -279,29 +294,61 @@ impl Netlink {
     /// One datagram of requests; the errno of each (0: done).
     async fn send_chunk(&self, chunk: Vec<(RouteNetlinkMessage, u16, What)>) -> Result<Vec<i32>> {
         let n = chunk.len();
-        let handle = self.batch_handle()?;
-        let msgs = chunk.into_iter().map(|(m, flags, _)| {
+        // One datagram at a time on the connection: the failures waiting
+        // in `unsolicited` are then this one's.
+        let mut slot = self.batches.lock().await;
+        let conn = self.batch_conn(&mut slot)?;
+        let msgs = chunk.into_iter().enumerate().map(|(i, (m, flags, _))| {
             let mut m = NetlinkMessage::from(m);
-            m.header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
-            m
+            let last = i + 1 == n;
+            m.header.flags = NLM_F_REQUEST | flags | if last { NLM_F_ACK } else { 0 };
+            let expect = if last {
+                ReplyExpectation::Expected
+            } else {
+                ReplyExpectation::NotExpected
+            };
+            (m, expect)
         });
-        let mut replies = handle
-            .request_batch(msgs, SocketAddr::new(0, 0))
+        let mut replies = conn
+            .handle
+            .request_batch_with_expectation(msgs, SocketAddr::new(0, 0))
             .map_err(|e| Error::new("netlink batch", Cause::Other(format!("connection: {e}"))))?;
-        let mut answers = Vec::with_capacity(n);
+        let mut last = None;
         while let Some(m) = replies.next().await {
             if let NetlinkPayload::Error(e) = m.payload {
-                answers.push((m.header.sequence_number, -e.raw_code()));
+                last = Some((m.header.sequence_number, -e.raw_code()));
             }
         }
-        place(n, &answers).ok_or_else(|| {
-            // The socket is in doubt: the next batch opens another.
-            *self.batches.lock().unwrap_or_else(PoisonError::into_inner) = None;
-            Error::new(
-                "netlink batch",
-                Cause::Other(format!("{} answers to {n} requests", answers.len())),
-            )
-        })
+        // The connection forwards what no request waits for before the
+        // answers it was read with: every failure before the last
+        // request's answer is in the channel now.
+        let mut failed = Vec::new();
+        let mut overrun = false;
+        while let Ok((m, _)) = conn.unsolicited.try_recv() {
+            match m.payload {
+                NetlinkPayload::Error(e) if e.raw_code() != 0 => {
+                    failed.push((m.header.sequence_number, -e.raw_code()));
+                }
+                NetlinkPayload::Overrun(_) => overrun = true,
+                _ => {}
+            }
+        }
+        match last {
+            Some(last) if !overrun => Ok(place(n, last, &failed)),
+            _ => {
+                // Answers lost, or the connection gone: the socket is in
+                // doubt, and the next datagram opens another.
+                *slot = None;
+                Err(Error::new(
+                    "netlink batch",
+                    Cause::Other(if overrun {
+                        "answers lost (receive buffer overrun)".into()
+                    } else {
+                        "no answer".into()
+                    }),
+                ))
+            }
+        }
     }
 }
 
@@ -311,20 +358,17 @@ mod tests {
     use std::vec;
 
     #[test]
-    fn answers_are_placed_by_sequence_number_whatever_their_order() {
-        assert_eq!(
-            place(3, &[(11, 0), (10, 0), (12, 17)]),
-            Some(vec![0, 0, 17])
-        );
+    fn failures_are_placed_by_sequence_number() {
+        assert_eq!(place(3, (12, 0), &[(11, 17)]), vec![0, 17, 0]);
+        assert_eq!(place(3, (12, 2), &[(10, 17), (11, 22)]), vec![17, 22, 2]);
         // Across the wrap of the sequence numbers.
-        assert_eq!(place(2, &[(0, 0), (u32::MAX, 2)]), Some(vec![2, 0]));
+        assert_eq!(place(3, (1, 0), &[(u32::MAX, 2)]), vec![2, 0, 0]);
+        assert_eq!(place(1, (5, 0), &[]), vec![0]);
     }
 
     #[test]
-    fn missing_doubled_or_scattered_answers_place_none() {
-        assert_eq!(place(3, &[(10, 0), (11, 0)]), None);
-        assert_eq!(place(2, &[(10, 0), (10, 0)]), None);
-        assert_eq!(place(2, &[(10, 0), (12, 0)]), None);
-        assert_eq!(place(0, &[]), None);
+    fn failures_of_other_datagrams_are_left_out() {
+        assert_eq!(place(2, (11, 0), &[(9, 17), (11, 22), (12, 1)]), vec![0, 0]);
+        assert!(place(0, (0, 0), &[(0, 1)]).is_empty());
     }
 }

@@ -61,9 +61,9 @@ pub struct Netlink {
     netns: Option<File>,
     nexthops: OnceLock<nexthops::NexthopHandle>,
     /// The socket batches of changes go on, opened on first use (see
-    /// `batch.rs`); taken back after a batch whose answers went missing,
-    /// so the next one starts on a fresh socket.
-    batches: std::sync::Mutex<Option<batch::BatchHandle>>,
+    /// `batch.rs`), one datagram at a time; dropped after a datagram whose
+    /// answers went missing, so the next one starts on a fresh socket.
+    batches: futures::lock::Mutex<Option<batch::BatchConn>>,
 }
 
 impl Netlink {
@@ -77,7 +77,7 @@ impl Netlink {
             // The thread's own, not the process's: a test may have moved it.
             netns: File::open("/proc/thread-self/ns/net").ok(),
             nexthops: OnceLock::new(),
-            batches: std::sync::Mutex::new(None),
+            batches: futures::lock::Mutex::new(None),
         })
     }
 
@@ -89,7 +89,7 @@ impl Netlink {
             handle: connect(socket_in(netns)?)?,
             netns: netns.try_clone().ok(),
             nexthops: OnceLock::new(),
-            batches: std::sync::Mutex::new(None),
+            batches: futures::lock::Mutex::new(None),
         })
     }
 
