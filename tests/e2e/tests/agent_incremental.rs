@@ -1,5 +1,5 @@
 //! Node events as incremental passes, end to end: the real agent with no
-//! periodic full pass to hide a mistake (`--resync 1h`), Nodes changed one
+//! periodic full pass to hide a mistake (`--resync 60m`), Nodes changed one
 //! at a time (MAC, host IP, podCIDR, delete, add, a VTEP MAC shared and
 //! then given up, a podCIDR overlap and its end), and what the kernel then
 //! holds compared with what a restarted agent's full pass makes of the
@@ -48,7 +48,7 @@ fn set_annotation(l: &Lab, name: &str, key: &str, value: &str) -> Result<()> {
 
 #[test]
 fn node_events_leave_what_a_full_pass_would() -> Result<()> {
-    let t = lab_with(1, 0, &["--resync", "1h"])?;
+    let t = lab_with(1, 0, &["--resync", "60m"])?;
     let l = &t.0;
     let api = l.api.as_ref().context("api")?;
     const N: usize = 12;
