@@ -6,7 +6,6 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use serde_json::{Value, json};
 
-use super::table::human_age;
 use crate::store::{Kind, Stored, now_secs};
 
 /// A column: name, format, priority (1: only with `-o wide`), description.
@@ -116,6 +115,21 @@ pub(super) fn columns(kind: Kind) -> Vec<Column> {
             ),
             AGE,
         ],
+    }
+}
+
+/// `kubectl`'s age format.
+fn human_age(secs: i64) -> String {
+    let s = secs.max(0);
+    match s {
+        0..120 => format!("{s}s"),
+        120..600 => format!("{}m{}s", s / 60, s % 60),
+        600..10_800 => format!("{}m", s / 60),
+        10_800..28_800 => format!("{}h{}m", s / 3600, (s % 3600) / 60),
+        28_800..172_800 => format!("{}h", s / 3600),
+        172_800..691_200 => format!("{}d{}h", s / 86_400, (s % 86_400) / 3600),
+        691_200..63_072_000 => format!("{}d", s / 86_400),
+        _ => format!("{}y{}d", s / 31_536_000, (s % 31_536_000) / 86_400),
     }
 }
 
@@ -297,6 +311,15 @@ fn node_cells(node: &Node, obj: &Stored) -> Vec<Value> {
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+
+    #[test]
+    fn ages() {
+        assert_eq!(human_age(5), "5s");
+        assert_eq!(human_age(150), "2m30s");
+        assert_eq!(human_age(3600), "60m");
+        assert_eq!(human_age(5 * 3600 + 60), "5h1m");
+        assert_eq!(human_age(3 * 86_400), "3d0h");
+    }
 
     #[test]
     fn selectors_print_as_kubectl_does() {

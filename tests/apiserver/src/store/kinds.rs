@@ -167,24 +167,3 @@ pub(super) fn on_update(kind: Kind, obj: &mut Map<String, Value>, old: &Value, t
         Target::Main | Target::Direct => {}
     }
 }
-
-/// The field labels of a stored object, for `fieldSelector`.
-pub(super) fn fields(kind: Kind, value: &Value) -> Vec<(&'static str, String)> {
-    let res = kind.res();
-    let mut out = Vec::with_capacity(res.fields.len() + 2);
-    let text = |pointer: &str, default: &str| match value.pointer(pointer) {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Bool(b)) => b.to_string(),
-        Some(Value::Number(n)) => n.to_string(),
-        _ => default.to_string(),
-    };
-    out.push(("metadata.name", text("/metadata/name", "")));
-    if res.namespaced {
-        out.push(("metadata.namespace", text("/metadata/namespace", "")));
-    }
-    for (label, default) in res.fields {
-        let pointer = format!("/{}", label.replace('.', "/"));
-        out.push((label, text(&pointer, default)));
-    }
-    out
-}

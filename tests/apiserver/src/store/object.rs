@@ -10,7 +10,6 @@ use serde_json::{Value, json};
 
 use super::decode::meta_mut;
 use super::error::ApiError;
-use super::kinds;
 use super::resource::Kind;
 
 /// Where an object lives: its kind, namespace (empty for cluster-scoped
@@ -76,7 +75,7 @@ impl Stored {
                     .collect()
             })
             .unwrap_or_default();
-        let fields = kinds::fields(kind, &value);
+        let fields = kind.field_values(&value);
         if let Value::Object(m) = &mut value {
             m.remove("apiVersion");
             m.remove("kind");

@@ -4,6 +4,8 @@
 //! OpenAPI, lists and errors all read this table, so a kind is added here
 //! and in `kinds.rs` (its write rules), nowhere else.
 
+use serde_json::Value;
+
 /// A kind the fixture serves. The order is the store's key order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum Kind {
@@ -152,5 +154,26 @@ impl Kind {
         } else {
             format!("{}.{}", r.kind, r.group)
         }
+    }
+
+    /// The field labels of a stored object, for `fieldSelector`.
+    pub(crate) fn field_values(self, value: &Value) -> Vec<(&'static str, String)> {
+        let res = self.res();
+        let mut out = Vec::with_capacity(res.fields.len() + 2);
+        let text = |pointer: &str, default: &str| match value.pointer(pointer) {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Bool(b)) => b.to_string(),
+            Some(Value::Number(n)) => n.to_string(),
+            _ => default.to_string(),
+        };
+        out.push(("metadata.name", text("/metadata/name", "")));
+        if res.namespaced {
+            out.push(("metadata.namespace", text("/metadata/namespace", "")));
+        }
+        for (label, default) in res.fields {
+            let pointer = format!("/{}", label.replace('.', "/"));
+            out.push((label, text(&pointer, default)));
+        }
+        out
     }
 }
