@@ -1,0 +1,105 @@
+//! The policy room in a running agent, against the API fixture: a policy
+//! takes effect and goes away within the promised 2 s, before the pods'
+//! status.podIPs reach the API (the plugin's records speak for them), and
+//! the room's series say what it enforces. The truth tables of the
+//! upstream cases run in the lab tests (netpol.rs).
+
+mod common;
+
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use common::{counter, lab};
+use k8s_openapi::api::networking::v1::NetworkPolicySpec;
+use mycni_apiserver::{namespace, network_policy, pod, pod_status};
+use mycni_lab::ECHO_PORT;
+use mycni_testkit::in_netns;
+use serde_json::json;
+
+/// A connection within 250 ms: a dropped SYN is retransmitted after 1 s,
+/// so a short timeout keeps the settle time measured, not the probe's.
+fn reachable(from_ns: &str, to: SocketAddr) -> Result<bool> {
+    in_netns(from_ns, || {
+        TcpStream::connect_timeout(&to, Duration::from_millis(250)).is_ok()
+    })
+}
+
+/// How long until `from -> to` is `want`, polled every 50 ms, up to 2 s.
+fn settles(from_ns: &str, to: SocketAddr, want: bool) -> Result<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(2) {
+        if reachable(from_ns, to)? == want {
+            return Ok(start.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!("{from_ns} -> {to} not {want} within 2 s")
+}
+
+#[test]
+fn a_policy_applies_and_lifts_within_two_seconds() -> Result<()> {
+    let t = lab(1, 2)?;
+    let l = &t.0;
+    let api = l.api.as_ref().context("api")?;
+    let mut pods = l.pods()?;
+    pods.sort_by_key(|p| p.index);
+    // The lab's runtime names its pods lab/pod<j> in CNI_ARGS. No
+    // status.podIPs yet: only the plugin's records give their addresses.
+    api.create_namespace(namespace("lab", &[]))?;
+    for p in &pods {
+        let name = format!("pod{}", p.index);
+        let node = l.spec.node_name(p.node);
+        api.create_pod(pod("lab", &name, &[("app", &name)], Some(&node)))?;
+    }
+    let server = SocketAddr::from((pods[1].ip, ECHO_PORT));
+    assert!(reachable(&pods[0].ns, server)?, "open before any policy");
+
+    // The lab numbers pods from 1.
+    let (client, target) = (&pods[0], &pods[1]);
+    let target_name = format!("pod{}", target.index);
+    let spec: NetworkPolicySpec =
+        serde_json::from_value(json!({"podSelector": {"matchLabels": {"app": target_name}}}))?;
+    api.create_network_policy(network_policy("lab", "deny-target", spec))?;
+    let denied = settles(&pods[0].ns, server, false).map_err(|e| {
+        let n = l.spec.node_name(pods[1].node);
+        let table = mycni_testkit::sh(
+            "ip",
+            &[
+                "netns",
+                "exec",
+                &n,
+                "nft",
+                "list",
+                "table",
+                "inet",
+                "mycni_policy",
+            ],
+        );
+        let log = std::fs::read_to_string(l.spec.node_dir(pods[1].node).join("agent.log"));
+        e.context(format!("{table:?}\n{log:?}"))
+    })?;
+    assert!(
+        reachable(&pods[1].ns, SocketAddr::from((pods[0].ip, ECHO_PORT)))?,
+        "the target's egress is not isolated"
+    );
+    assert_eq!(counter(l, pods[1].node, "mycni_policy_enforcing")?, 1);
+    assert_eq!(counter(l, pods[1].node, "mycni_policy_isolated_pods")?, 1);
+
+    // The kubelet's status arrives: nothing changes.
+    api.set_pod_status(
+        "lab",
+        &target_name,
+        pod_status(&[&target.ip.to_string()], None),
+    )?;
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !reachable(&client.ns, server)?,
+        "status.podIPs reopened the target"
+    );
+
+    api.delete_network_policy("lab", "deny-target")?;
+    let lifted = settles(&client.ns, server, true)?;
+    eprintln!("settle: deny {denied:?}, lift {lifted:?}");
+    Ok(())
+}
