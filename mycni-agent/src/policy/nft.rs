@@ -19,6 +19,12 @@
 //! the protocol), and only a connection's first packet is judged, which
 //! travels in the original direction, after DNAT, to exactly that port.
 //!
+//! Both datapaths bring every new connection here: the fast path forwards
+//! only established TCP / assured UDP flows without NAT and leaves SYN,
+//! FIN, RST, unconfirmed and DNATed flows to the kernel
+//! (tests/e2e/tests/ebpf_prog/fast_path.rs,
+//! `everything_else_is_left_to_the_kernel_untouched`, keeps that so).
+//!
 //! What passes first: established and related packets (replies of an
 //! allowed connection, ICMP errors about it; a live connection's exactness
 //! after a policy change is issue 25's), neighbour discovery. Packets

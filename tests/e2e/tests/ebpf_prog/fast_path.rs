@@ -202,6 +202,9 @@ fn everything_else_is_left_to_the_kernel_untouched() -> Result<()> {
         }
 
         // Opens and closes go through conntrack, even on an established flow.
+        // NetworkPolicy rests on this and on the no-conntrack cases above:
+        // every new connection crosses netfilter's forward hook, where
+        // `inet mycni_policy` decides it (mycni-agent/src/policy/nft.rs).
         for (name, flags) in [
             ("SYN", SYN),
             ("SYN+ACK", SYN | ACK),
