@@ -37,6 +37,9 @@ use crate::watch::{PolicySnapshot, PolicyWatch};
 /// Events closer together than this share a pass: `kubectl apply` of a
 /// few objects, a pod's create then status.
 const DEBOUNCE: Duration = Duration::from_millis(10);
+/// How often the pod records' directory is looked at: a stat, so that a
+/// pod ADD made gets its rules within this, not at the kubelet's status.
+const RECORDS_POLL: Duration = Duration::from_millis(100);
 const RETRY_MIN: Duration = Duration::from_millis(200);
 const RETRY_MAX: Duration = Duration::from_secs(10);
 
@@ -87,6 +90,9 @@ impl Room {
         let mut check = tokio::time::interval_at(Instant::now() + resync, resync);
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut retry: Option<Duration> = None;
+        let mut records = tokio::time::interval(RECORDS_POLL);
+        records.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut records_seen = dir_stamp(&self.records);
         loop {
             let woke = Instant::now();
             let snap = watch.snapshot();
@@ -110,22 +116,35 @@ impl Room {
             } else {
                 Some(retry.map_or(RETRY_MIN, |d| (d * 2).min(RETRY_MAX)))
             };
-            tokio::select! {
-                () = watch.changed.notified() => tokio::time::sleep(DEBOUNCE).await,
-                () = async {
-                    match retry {
-                        Some(d) => tokio::time::sleep(d).await,
-                        None => std::future::pending().await,
+            // Waits for a reason to pass again: an API event, a record
+            // written or removed, a retry, or the check of the table.
+            loop {
+                tokio::select! {
+                    () = watch.changed.notified() => tokio::time::sleep(DEBOUNCE).await,
+                    _ = records.tick() => {
+                        let stamp = dir_stamp(&self.records);
+                        if stamp == records_seen {
+                            continue;
+                        }
+                        records_seen = stamp;
                     }
-                } => {}
-                _ = check.tick() => {
-                    // Someone removed the table (a flush of the ruleset):
-                    // write it whole again.
-                    if !table_exists().await {
+                    () = async {
+                        match retry {
+                            Some(d) => tokio::time::sleep(d).await,
+                            None => std::future::pending().await,
+                        }
+                    } => {}
+                    _ = check.tick() => {
+                        // Someone removed the table (a flush of the
+                        // ruleset): write it whole again.
+                        if table_exists().await {
+                            continue;
+                        }
                         tracing::warn!(table = TABLE, "the NetworkPolicy table was missing: writing it again");
                         self.applied = None;
                     }
                 }
+                break;
             }
         }
     }
@@ -246,6 +265,14 @@ async fn table_exists() -> bool {
     tokio::task::spawn_blocking(|| nft::table_exists(FAMILY, TABLE))
         .await
         .unwrap_or(false)
+}
+
+/// The records directory's modification time (and inode, should it be
+/// made anew): a record written, renamed in or removed changes it.
+fn dir_stamp(dir: &Path) -> Option<(std::time::SystemTime, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(dir).ok()?;
+    Some((m.modified().ok()?, m.ino()))
 }
 
 /// The plugin's records on this node, by pod. Unreadable ones are skipped:
