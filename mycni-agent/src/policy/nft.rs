@@ -11,13 +11,21 @@
 //! address, which only an ipBlock can match.
 //!
 //! What it reads: the connection's conntrack tuple, the client as `ct
-//! original` saddr and the server (after DNAT) as `ct reply` saddr, so the
-//! packet that opens a connection is judged as that connection whichever
-//! way it travels (a flow picked up mid-stream makes its entry from the
-//! packet seen first). The server's port is the packet's `th dport`: nft
-//! cannot put `ct reply proto-src` in a concatenation (its size depends on
-//! the protocol), and only a connection's first packet is judged, which
-//! travels in the original direction, after DNAT, to exactly that port.
+//! original` saddr and the server (after DNAT) as `ct reply` saddr, so
+//! every packet (the first, a reply, a SYN meeting an old ESTABLISHED
+//! entry) is judged as its connection, whichever way it travels. The
+//! server's port is the packet's `th dport` in the original direction and
+//! its `th sport` in the reply direction (forward runs after DNAT and
+//! before the reply's un-DNAT, so both are the backend's port): nft cannot
+//! put `ct reply proto-src` in a concatenation (its size depends on the
+//! protocol).
+//!
+//! Every packet to or from an isolated pod is judged, not only a
+//! connection's first: on the kernel datapath a policy change cuts a live
+//! connection it no longer allows at its next packet. The fast path
+//! forwards established flows without netfilter: cutting those too is
+//! issue 25's. A pod no policy isolates costs three set lookups per
+//! forwarded packet.
 //!
 //! Both datapaths bring every new connection here: the fast path forwards
 //! only established TCP / assured UDP flows without NAT and leaves SYN,
@@ -25,11 +33,10 @@
 //! (tests/e2e/tests/ebpf_prog/fast_path.rs,
 //! `everything_else_is_left_to_the_kernel_untouched`, keeps that so).
 //!
-//! What passes first: established and related packets (replies of an
-//! allowed connection, ICMP errors about it; a live connection's exactness
-//! after a policy change is issue 25's), neighbour discovery. Packets
-//! conntrack calls invalid to or from an isolated pod are dropped: they
-//! have no tuple to be judged on.
+//! What passes first: related packets (ICMP errors about a connection),
+//! neighbour discovery. Packets without a connection (conntrack's invalid
+//! or untracked) to or from an isolated pod are dropped: there is no tuple
+//! to judge them on.
 
 use std::fmt::Write as _;
 
@@ -58,15 +65,17 @@ fn chains(v6: bool) -> String {
         "add chain {t} judge{n}\n\
          add chain {t} egress{n}\n\
          add chain {t} ingress{n}\n\
-         add rule {t} judge{n} ct state invalid {ip} saddr @eg_iso{n} counter drop comment \"mycni: invalid packet from an isolated pod\"\n\
-         add rule {t} judge{n} ct state invalid {ip} daddr @in_iso{n} counter drop comment \"mycni: invalid packet to an isolated pod\"\n\
+         add rule {t} judge{n} ct state {{ invalid, untracked }} {ip} saddr @eg_iso{n} counter drop comment \"mycni: packet without a connection from an isolated pod\"\n\
+         add rule {t} judge{n} ct state {{ invalid, untracked }} {ip} daddr @in_iso{n} counter drop comment \"mycni: packet without a connection to an isolated pod\"\n\
          add rule {t} judge{n} ct original {ip} saddr . ct reply {ip} saddr @self{n} accept comment \"mycni: a pod to itself, through its Service too\"\n\
          add rule {t} judge{n} ct original {ip} saddr @eg_iso{n} jump egress{n}\n\
          add rule {t} judge{n} ct reply {ip} saddr @in_iso{n} jump ingress{n}\n\
-         add rule {t} egress{n} ct original {ip} saddr . ct reply {ip} saddr . meta l4proto . th dport @eg_allow{n} return\n\
+         add rule {t} egress{n} ct direction original ct original {ip} saddr . ct reply {ip} saddr . meta l4proto . th dport @eg_allow{n} return\n\
+         add rule {t} egress{n} ct direction reply ct original {ip} saddr . ct reply {ip} saddr . meta l4proto . th sport @eg_allow{n} return\n\
          add rule {t} egress{n} ct original {ip} saddr . ct reply {ip} saddr @eg_any{n} return\n\
          add rule {t} egress{n} counter drop comment \"mycni: egress no NetworkPolicy allows\"\n\
-         add rule {t} ingress{n} ct reply {ip} saddr . ct original {ip} saddr . meta l4proto . th dport @in_allow{n} return\n\
+         add rule {t} ingress{n} ct direction original ct reply {ip} saddr . ct original {ip} saddr . meta l4proto . th dport @in_allow{n} return\n\
+         add rule {t} ingress{n} ct direction reply ct reply {ip} saddr . ct original {ip} saddr . meta l4proto . th sport @in_allow{n} return\n\
          add rule {t} ingress{n} ct reply {ip} saddr . ct original {ip} saddr @in_any{n} return\n\
          add rule {t} ingress{n} counter drop comment \"mycni: ingress no NetworkPolicy allows\"\n"
     )
@@ -102,10 +111,7 @@ pub fn full_script(d: &Desired) -> String {
     );
     s.push_str(&chains(false));
     s.push_str(&chains(true));
-    let _ = writeln!(
-        s,
-        "add rule {t} forward ct state established,related accept"
-    );
+    let _ = writeln!(s, "add rule {t} forward ct state related accept");
     let _ = writeln!(
         s,
         "add rule {t} forward icmpv6 type {{ nd-router-solicit, nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert, nd-redirect }} accept"

@@ -412,3 +412,82 @@ fn the_node_reaches_its_pods_under_deny_all() -> Result<()> {
     }
     Ok(())
 }
+
+/// Every packet of an isolated pod's connections is judged, so a policy
+/// change cuts a live connection it no longer allows at its next packet
+/// (on the kernel datapath; the fast path's established flows are issue
+/// 25's), and lets it go on once allowed again; a connection the change
+/// still allows is untouched.
+#[test]
+fn a_live_connection_is_cut_by_a_deny_and_resumes_when_lifted() -> Result<()> {
+    let node = node(&[("x", "a"), ("x", "b")])?;
+    let (a, b) = (&node.pods[0], &node.pods[1]);
+    let labels: [&[(&str, &str)]; 2] = [&[("pod", "a")], &[("pod", "b")]];
+    let open = desired(&compile_node(&cluster(&node, &labels, &[]), NODE));
+    nft_in(&node.ns, &full_script(&open))?;
+    // An echo stream b -> a on 80 and one on 81, by Service.
+    let echo = |port: u16| -> Result<TcpStream> {
+        let l =
+            a.ns.run_in(move || TcpListener::bind(SocketAddr::from(([0u16; 8], port))))??;
+        std::thread::spawn(move || {
+            if let Ok((mut c, _)) = l.accept() {
+                let mut buf = [0u8; 64];
+                while let Ok(n) = c.read(&mut buf) {
+                    if n == 0 || c.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        let to = SocketAddr::new(a.vip4, port);
+        let s =
+            b.ns.run_in(move || TcpStream::connect_timeout(&to, Duration::from_secs(1)))??;
+        s.set_read_timeout(Some(Duration::from_millis(500)))?;
+        Ok(s)
+    };
+    let round_trip = |s: &mut TcpStream| -> bool {
+        let mut buf = [0u8; 4];
+        s.write_all(b"ping").is_ok() && s.read_exact(&mut buf).is_ok()
+    };
+    let (mut s80, mut s81) = (echo(80)?, echo(81)?);
+    assert!(round_trip(&mut s80) && round_trip(&mut s81), "streams up");
+
+    // x/a now admits x/b on 81 only.
+    let only_81 = desired(&compile_node(
+        &cluster(
+            &node,
+            &labels,
+            &[(
+                "x",
+                "a-81",
+                json!({"podSelector": {"matchLabels": {"pod": "a"}},
+                       "ingress": [{"from": [{"podSelector": {}}], "ports": [{"port": 81}]}]}),
+            )],
+        ),
+        NODE,
+    ));
+    nft_in(
+        &node.ns,
+        &diff_script(&open, &only_81).context("the change writes members")?,
+    )?;
+    assert!(
+        !round_trip(&mut s80),
+        "the stream on 80 went on after the deny"
+    );
+    assert!(
+        round_trip(&mut s81),
+        "the stream on 81 was cut though still allowed"
+    );
+
+    nft_in(
+        &node.ns,
+        &diff_script(&only_81, &open).context("the change writes members")?,
+    )?;
+    // TCP retransmits what the deny dropped: the stream resumes, in order.
+    s80.set_read_timeout(Some(Duration::from_secs(3)))?;
+    let mut buf = [0u8; 4];
+    s80.read_exact(&mut buf)?;
+    assert_eq!(&buf, b"ping");
+    assert!(round_trip(&mut s80), "the stream on 80 did not resume");
+    Ok(())
+}
