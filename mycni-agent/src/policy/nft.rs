@@ -21,11 +21,10 @@
 //! protocol).
 //!
 //! Every packet to or from an isolated pod is judged, not only a
-//! connection's first: on the kernel datapath a policy change cuts a live
-//! connection it no longer allows at its next packet. The fast path
-//! forwards established flows without netfilter: cutting those too is
-//! issue 25's. A pod no policy isolates costs three set lookups per
-//! forwarded packet.
+//! connection's first: a policy change cuts a live connection it no
+//! longer allows at its next packet, on both datapaths (see the stamp
+//! below). A pod no policy isolates costs three set lookups per forwarded
+//! packet on the kernel path.
 //!
 //! Both datapaths bring every new connection here: the fast path forwards
 //! only established TCP / assured UDP flows without NAT and leaves SYN,
@@ -33,12 +32,20 @@
 //! (tests/e2e/tests/ebpf_prog/fast_path.rs,
 //! `everything_else_is_left_to_the_kernel_untouched`, keeps that so).
 //!
+//! Every packet it lets through stamps its connection's conntrack mark
+//! with the current policy epoch (bits 16-27, `stamp`); the fast path
+//! forwards an established flow only while its stamp is current, so a
+//! policy change sends each live flow back here once, to be judged again
+//! (cut, or stamped and fast again).
+//!
 //! What passes first: related packets (ICMP errors about a connection),
 //! neighbour discovery. Packets without a connection (conntrack's invalid
 //! or untracked) to or from an isolated pod are dropped: there is no tuple
 //! to judge them on.
 
 use std::fmt::Write as _;
+
+use mycni_common::{POLICY_MARK_MASK, POLICY_MARK_SHIFT};
 
 use super::sets::{Desired, SetKind, SetName};
 
@@ -81,6 +88,20 @@ fn chains(v6: bool) -> String {
     )
 }
 
+/// The one rule that changes with the members: every packet the table let
+/// through stamps its connection's mark with `epoch` (its policy bits
+/// only), so the fast path knows which live flows were judged under the
+/// current policy (`mycni_common::POLICY_MARK_SHIFT`).
+fn stamp(epoch: u32) -> String {
+    let t = format!("{FAMILY} {TABLE}");
+    let e = (epoch << POLICY_MARK_SHIFT) & POLICY_MARK_MASK;
+    let keep = !POLICY_MARK_MASK;
+    format!(
+        "flush chain {t} stamp\n\
+         add rule {t} stamp ct mark and {POLICY_MARK_MASK:#010x} != {e:#010x} ct mark set ct mark and {keep:#010x} or {e:#010x}\n"
+    )
+}
+
 fn elements(s: &mut String, verb: &str, name: SetName, members: &[&String]) {
     // Bounded lines: nft parses one statement at a time, and a statement of
     // 100,000 elements costs it more than 100 of 1,000.
@@ -95,8 +116,9 @@ fn elements(s: &mut String, verb: &str, name: SetName, members: &[&String]) {
 }
 
 /// The whole table, replacing whatever is there in one transaction (`add`
-/// then `delete` makes the delete succeed whether or not it exists).
-pub fn full_script(d: &Desired) -> String {
+/// then `delete` makes the delete succeed whether or not it exists),
+/// stamping with `epoch`.
+pub fn full_script(d: &Desired, epoch: u32) -> String {
     let t = format!("{FAMILY} {TABLE}");
     let mut s = format!("add table {t}\ndelete table {t}\nadd table {t}\n");
     for v6 in [false, true] {
@@ -109,6 +131,7 @@ pub fn full_script(d: &Desired) -> String {
         s,
         "add chain {t} forward {{ type filter hook forward priority filter; policy accept; }}"
     );
+    let _ = writeln!(s, "add chain {t} stamp");
     s.push_str(&chains(false));
     s.push_str(&chains(true));
     let _ = writeln!(s, "add rule {t} forward ct state related accept");
@@ -118,6 +141,8 @@ pub fn full_script(d: &Desired) -> String {
     );
     let _ = writeln!(s, "add rule {t} forward meta nfproto ipv4 jump judge4");
     let _ = writeln!(s, "add rule {t} forward meta nfproto ipv6 jump judge6");
+    let _ = writeln!(s, "add rule {t} forward jump stamp");
+    s.push_str(&stamp(epoch));
     for (name, members) in &d.sets {
         let list: Vec<&String> = members.iter().collect();
         elements(&mut s, "add", *name, &list);
@@ -127,8 +152,9 @@ pub fn full_script(d: &Desired) -> String {
 
 /// The members that changed from `old` to `new`: deletions first, so a
 /// member that moved (a narrower prefix replacing a wider one) never
-/// overlaps its old self. None when nothing changed.
-pub fn diff_script(old: &Desired, new: &Desired) -> Option<String> {
+/// overlaps its old self; and the stamp of the new `epoch`, in the same
+/// transaction. None when nothing changed.
+pub fn diff_script(old: &Desired, new: &Desired, epoch: u32) -> Option<String> {
     let gone = old.minus(new);
     let came = new.minus(old);
     if gone.is_empty() && came.is_empty() {
@@ -141,6 +167,7 @@ pub fn diff_script(old: &Desired, new: &Desired) -> Option<String> {
     for (name, members) in &came {
         elements(&mut s, "add", *name, members);
     }
+    s.push_str(&stamp(epoch));
     Some(s)
 }
 

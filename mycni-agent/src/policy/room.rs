@@ -30,9 +30,11 @@ use super::model::Key;
 use super::nft::{FAMILY, TABLE, diff_script, full_script, remove_script};
 use super::sets::{self, Desired};
 use super::{Cluster, compile_node};
+use crate::datapath::{read_policy_epoch, write_policy_epoch};
 use crate::metrics::Metrics;
 use crate::tables::nft;
 use crate::watch::{PolicySnapshot, PolicyWatch};
+use mycni_common::POLICY_EPOCH_MAX;
 
 /// Events closer together than this share a pass: `kubectl apply` of a
 /// few objects, a pod's create then status.
@@ -46,6 +48,12 @@ const RETRY_MAX: Duration = Duration::from_secs(10);
 pub struct Room {
     node: String,
     records: PathBuf,
+    /// Where the fast path's maps are pinned (`mycni_policy` holds the
+    /// epoch it checks established flows against).
+    pin_dir: PathBuf,
+    /// The policy epoch the table stamps connections with; a new one with
+    /// every change written.
+    epoch: u32,
     metrics: Arc<PolicyMetrics>,
     /// What the table holds, as last written; None: write it whole.
     applied: Option<Desired>,
@@ -59,9 +67,14 @@ pub fn spawn(
     client: kube::Client,
     node: String,
     state_dir: &Path,
+    pin_dir: &Path,
     metrics: &Arc<Metrics>,
     resync: Duration,
 ) -> JoinHandle<()> {
+    let pin_dir = pin_dir.to_path_buf();
+    // Past whatever epoch an earlier agent left: every flow stamped under
+    // it is judged again once.
+    let epoch = next_epoch(read_policy_epoch(&pin_dir).unwrap_or(0));
     let metrics = metrics.clone();
     let records = state_dir.join(POD_RECORDS_DIR);
     // Registered now, so its series (enforcing 0) are there while the
@@ -72,6 +85,8 @@ pub fn spawn(
         let mut room = Room {
             node,
             records,
+            pin_dir,
+            epoch,
             metrics: collector,
             applied: None,
             reported: BTreeSet::new(),
@@ -80,9 +95,17 @@ pub fn spawn(
     })
 }
 
-/// Removes the table (`--network-policy=false`, uninstall).
-pub fn uninstall() -> Result<()> {
-    nft::apply(&remove_script())
+/// Removes the table (`--network-policy=false`, uninstall) and tells the
+/// fast path to check no stamp any more (nobody writes them now).
+pub fn uninstall(pin_dir: &Path) -> Result<()> {
+    nft::apply(&remove_script())?;
+    write_policy_epoch(pin_dir, 0)?;
+    Ok(())
+}
+
+/// The epoch after `e`: 1..=POLICY_EPOCH_MAX, wrapping, never 0 (no check).
+fn next_epoch(e: u32) -> u32 {
+    if e >= POLICY_EPOCH_MAX { 1 } else { e + 1 }
 }
 
 impl Room {
@@ -226,12 +249,13 @@ impl Room {
     /// table (the first time, after a failure, when it went missing); an
     /// incremental write the kernel refuses is retried whole at once.
     async fn apply(&mut self, want: Desired) -> Result<()> {
+        let epoch = next_epoch(self.epoch);
         let script = match &self.applied {
-            Some(old) => match diff_script(old, &want) {
+            Some(old) => match diff_script(old, &want, epoch) {
                 None => return Ok(()),
                 Some(s) => s,
             },
-            None => full_script(&want),
+            None => full_script(&want, epoch),
         };
         let incremental = self.applied.is_some();
         let result = run_nft(script).await;
@@ -239,7 +263,7 @@ impl Room {
             Err(e) if incremental => {
                 tracing::info!(error = %e, "incremental policy write refused; writing the table whole");
                 self.metrics.full_writes.fetch_add(1, Ordering::Relaxed);
-                run_nft(full_script(&want)).await
+                run_nft(full_script(&want, epoch)).await
             }
             Ok(()) if !incremental => {
                 self.metrics.full_writes.fetch_add(1, Ordering::Relaxed);
@@ -248,6 +272,10 @@ impl Room {
             r => r,
         };
         result?;
+        // Only now: a flow stamped under the old epoch goes on fast until
+        // the fast path checks for the new one, and the new stamps exist.
+        self.epoch = epoch;
+        write_policy_epoch(&self.pin_dir, epoch)?;
         self.metrics
             .set_elements
             .store(want.len() as u64, Ordering::Relaxed);

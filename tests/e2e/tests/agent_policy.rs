@@ -6,11 +6,12 @@
 
 mod common;
 
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use common::{counter, lab};
+use common::{counter, lab_with};
 use k8s_openapi::api::networking::v1::NetworkPolicySpec;
 use mycni_apiserver::{namespace, network_policy, pod, pod_status};
 use mycni_lab::ECHO_PORT;
@@ -23,6 +24,22 @@ fn reachable(from_ns: &str, to: SocketAddr) -> Result<bool> {
     in_netns(from_ns, || {
         TcpStream::connect_timeout(&to, Duration::from_millis(250)).is_ok()
     })
+}
+
+/// One 4-byte round trip on the echo stream.
+fn round_trip(s: &mut TcpStream) -> bool {
+    let mut back = [0u8; 4];
+    s.write_all(b"ping").is_ok() && s.read_exact(&mut back).is_ok() && &back == b"ping"
+}
+
+/// Node `i`'s IPv4 packets counted under datapath path `path`.
+fn path_count(l: &mycni_lab::Lab, i: usize, path: &str) -> Result<u64> {
+    let m = l.metrics(i)?;
+    Ok(m.lines()
+        .filter(|x| x.contains(&format!("path=\"{path}\"")) && x.contains("family=\"ipv4\""))
+        .filter(|x| x.starts_with("mycni_datapath_packets_total"))
+        .filter_map(|x| x.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum())
 }
 
 /// How long until `from -> to` is `want`, polled every 50 ms, up to 2 s.
@@ -39,7 +56,18 @@ fn settles(from_ns: &str, to: SocketAddr, want: bool) -> Result<Duration> {
 
 #[test]
 fn a_policy_applies_and_lifts_within_two_seconds() -> Result<()> {
-    let t = lab(1, 2)?;
+    applies_and_lifts(true)
+}
+
+#[test]
+fn a_policy_applies_and_lifts_within_two_seconds_on_the_kernel_datapath() -> Result<()> {
+    applies_and_lifts(false)
+}
+
+/// `fast`: the eBPF datapath (its live stream rides the fast path until
+/// the deny), else `--datapath kernel`.
+fn applies_and_lifts(fast: bool) -> Result<()> {
+    let t = lab_with(1, 2, if fast { &[] } else { &["--datapath", "kernel"] })?;
     let l = &t.0;
     let api = l.api.as_ref().context("api")?;
     let mut pods = l.pods()?;
@@ -53,7 +81,23 @@ fn a_policy_applies_and_lifts_within_two_seconds() -> Result<()> {
         api.create_pod(pod("lab", &name, &[("app", &name)], Some(&node)))?;
     }
     let server = SocketAddr::from((pods[1].ip, ECHO_PORT));
-    assert!(reachable(&pods[0].ns, server)?, "open before any policy");
+    settles(&pods[0].ns, server, true).context("open before any policy")?;
+    // A live echo stream client -> target, on the fast path by now.
+    let mut stream = in_netns(&pods[0].ns, || {
+        TcpStream::connect_timeout(&server, Duration::from_secs(1))
+    })??;
+    stream.set_read_timeout(Some(Duration::from_millis(500)))?;
+    let fast_before = path_count(l, pods[1].node, "fast_local")?;
+    for _ in 0..20 {
+        anyhow::ensure!(
+            round_trip(&mut stream),
+            "the stream stalled before any policy"
+        );
+    }
+    anyhow::ensure!(
+        !fast || path_count(l, pods[1].node, "fast_local")? > fast_before,
+        "the stream did not take the fast path"
+    );
 
     // The lab numbers pods from 1.
     let (client, target) = (&pods[0], &pods[1]);
@@ -83,6 +127,20 @@ fn a_policy_applies_and_lifts_within_two_seconds() -> Result<()> {
         reachable(&pods[1].ns, SocketAddr::from((pods[0].ip, ECHO_PORT)))?,
         "the target's egress is not isolated"
     );
+    // The live stream is cut too, though the fast path carried it: its
+    // next packet met an entry stamped under the old policy and went back
+    // to nftables.
+    let cut = Instant::now();
+    while round_trip(&mut stream) {
+        anyhow::ensure!(
+            cut.elapsed() < Duration::from_secs(1),
+            "the live stream still flows 1 s after the deny"
+        );
+    }
+    if fast {
+        let stale = path_count(l, target.node, "kernel_policy_stale")?;
+        anyhow::ensure!(stale > 0, "no packet was sent back as stale");
+    }
     assert_eq!(counter(l, pods[1].node, "mycni_policy_enforcing")?, 1);
     assert_eq!(counter(l, pods[1].node, "mycni_policy_isolated_pods")?, 1);
 

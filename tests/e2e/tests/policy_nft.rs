@@ -359,9 +359,9 @@ fn the_table_enforces_the_evaluators_verdicts_by_ip_and_service() -> Result<()> 
         // The first case writes the table whole, every later one only the
         // members that changed, as the room does.
         match &applied {
-            None => nft_in(&node.ns, &full_script(&want))?,
+            None => nft_in(&node.ns, &full_script(&want, 1))?,
             Some(old) => {
-                if let Some(s) = diff_script(old, &want) {
+                if let Some(s) = diff_script(old, &want, 2) {
                     nft_in(&node.ns, &s)?;
                 }
             }
@@ -396,7 +396,7 @@ fn the_node_reaches_its_pods_under_deny_all() -> Result<()> {
             json!({"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}),
         )],
     );
-    nft_in(&node.ns, &full_script(&desired(&compile_node(&c, NODE))))?;
+    nft_in(&node.ns, &full_script(&desired(&compile_node(&c, NODE)), 1))?;
     let p = &node.pods[0];
     for to in [p.ip4, p.ip6] {
         let addr = SocketAddr::new(to, 80);
@@ -424,7 +424,7 @@ fn a_live_connection_is_cut_by_a_deny_and_resumes_when_lifted() -> Result<()> {
     let (a, b) = (&node.pods[0], &node.pods[1]);
     let labels: [&[(&str, &str)]; 2] = [&[("pod", "a")], &[("pod", "b")]];
     let open = desired(&compile_node(&cluster(&node, &labels, &[]), NODE));
-    nft_in(&node.ns, &full_script(&open))?;
+    nft_in(&node.ns, &full_script(&open, 1))?;
     // An echo stream b -> a on 80 and one on 81, by Service.
     let echo = |port: u16| -> Result<TcpStream> {
         let l =
@@ -468,7 +468,7 @@ fn a_live_connection_is_cut_by_a_deny_and_resumes_when_lifted() -> Result<()> {
     ));
     nft_in(
         &node.ns,
-        &diff_script(&open, &only_81).context("the change writes members")?,
+        &diff_script(&open, &only_81, 2).context("the change writes members")?,
     )?;
     assert!(
         !round_trip(&mut s80),
@@ -481,7 +481,7 @@ fn a_live_connection_is_cut_by_a_deny_and_resumes_when_lifted() -> Result<()> {
 
     nft_in(
         &node.ns,
-        &diff_script(&only_81, &open).context("the change writes members")?,
+        &diff_script(&only_81, &open, 3).context("the change writes members")?,
     )?;
     // TCP retransmits what the deny dropped: the stream resumes, in order.
     s80.set_read_timeout(Some(Duration::from_secs(3)))?;
