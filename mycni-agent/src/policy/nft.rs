@@ -38,6 +38,11 @@
 //! policy change sends each live flow back here once, to be judged again
 //! (cut, or stamped and fast again).
 //!
+//! Fail closed: once any NetworkPolicy exists, a pod veth's packets from
+//! or to an address the room has not judged (its Pod unknown yet) are
+//! dropped until its rules exist (set `known`); the node's own traffic to
+//! it is not (it never crosses forward).
+//!
 //! What passes first: related packets (ICMP errors about a connection),
 //! neighbour discovery. Packets without a connection (conntrack's invalid
 //! or untracked) to or from an isolated pod are dropped: there is no tuple
@@ -45,6 +50,7 @@
 
 use std::fmt::Write as _;
 
+use mycni_common::contract::HOST_VETH_PREFIX;
 use mycni_common::{POLICY_MARK_MASK, POLICY_MARK_SHIFT};
 
 use super::sets::{Desired, SetKind, SetName};
@@ -56,6 +62,7 @@ fn set_type(kind: SetKind, v6: bool) -> String {
     let a = if v6 { "ipv6_addr" } else { "ipv4_addr" };
     match kind {
         SetKind::EgIso | SetKind::InIso => format!("type {a};"),
+        SetKind::Known => format!("type {a}; flags interval;"),
         SetKind::SelfPair => format!("type {a} . {a};"),
         SetKind::EgAny | SetKind::InAny => format!("type {a} . {a}; flags interval;"),
         SetKind::EgAllow | SetKind::InAllow => {
@@ -68,10 +75,13 @@ fn set_type(kind: SetKind, v6: bool) -> String {
 fn chains(v6: bool) -> String {
     let (n, ip) = if v6 { (6, "ip6") } else { (4, "ip") };
     let t = format!("{FAMILY} {TABLE}");
+    let veths = format!("{HOST_VETH_PREFIX}*");
     format!(
         "add chain {t} judge{n}\n\
          add chain {t} egress{n}\n\
          add chain {t} ingress{n}\n\
+         add rule {t} judge{n} iifname \"{veths}\" {ip} saddr != @known{n} counter drop comment \"mycni: from a pod not judged yet (fail closed)\"\n\
+         add rule {t} judge{n} oifname \"{veths}\" {ip} daddr != @known{n} counter drop comment \"mycni: to a pod not judged yet (fail closed)\"\n\
          add rule {t} judge{n} ct state {{ invalid, untracked }} {ip} saddr @eg_iso{n} counter drop comment \"mycni: packet without a connection from an isolated pod\"\n\
          add rule {t} judge{n} ct state {{ invalid, untracked }} {ip} daddr @in_iso{n} counter drop comment \"mycni: packet without a connection to an isolated pod\"\n\
          add rule {t} judge{n} ct original {ip} saddr . ct reply {ip} saddr @self{n} accept comment \"mycni: a pod to itself, through its Service too\"\n\

@@ -210,7 +210,8 @@ impl Room {
             }
         }
         self.add_records(&mut cluster);
-        let want = sets::desired(&compile_node(&cluster, &self.node));
+        let fail_closed = !cluster.policies.is_empty();
+        let want = sets::desired(&compile_node(&cluster, &self.node), fail_closed);
         self.metrics
             .policies
             .store(cluster.policies.len() as u64, Ordering::Relaxed);

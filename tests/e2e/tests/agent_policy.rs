@@ -144,9 +144,11 @@ fn applies_and_lifts(fast: bool) -> Result<()> {
     assert_eq!(counter(l, pods[1].node, "mycni_policy_enforcing")?, 1);
     assert_eq!(counter(l, pods[1].node, "mycni_policy_isolated_pods")?, 1);
 
-    // The record alone isolates the pod, and is read as soon as it is
-    // written, not at the next API event: take it away (the pod's address
-    // is unknown, nothing isolates it), then put it back.
+    // Until the kubelet's status, only the plugin's record gives the
+    // target's address, and it is read as soon as it is written, not at
+    // the next API event. Taken away, the target is a pod the room cannot
+    // judge, so it fails closed even under a policy that allows the
+    // client; put back, the allow works.
     let records = l.spec.node_dir(target.node).join("run/pods");
     let record = std::fs::read_dir(&records)?
         .flatten()
@@ -157,9 +159,22 @@ fn applies_and_lifts(fast: bool) -> Result<()> {
         .context("no pod record for the target")?;
     let aside = l.spec.node_dir(target.node).join("record.aside");
     std::fs::rename(&record, &aside)?;
-    settles(&client.ns, server, true)?;
+    let allow: NetworkPolicySpec = serde_json::from_value(json!({
+        "podSelector": {"matchLabels": {"app": target_name}},
+        "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": format!("pod{}", client.index)}}}]}]
+    }))?;
+    api.update_network_policy("lab", "deny-target", |np| np.spec = Some(allow))?;
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !reachable(&client.ns, server)?,
+        "a pod the room could not judge was reachable (fail open)"
+    );
     std::fs::rename(&aside, &record)?;
-    let by_record = settles(&client.ns, server, false)?;
+    let by_record = settles(&client.ns, server, true)?;
+    let deny: NetworkPolicySpec =
+        serde_json::from_value(json!({"podSelector": {"matchLabels": {"app": target_name}}}))?;
+    api.update_network_policy("lab", "deny-target", |np| np.spec = Some(deny))?;
+    settles(&client.ns, server, false)?;
 
     // The kubelet's status arrives: nothing changes.
     api.set_pod_status(
