@@ -188,6 +188,23 @@ fn applies_and_lifts(fast: bool) -> Result<()> {
         "status.podIPs reopened the target"
     );
 
+    // No window of allow while the agent is gone, while it starts again
+    // (it writes nothing before its lists synced), or while the API is away.
+    let stays_denied = |what: &str, for_ms: u64| -> Result<()> {
+        let until = Instant::now() + Duration::from_millis(for_ms);
+        while Instant::now() < until {
+            anyhow::ensure!(!reachable(&client.ns, server)?, "reachable {what}");
+        }
+        Ok(())
+    };
+    l.kill_agent(target.node);
+    stays_denied("with the agent killed", 500)?;
+    l.set_api_reachable(false)?;
+    l.start_agent(target.node)?;
+    stays_denied("while the restarted agent waits for the API", 1500)?;
+    l.set_api_reachable(true)?;
+    stays_denied("after the restarted agent synced", 1000)?;
+
     api.delete_network_policy("lab", "deny-target")?;
     let lifted = settles(&client.ns, server, true)?;
     eprintln!("settle: deny {denied:?}, by record {by_record:?}, lift {lifted:?}");
