@@ -1,0 +1,338 @@
+//! The policy room: its watch (Pods, Namespaces, NetworkPolicies), its
+//! pure desired state (`compile` then `sets`), its apply step (`nft`) and
+//! its metrics, in a task of its own beside the overlay's loop, so that
+//! neither waits for the other.
+//!
+//! A pass: read the caches and this node's pod records, convert (what
+//! cannot be read is logged and counted once, and fails closed: a bad rule
+//! allows nothing, a policy whose selector cannot be read selects nothing
+//! and so isolates nothing, which is the API server's own validation's
+//! job to prevent), compile this node's pods, and write the sets'
+//! difference in one nft transaction. Nothing is written before the
+//! three lists are complete: a policy seen before the pods it allows would
+//! cut them off.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::Result;
+use mycni_common::contract::{POD_RECORDS_DIR, PodRecord};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::convert::{Problem, namespace_from_k8s, pod_from_k8s, policy_from_k8s};
+use super::metrics::PolicyMetrics;
+use super::model::Key;
+use super::nft::{FAMILY, TABLE, diff_script, full_script, remove_script};
+use super::sets::{self, Desired};
+use super::{Cluster, compile_node};
+use crate::datapath::{read_policy_epoch, write_policy_epoch};
+use crate::metrics::Metrics;
+use crate::tables::nft;
+use crate::watch::{PolicySnapshot, PolicyWatch};
+use mycni_common::POLICY_EPOCH_MAX;
+
+/// Events closer together than this share a pass: `kubectl apply` of a
+/// few objects, a pod's create then status.
+const DEBOUNCE: Duration = Duration::from_millis(10);
+/// How often the pod records' directory is looked at: a stat, so that a
+/// pod ADD made gets its rules within this, not at the kubelet's status.
+const RECORDS_POLL: Duration = Duration::from_millis(100);
+const RETRY_MIN: Duration = Duration::from_millis(200);
+const RETRY_MAX: Duration = Duration::from_secs(10);
+
+pub struct Room {
+    node: String,
+    records: PathBuf,
+    /// Where the fast path's maps are pinned (`mycni_policy` holds the
+    /// epoch it checks established flows against).
+    pin_dir: PathBuf,
+    /// The policy epoch the table stamps connections with; a new one with
+    /// every change written.
+    epoch: u32,
+    metrics: Arc<PolicyMetrics>,
+    /// What the table holds, as last written; None: write it whole.
+    applied: Option<Desired>,
+    /// Problems already logged and counted, so a bad object is reported
+    /// once, not at every pass.
+    reported: BTreeSet<String>,
+}
+
+/// Starts the room; it writes nothing until the lists have synced.
+pub fn spawn(
+    client: kube::Client,
+    node: String,
+    state_dir: &Path,
+    pin_dir: &Path,
+    metrics: &Arc<Metrics>,
+    resync: Duration,
+) -> JoinHandle<()> {
+    let pin_dir = pin_dir.to_path_buf();
+    // Past whatever epoch an earlier agent left: every flow stamped under
+    // it is judged again once.
+    let epoch = next_epoch(read_policy_epoch(&pin_dir).unwrap_or(0));
+    let metrics = metrics.clone();
+    let records = state_dir.join(POD_RECORDS_DIR);
+    // Registered now, so its series (enforcing 0) are there while the
+    // lists sync.
+    let collector = metrics.collector::<PolicyMetrics>();
+    tokio::spawn(async move {
+        let watch = PolicyWatch::start(client, &metrics).await;
+        let mut room = Room {
+            node,
+            records,
+            pin_dir,
+            epoch,
+            metrics: collector,
+            applied: None,
+            reported: BTreeSet::new(),
+        };
+        room.run(watch, resync).await;
+    })
+}
+
+/// Removes the table (`--network-policy=false`, uninstall) and tells the
+/// fast path to check no stamp any more (nobody writes them now).
+pub fn uninstall(pin_dir: &Path) -> Result<()> {
+    nft::apply(&remove_script())?;
+    write_policy_epoch(pin_dir, 0)?;
+    Ok(())
+}
+
+/// The epoch after `e`: 1..=POLICY_EPOCH_MAX, wrapping, never 0 (no check).
+fn next_epoch(e: u32) -> u32 {
+    if e >= POLICY_EPOCH_MAX { 1 } else { e + 1 }
+}
+
+impl Room {
+    async fn run(&mut self, watch: PolicyWatch, resync: Duration) {
+        let mut check = tokio::time::interval_at(Instant::now() + resync, resync);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut retry: Option<Duration> = None;
+        let mut records = tokio::time::interval(RECORDS_POLL);
+        records.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut records_seen = dir_stamp(&self.records);
+        loop {
+            let woke = Instant::now();
+            let snap = watch.snapshot();
+            let want = self.desire(&snap);
+            let ok = match self.apply(want).await {
+                Ok(()) => {
+                    let us = u64::try_from(woke.elapsed().as_micros()).unwrap_or(u64::MAX);
+                    self.metrics.last_apply_us.store(us, Ordering::Relaxed);
+                    self.metrics.enforcing.store(true, Ordering::Relaxed);
+                    true
+                }
+                Err(e) => {
+                    self.metrics.apply_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(error = %e, "cannot write the NetworkPolicy table; retrying");
+                    self.applied = None;
+                    false
+                }
+            };
+            retry = if ok {
+                None
+            } else {
+                Some(retry.map_or(RETRY_MIN, |d| (d * 2).min(RETRY_MAX)))
+            };
+            // Waits for a reason to pass again: an API event, a record
+            // written or removed, a retry, or the check of the table.
+            loop {
+                tokio::select! {
+                    () = watch.changed.notified() => tokio::time::sleep(DEBOUNCE).await,
+                    _ = records.tick() => {
+                        let stamp = dir_stamp(&self.records);
+                        if stamp == records_seen {
+                            continue;
+                        }
+                        records_seen = stamp;
+                    }
+                    () = async {
+                        match retry {
+                            Some(d) => tokio::time::sleep(d).await,
+                            None => std::future::pending().await,
+                        }
+                    } => {}
+                    _ = check.tick() => {
+                        // Someone removed the table (a flush of the
+                        // ruleset): write it whole again.
+                        if table_exists().await {
+                            continue;
+                        }
+                        tracing::warn!(table = TABLE, "the NetworkPolicy table was missing: writing it again");
+                        self.applied = None;
+                    }
+                }
+                break;
+            }
+        }
+    }
+
+    /// The sets this node's pods need now.
+    pub fn desire(&mut self, snap: &PolicySnapshot) -> Desired {
+        self.metrics.passes.fetch_add(1, Ordering::Relaxed);
+        let mut cluster = Cluster::default();
+        for ns in &snap.namespaces {
+            match namespace_from_k8s(ns) {
+                Ok(n) => cluster.add_namespace(n),
+                Err(p) => self.report("Namespace", &ns.metadata.name, &p, "ignored"),
+            }
+        }
+        for pod in &snap.pods {
+            match pod_from_k8s(pod) {
+                Ok(c) => {
+                    for p in &c.dropped {
+                        self.report("Pod", &pod.metadata.name, p, "field ignored");
+                    }
+                    cluster.add_pod(c.value);
+                }
+                Err(p) => self.report("Pod", &pod.metadata.name, &p, "ignored"),
+            }
+        }
+        for np in &snap.policies {
+            match policy_from_k8s(np) {
+                Ok(c) => {
+                    for p in &c.dropped {
+                        self.report("NetworkPolicy", &np.metadata.name, p, "rule allows nothing");
+                    }
+                    cluster.add_policy(c.value);
+                }
+                Err(p) => self.report(
+                    "NetworkPolicy",
+                    &np.metadata.name,
+                    &p,
+                    "policy ignored: it selects no pod",
+                ),
+            }
+        }
+        self.add_records(&mut cluster);
+        let fail_closed = !cluster.policies.is_empty();
+        let want = sets::desired(&compile_node(&cluster, &self.node), fail_closed);
+        self.metrics
+            .policies
+            .store(cluster.policies.len() as u64, Ordering::Relaxed);
+        self.metrics
+            .isolated_pods
+            .store(want.isolated.len() as u64, Ordering::Relaxed);
+        want
+    }
+
+    /// A local pod whose status.podIPs has not reached the API yet still
+    /// has its addresses: the plugin recorded them at ADD.
+    fn add_records(&self, cluster: &mut Cluster) {
+        for (key, ips) in read_records(&self.records) {
+            if let Some(pod) = cluster.pods.get_mut(&key)
+                && pod.node.as_deref() == Some(self.node.as_str())
+            {
+                for ip in ips {
+                    if !pod.ips.contains(&ip) {
+                        pod.ips.push(ip);
+                    }
+                }
+            }
+        }
+    }
+
+    fn report(&mut self, kind: &str, name: &Option<String>, p: &Problem, effect: &str) {
+        let name = name.as_deref().unwrap_or("<unnamed>");
+        if self.reported.insert(format!("{kind}/{name}: {p}")) {
+            tracing::warn!(kind, name, problem = %p, effect, "cannot read part of an object");
+            self.metrics
+                .reject(&format!("{}:{}", kind, problem_label(p)));
+        }
+    }
+
+    /// Writes the difference from what the table holds, or the whole
+    /// table (the first time, after a failure, when it went missing); an
+    /// incremental write the kernel refuses is retried whole at once.
+    async fn apply(&mut self, want: Desired) -> Result<()> {
+        let epoch = next_epoch(self.epoch);
+        let script = match &self.applied {
+            Some(old) => match diff_script(old, &want, epoch) {
+                None => return Ok(()),
+                Some(s) => s,
+            },
+            None => full_script(&want, epoch),
+        };
+        let incremental = self.applied.is_some();
+        let result = run_nft(script).await;
+        let result = match result {
+            Err(e) if incremental => {
+                tracing::info!(error = %e, "incremental policy write refused; writing the table whole");
+                self.metrics.full_writes.fetch_add(1, Ordering::Relaxed);
+                run_nft(full_script(&want, epoch)).await
+            }
+            Ok(()) if !incremental => {
+                self.metrics.full_writes.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            r => r,
+        };
+        result?;
+        // Only now: a flow stamped under the old epoch goes on fast until
+        // the fast path checks for the new one, and the new stamps exist.
+        self.epoch = epoch;
+        write_policy_epoch(&self.pin_dir, epoch)?;
+        self.metrics
+            .set_elements
+            .store(want.len() as u64, Ordering::Relaxed);
+        self.applied = Some(want);
+        Ok(())
+    }
+}
+
+/// `nft` is a process: off the async workers.
+async fn run_nft(script: String) -> Result<()> {
+    tokio::task::spawn_blocking(move || nft::apply(&script)).await?
+}
+
+async fn table_exists() -> bool {
+    tokio::task::spawn_blocking(|| nft::table_exists(FAMILY, TABLE))
+        .await
+        .unwrap_or(false)
+}
+
+/// The records directory's modification time (and inode, should it be
+/// made anew): a record written, renamed in or removed changes it.
+fn dir_stamp(dir: &Path) -> Option<(std::time::SystemTime, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(dir).ok()?;
+    Some((m.modified().ok()?, m.ino()))
+}
+
+/// The plugin's records on this node, by pod. Unreadable ones are skipped:
+/// the API's status.podIPs still speaks for their pods.
+fn read_records(dir: &Path) -> BTreeMap<Key, Vec<IpAddr>> {
+    let mut out: BTreeMap<Key, Vec<IpAddr>> = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        let Ok(body) = std::fs::read(entry.path()) else {
+            continue;
+        };
+        if let Ok(r) = serde_json::from_slice::<PodRecord>(&body) {
+            out.entry(Key::new(r.namespace, r.name))
+                .or_default()
+                .extend(r.ips);
+        }
+    }
+    out
+}
+
+/// A bounded label for a problem: its kind's name without the values.
+fn problem_label(p: &Problem) -> String {
+    let debug = format!("{:?}", p.kind);
+    debug
+        .split(['(', ' ', '{'])
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
