@@ -49,7 +49,7 @@ impl Delegate {
     fn negotiate(&self, conf: &NetConf) -> Result<Version> {
         let bin = &self.bin;
         let ask = serde_json::json!({ "cniVersion": conf.cni_version.as_str() }).to_string();
-        let out = exec_plugin(&bin, "VERSION", ask.as_bytes())?;
+        let out = exec_plugin(bin, "VERSION", ask.as_bytes())?;
         let theirs = supported_versions(&out).ok_or_else(|| {
             CniError::new(
                 Code::Ipam,
