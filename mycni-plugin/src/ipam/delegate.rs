@@ -4,8 +4,9 @@
 //! 1.1.x, for one, speaks up to 1.0.0: a 1.1.0 config handed on unchanged
 //! fails with "incompatible CNI versions".
 //!
-//! The delegate is handed the config's own version first, and asked for
-//! its versions (VERSION) only when it refuses that one (code 1): a plugin
+//! For ADD and DEL the delegate is handed the config's own version first,
+//! and asked for its versions (VERSION) only when it refuses that one
+//! (code 1): a plugin
 //! checks the version before it does anything (libcni's skel does, before
 //! the command), so a refused ADD has leased nothing and is sent again in
 //! the version negotiated. The common case, a delegate that speaks the
@@ -84,6 +85,13 @@ impl Delegate {
     /// 1.1.0): the delegate then has nothing to check or collect, as libcni
     /// skips such a plugin.
     pub fn exec(&self, command: &str, conf: &NetConf) -> Result<Option<Vec<u8>>> {
+        // Only ADD and DEL, which every version has, go out unasked: a
+        // delegate that lacks a newer verb (host-local 1.0.0 and GC) says
+        // "unknown command" rather than refusing the version, so those
+        // verbs (CHECK, STATUS, GC: the rare ones) negotiate first.
+        if !matches!(command, "ADD" | "DEL") && self.negotiated.get().is_none() {
+            self.negotiated.set(Some(self.negotiate(conf)?));
+        }
         let tried = self.negotiated.get().unwrap_or(conf.cni_version);
         match self.exec_in(command, conf, tried) {
             Err(e) if e.code == Code::IncompatibleVersion && self.negotiated.get().is_none() => {
@@ -335,6 +343,11 @@ echo '{{"cniVersion":"1.0.0","ips":[{{"address":"10.1.0.2/24"}}]}}'
         // Negotiated once: 1.0.0 from then on.
         d.exec("DEL", &conf).unwrap();
         assert_eq!(calls(&log), ["ADD", "VERSION", "ADD", "DEL"]);
+        // A verb newer than the delegate's versions is asked after a
+        // negotiation, and skipped: GC is 1.1.0's.
+        let d = Delegate::new(bin.clone());
+        assert_eq!(d.exec("GC", &conf).unwrap(), None);
+        assert_eq!(calls(&log)[4..], ["VERSION"]);
         // No version in common: the delegate's refusal, as before.
         let old = NetConf::parse(
             br#"{"cniVersion":"0.3.1","name":"n","type":"mycni","ipam":{"type":"fake-ipam"}}"#,
