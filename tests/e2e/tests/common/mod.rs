@@ -63,6 +63,7 @@ pub fn lab_stack(nodes: usize, pods: usize, stack: Stack, agent_args: &[&str]) -
             .collect(),
         in_process_api: true,
         stack,
+        model: false,
     })?))
 }
 
