@@ -59,7 +59,7 @@ async fn start_then_loop(cfg: &Config, metrics: Arc<Metrics>) -> Result<()> {
 }
 
 /// Removes what `run` leaves on a node for good: the conflist, the ready
-/// marker, the masquerade, underlay filter and anti-spoofing tables and
+/// marker, the masquerade, underlay filter, anti-spoofing and policy tables and
 /// the VXLAN devices (with every route, neighbour and FDB entry on them). Used
 /// by `mycni-agent uninstall`.
 pub async fn uninstall(cfg: &Config) -> Result<()> {
@@ -68,6 +68,7 @@ pub async fn uninstall(cfg: &Config) -> Result<()> {
     crate::tables::masq::uninstall()?;
     crate::tables::underlay_filter::uninstall()?;
     crate::tables::antispoof::uninstall()?;
+    crate::policy::room::uninstall()?;
     match crate::datapath::detach_all(&cfg.pin_dir) {
         Ok(n) => tracing::info!(links = n, "detached the fast path"),
         Err(e) => tracing::warn!(error = %e, "cannot detach the fast path"),

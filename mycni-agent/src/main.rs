@@ -147,6 +147,10 @@ struct RunArgs {
     /// SNAT pod traffic leaving the cluster CIDR (nftables table `ip mycni`).
     #[arg(long, env = "MYCNI_MASQUERADE", default_value_t = true, action = clap::ArgAction::Set, value_parser = parse_masquerade)]
     masquerade: bool,
+    /// Enforce Kubernetes NetworkPolicy (networking.k8s.io/v1) in the
+    /// nftables table `inet mycni_policy`; false removes the table.
+    #[arg(long, env = "MYCNI_NETWORK_POLICY", default_value_t = true, action = clap::ArgAction::Set, value_parser = parse_network_policy)]
+    network_policy: bool,
     /// bpffs mount; pinned maps and links live under <bpffs>/mycni.
     #[arg(long, env = "MYCNI_BPFFS", default_value = "/sys/fs/bpf")]
     bpffs: PathBuf,
@@ -272,6 +276,10 @@ fn parse_masquerade(s: &str) -> Result<bool, String> {
     setting("masquerade", "MYCNI_MASQUERADE", parse_bool(s))
 }
 
+fn parse_network_policy(s: &str) -> Result<bool, String> {
+    setting("network-policy", "MYCNI_NETWORK_POLICY", parse_bool(s))
+}
+
 fn parse_direct_routing(s: &str) -> Result<bool, String> {
     setting("direct-routing", "MYCNI_DIRECT_ROUTING", parse_bool(s))
 }
@@ -369,6 +377,7 @@ impl RunArgs {
             metrics_addr: self.metrics_addr.0,
             resync: self.resync,
             masquerade: self.masquerade,
+            network_policy: self.network_policy,
             ipam_data_dir: self.ipam_data_dir,
             plugin_log_file: self.plugin_log_file,
             datapath: self.datapath,

@@ -99,6 +99,29 @@ pub const READY_FILE_NAME: &str = "ready";
 /// The ready marker the plugin's STATUS looks for when the conflist names none.
 pub const DEFAULT_READY_FILE: &str = "/run/mycni/ready";
 
+/// Beside the ready marker, in the state directory: one [`PodRecord`] per
+/// pod interface, named after its host veth. The runtime tells the plugin
+/// which Pod it is wiring (`K8S_POD_NAMESPACE`, `K8S_POD_NAME` in
+/// `CNI_ARGS`), and only the plugin sees that: the agent reads it here to
+/// know which local interface and addresses are which Pod before the
+/// kubelet's `status.podIPs` reaches the API. Not the veth's alias: that
+/// holds 256 bytes and a Pod's namespace and name may take 253 each.
+pub const POD_RECORDS_DIR: &str = "pods";
+
+/// What the plugin's ADD records for the agent (see [`POD_RECORDS_DIR`]);
+/// DEL removes it with the veth.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodRecord {
+    pub namespace: String,
+    pub name: String,
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    pub ifname: String,
+    #[serde(rename = "hostVeth")]
+    pub host_veth: String,
+    pub ips: Vec<IpAddr>,
+}
+
 /// The overlay device, its VNI and UDP port (the Linux VXLAN default port,
 /// which flannel uses too).
 pub const DEFAULT_VXLAN_DEVICE: &str = "vxlan.1";

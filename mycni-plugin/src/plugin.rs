@@ -1,6 +1,7 @@
 //! ADD, DEL, STATUS and GC; CHECK in `check`.
 
 mod check;
+mod record;
 
 pub use check::check;
 
@@ -163,6 +164,7 @@ fn fault(step: &str) -> Result<()> {
 enum Undo {
     Ipam,
     Link(u32),
+    Record,
 }
 
 pub fn add(conf: &NetConf, env: &Env) -> Result<CniResult> {
@@ -216,6 +218,7 @@ pub fn add(conf: &NetConf, env: &Env) -> Result<CniResult> {
                 let r = match step {
                     Undo::Link(i) => host.delete_link(i).await.map_err(CniError::from),
                     Undo::Ipam => ipam.del(conf, env, &[]),
+                    Undo::Record => record::remove(conf, env, &host_name),
                 };
                 if let Err(e) = r {
                     log::warn(&format!("rollback step failed: {e}"));
@@ -293,6 +296,15 @@ async fn add_steps(
         .await?;
     undo.push(Undo::Link(host_link.index));
     fault("veth")?;
+    // Before the veth is up, so the agent can know the pod by its first
+    // packet; after it exists, so GC never takes the record for a leftover.
+    record::write(
+        conf,
+        env,
+        host_name,
+        &ips.iter().map(|i| i.address.addr()).collect::<Vec<_>>(),
+    )?;
+    undo.push(Undo::Record);
     host_sysctls(host_name, pod_ips)?;
     host.set_alias_and_up(host_link.index, &alias).await?;
     fault("host")?;
@@ -495,7 +507,9 @@ pub fn del(conf: &NetConf, env: &Env) -> Result<()> {
                 ));
             }
         }
-        Ok(())
+        // Whether or not the veth was still there; a newer sandbox's
+        // record (same pod, same veth name) is left alone.
+        record::remove(conf, env, &host_name)
     }));
     match Ipam::select(conf, env) {
         Ok(ipam) => note(ipam.del(conf, env, &ips_from_prev(conf))),
@@ -561,7 +575,9 @@ pub fn gc(conf: &NetConf, env: &Env) -> Result<()> {
     let mut first_err = None;
     let r = runtime()?.block_on(async {
         let host = Netlink::current()?;
+        let mut live = HashSet::new();
         for l in host.links().await? {
+            live.insert(l.name.clone());
             let Some(VethAlias {
                 network: net,
                 container_id: cid,
@@ -573,9 +589,10 @@ pub fn gc(conf: &NetConf, env: &Env) -> Result<()> {
             if net == conf.name && !keep.contains(&(cid.to_string(), ifname.to_string())) {
                 log::info(&format!("GC: removing {} of {cid}/{ifname}", l.name));
                 host.delete_link(l.index).await?;
+                live.remove(&l.name);
             }
         }
-        Ok::<(), CniError>(())
+        record::prune(conf, &live)
     });
     if let Err(e) = r {
         first_err.get_or_insert(e);

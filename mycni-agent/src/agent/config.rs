@@ -41,6 +41,8 @@ pub struct Config {
     pub metrics_addr: Option<SocketAddr>,
     pub resync: Duration,
     pub masquerade: bool,
+    /// Run the policy room (NetworkPolicy in `inet mycni_policy`).
+    pub network_policy: bool,
     /// Written into the conflist for the plugin: where its built-in IPAM
     /// keeps leases, and its log file (None: the plugin's defaults).
     pub ipam_data_dir: Option<PathBuf>,

@@ -187,6 +187,16 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
         filter,
         fast,
     } = started;
+    // Its own task and watch: policy events never wake the overlay's pass.
+    let _policy = cfg.network_policy.then(|| {
+        crate::policy::room::spawn(
+            client.clone(),
+            node_name.clone(),
+            &cfg.state_dir,
+            &metrics,
+            cfg.resync,
+        )
+    });
     let api = ApiWatch::start(client, &metrics).await;
 
     // Subscribed before the first (full) pass reads the kernel, so no pod

@@ -105,6 +105,10 @@ pub(super) async fn start(cfg: &Config, metrics: &Arc<Metrics>) -> Result<Starte
     if cfg.masquerade {
         crate::tables::masq::install(cfg.clusters()).context("installing masquerade rules")?;
     }
+    if !cfg.network_policy {
+        // An agent run with policy before would leave its last rules in force.
+        crate::policy::room::uninstall().context("removing the NetworkPolicy table")?;
+    }
     announce(
         &nodes,
         &node_name,

@@ -1,25 +1,35 @@
-//! NetworkPolicy (networking.k8s.io/v1) semantics as pure functions.
+//! NetworkPolicy (networking.k8s.io/v1): the semantics as pure functions,
+//! and the room that enforces them on this node.
 //!
+//! The semantics (no kernel, no watch; the agent feeds a `Cluster` from its
+//! caches):
 //! - `model`: the trimmed, validated inputs (Pod, Namespace, Policy).
 //! - `convert`: k8s-openapi objects -> model; garbage becomes a rejected
 //!   rule or policy with a reason, never a panic.
 //! - `eval`: the reference evaluator, `allowed(cluster, src, dst, proto,
 //!   port)`, written for clarity; it is the oracle of the tests.
-//! - `compile`: the per-pod form the nftables writer consumes (isolation per
-//!   direction, peer addresses/prefixes x protocol x port ranges), selectors
-//!   and named ports already resolved; `DirectionRules::elements` flattens
-//!   it to (remote prefix, port range) pairs, the shape of an nftables
-//!   concatenated interval set.
+//! - `compile`: the per-pod form (isolation per direction, peer
+//!   addresses/prefixes x protocol x port ranges), selectors and named
+//!   ports already resolved.
 //!
-//! No kernel, no watch: the agent feeds a `Cluster` from its caches. The
-//! API only speaks of TCP, UDP and SCTP, so nothing here judges ARP, ICMP
-//! or neighbour discovery: the datapath must let those through before it
-//! consults this module's output.
+//! The room (`room`): its watch (`crate::watch::PolicyWatch`), its desired
+//! state (`sets`: the members of the nftables sets, disjoint, as text), its
+//! apply step (`nft`: the fixed ruleset of `inet mycni_policy` in the
+//! forward hook, then set members only) and its series (`metrics`).
+//!
+//! The API only speaks of TCP, UDP and SCTP: ARP never reaches an `inet`
+//! table, neighbour discovery and ICMP errors pass first, and other
+//! protocols (ICMP echo) pass only where a rule without `ports` admits the
+//! peer.
 
 pub mod compile;
 pub mod convert;
 pub mod eval;
+pub mod metrics;
 pub mod model;
+pub mod nft;
+pub mod room;
+pub mod sets;
 
 #[cfg(test)]
 mod tests;

@@ -1,8 +1,8 @@
 //! The Kubernetes side: each kind of object the agent reads is watched
 //! into a cache of its own, trimmed to what the agent reads; every event
 //! of any kind wakes the loop, whose pass reads one [`Snapshot`] of all.
-//! Watching another kind (Pods, Namespaces, NetworkPolicies) is a `Kind`
-//! and one line in [`ApiWatch::start`] (and its RBAC).
+//! Watching another kind is a `Kind` and one line in a watch's `start`
+//! (and its RBAC), as `policy.rs` does for the policy room.
 
 use std::fmt::Debug;
 use std::hash::Hash;
@@ -55,7 +55,7 @@ impl ApiWatch {
 
 /// Starts the watch of `api` and returns its cache once the initial list
 /// is complete. Every event raises `changed`.
-async fn watch<K>(
+pub(super) async fn watch<K>(
     api: Api<K>,
     kind: &'static Kind<K>,
     metrics: &Arc<Metrics>,
@@ -86,19 +86,25 @@ where
             match ev {
                 Ok(watcher::Event::InitDone) => {
                     (kind.listed)(watch_reader.state().len());
-                    metrics.api_reachable.store(true, Ordering::Relaxed);
+                    if kind.reachability {
+                        metrics.api_reachable.store(true, Ordering::Relaxed);
+                    }
                     watch_synced.notify_one();
                     watch_changed.notify_one();
                 }
                 Ok(_) => {
-                    metrics.api_reachable.store(true, Ordering::Relaxed);
+                    if kind.reachability {
+                        metrics.api_reachable.store(true, Ordering::Relaxed);
+                    }
                     (kind.event)(&metrics);
                     watch_changed.notify_one();
                 }
                 Err(e) => {
                     // The last known state stays programmed: an unreachable
                     // API must not tear down the datapath.
-                    metrics.api_reachable.store(false, Ordering::Relaxed);
+                    if kind.reachability {
+                        metrics.api_reachable.store(false, Ordering::Relaxed);
+                    }
                     tracing::warn!(error = %e, "{} watch failed; retrying with backoff, keeping the datapath as it is", kind.name);
                 }
             }

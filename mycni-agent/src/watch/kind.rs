@@ -12,4 +12,8 @@ pub(super) struct Kind<K> {
     pub(super) listed: fn(usize),
     /// Counts an event (not the initial list).
     pub(super) event: fn(&Metrics),
+    /// Whether this watch's successes and failures speak for the API's
+    /// reachability (`mycni_api_reachable`): the Node watch's do; a policy
+    /// watch refused by an older ClusterRole must not call the API down.
+    pub(super) reachability: bool,
 }

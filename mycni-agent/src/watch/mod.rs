@@ -1,12 +1,15 @@
 //! What the agent watches, and nothing else: the Kubernetes API (`api`:
-//! one snapshot of the objects the subsystems read, Nodes today) and the
-//! kernel's notifications (`kernel`). Watches only mark work; the loop's
-//! pass decides what it means.
+//! one snapshot of the Nodes the overlay reads; `policy`: Pods, Namespaces
+//! and NetworkPolicies, which wake the policy room alone) and the kernel's
+//! notifications (`kernel`). Watches only mark work; the rooms decide what
+//! it means.
 
 mod api;
 pub mod kernel;
 mod kind;
 mod nodes;
+mod policy;
 
 pub use api::ApiWatch;
 pub use nodes::node_view;
+pub use policy::{PolicySnapshot, PolicyWatch};

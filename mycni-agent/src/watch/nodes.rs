@@ -10,6 +10,7 @@ pub(super) static NODES: Kind<Node> = Kind {
     trim: strip_node,
     listed: |nodes| tracing::info!(nodes, "initial Node list complete"),
     event: crate::metrics::Metrics::node_event,
+    reachability: true,
 };
 
 /// What Node validation (`mycni_common::node`) reads of a Node.

@@ -127,3 +127,59 @@ fn gc_frees_exactly_the_stale() -> Result<()> {
     }
     Ok(())
 }
+
+/// ADD tells the agent which Pod the veth is (from CNI_ARGS), before the
+/// veth is up; DEL takes the record with the veth, and leaves a newer
+/// sandbox's record of the same pod alone.
+#[test]
+fn add_records_the_pod_for_the_agent() -> Result<()> {
+    let node = node()?;
+    assert!(
+        node.records_dir()
+            .ends_with(mycni_common::contract::POD_RECORDS_DIR)
+    );
+    let before = node.snapshot()?;
+    let pod = NetNs::new("pod")?;
+    let path = netns_path(&pod);
+    let c = call("c1", &path, K8S_ARGS);
+    let conf = node.conf("1.1.0", "10.244.1.0/24");
+    let add = node.run("mycni", "ADD", &c, &conf)?;
+    assert!(add.ok, "ADD: {}", add.stdout);
+    let veth = add.json["interfaces"][0]["name"]
+        .as_str()
+        .unwrap_or_default();
+    let body = std::fs::read(node.records_dir().join(veth))?;
+    let record: mycni_common::contract::PodRecord = serde_json::from_slice(&body)?;
+    assert_eq!(record.namespace, "default");
+    assert_eq!(record.name, "web-0");
+    assert_eq!(record.container_id, "c1");
+    assert_eq!(record.ifname, "eth0");
+    assert_eq!(record.host_veth, veth);
+    assert_eq!(
+        record.ips,
+        vec![pod_ip(&add.json).parse::<std::net::IpAddr>()?]
+    );
+
+    // A DEL of an older sandbox of the same pod (same veth name) must not
+    // take the live sandbox's record.
+    let old = call("c0", &path, K8S_ARGS);
+    let del_old = node.run("mycni", "DEL", &old, &conf)?;
+    assert!(del_old.ok, "DEL c0: {}", del_old.stdout);
+    assert!(
+        node.records_dir().join(veth).exists(),
+        "c0's DEL took c1's record"
+    );
+
+    let del = node.run("mycni", "DEL", &c, &with_prev(&conf, &add.json))?;
+    assert!(del.ok, "DEL: {}", del.stdout);
+    assert_eq!(node.snapshot()?, before, "DEL left something");
+
+    // Without the pod's name there is nothing to record.
+    let anon = call("c2", &path, "");
+    let add = node.run("mycni", "ADD", &anon, &conf)?;
+    assert!(add.ok, "ADD: {}", add.stdout);
+    assert_eq!(std::fs::read_dir(node.records_dir())?.count(), 0);
+    let del = node.run("mycni", "DEL", &anon, &with_prev(&conf, &add.json))?;
+    assert!(del.ok);
+    Ok(())
+}

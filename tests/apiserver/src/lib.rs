@@ -1,14 +1,20 @@
-//! A test fixture that speaks the Kubernetes API wire protocol for Nodes.
+//! A test fixture that speaks the Kubernetes API wire protocol for Nodes,
+//! Namespaces, Pods and NetworkPolicies.
 //!
 //! No API server can run where mycni is developed, so the agent's kube-rs
-//! code is tested against this: a plain-HTTP server for `core/v1` Nodes with
-//! the real server's list (selectors, `limit`/`continue` pagination,
-//! `resourceVersion` semantics), watch (history replay, `410 Expired` after
+//! code is tested against this: a plain-HTTP server for `core/v1` Nodes,
+//! Namespaces and Pods and `networking.k8s.io/v1` NetworkPolicies with the
+//! real server's list (selectors, `limit`/`continue` pagination,
+//! `resourceVersion` semantics, all-namespaces lists), watch (one
+//! resourceVersion across kinds, history replay, `410 Expired` after
 //! compaction, bookmarks, `sendInitialEvents` streaming lists, timeouts),
-//! get, create, update, delete, the status subresource, merge / strategic /
-//! JSON patches with resourceVersion preconditions, discovery and the table
-//! output `kubectl get` prints. It is a fixture, not an API server: one
-//! resource, no authentication, no admission, no persistence.
+//! get, create, update, delete, deletecollection, the status subresources,
+//! merge / strategic / JSON patches with resourceVersion preconditions, the
+//! kinds' defaulting and validation (NetworkPolicy's in full), discovery,
+//! OpenAPI enough for `kubectl apply`, and the tables `kubectl get` prints.
+//! It is a fixture, not an API server: four kinds, no authentication, no
+//! admission beyond the kinds' own rules, no controllers (a Namespace's
+//! deletion deletes its contents at once), no persistence.
 //!
 //! Tests drive it through [`ApiServer`]'s methods, which change the state
 //! exactly as API calls would (a new resourceVersion and a watch event per
@@ -22,7 +28,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -34,8 +40,16 @@ use tokio::sync::watch;
 mod http;
 mod patch;
 mod store;
+mod typed;
 
-use store::{State, Target};
+pub use store::NAMESPACE_NAME_LABEL;
+use store::{Key, Kind, State, Target};
+pub use typed::{namespace, network_policy, pod, pod_status};
+
+/// The namespaces a new cluster has; Pods and NetworkPolicies can only be
+/// created in a namespace that exists.
+pub const DEFAULT_NAMESPACES: [&str; 4] =
+    ["default", "kube-node-lease", "kube-public", "kube-system"];
 
 /// How often a watch that asked for bookmarks gets one.
 const BOOKMARK_INTERVAL: Duration = Duration::from_secs(1);
@@ -243,7 +257,12 @@ impl ApiServer {
             .context("apiserver runtime")?;
         let listener = std::net::TcpListener::bind(addr).with_context(|| format!("bind {addr}"))?;
         let addr = listener.local_addr()?;
-        let state = State::new();
+        let mut state = State::new();
+        // The namespaces every cluster has from the start.
+        for ns in DEFAULT_NAMESPACES {
+            let value = serde_json::to_value(namespace(ns, &[]))?;
+            state.create(Kind::Namespace, None, value, Target::Direct, false)?;
+        }
         let (changed, _) = watch::channel(state.rv);
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
@@ -318,51 +337,28 @@ impl ApiServer {
     /// and resourceVersion set by the server; a resourceVersion in `node` is
     /// ignored). Status is kept, as the real server does for Nodes.
     pub fn create_node(&self, node: Node) -> Result<Node> {
-        let value = serde_json::to_value(node)?;
-        let stored = self
-            .shared
-            .with_state(|st| st.create(value, Target::Direct, false))?;
-        stored
-            .node()
-            .ok_or_else(|| anyhow!("stored node does not decode"))
+        self.create_as(Kind::Node, &node)
     }
 
     /// Changes a Node, spec, metadata and status alike (unlike the API, also
     /// `spec.podCIDR`, so tests can simulate a re-created node). A change
     /// that changes nothing keeps the resourceVersion and sends no event.
     pub fn update_node(&self, name: &str, f: impl FnOnce(&mut Node)) -> Result<Node> {
-        let stored = self.shared.with_state(|st| {
-            let mut node = st
-                .get(name)?
-                .node()
-                .ok_or_else(|| store::ApiError::internal("stored node does not decode"))?;
-            f(&mut node);
-            let value = serde_json::to_value(node)
-                .map_err(|e| store::ApiError::internal(&e.to_string()))?;
-            st.update(name, value, Target::Direct, false)
-        })?;
-        stored
-            .node()
-            .ok_or_else(|| anyhow!("stored node does not decode"))
+        self.update_as(&Key::new(Kind::Node, "", name), f)
     }
 
     /// Deletes a Node as `DELETE` would (with finalizers it is only marked).
     pub fn delete_node(&self, name: &str) -> Result<()> {
-        self.shared
-            .with_state(|st| st.delete(name, None, None, false))?;
-        Ok(())
+        self.delete_key(&Key::new(Kind::Node, "", name))
     }
 
     pub fn get_node(&self, name: &str) -> Option<Node> {
-        self.shared
-            .with_state(|st| st.get(name).ok())
-            .and_then(|s| s.node())
+        self.get_as(&Key::new(Kind::Node, "", name))
     }
 
     /// Every Node, by name.
     pub fn nodes(&self) -> Vec<Node> {
-        let map = self.shared.with_state(|st| st.nodes.clone());
-        map.values().filter_map(|s| s.node()).collect()
+        self.list_as(Kind::Node, None)
     }
 
     /// The latest resourceVersion.

@@ -1,6 +1,6 @@
 //! The three patch formats of the Kubernetes API: JSON merge patch (RFC 7386),
-//! strategic merge patch (with the Node schema's merge keys) and JSON patch
-//! (RFC 6902).
+//! strategic merge patch (with the merge keys of the served kinds' schemas)
+//! and JSON patch (RFC 6902).
 
 use serde_json::{Map, Value};
 
@@ -24,7 +24,7 @@ pub(crate) fn merge_patch(target: &mut Value, patch: &Value) {
     }
 }
 
-/// How a strategic merge patch treats a list field of a Node, from the
+/// How a strategic merge patch treats a list field, from the
 /// `patchStrategy`/`patchMergeKey` tags of the core/v1 Go types.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum ListStrategy {
@@ -42,7 +42,22 @@ fn list_strategy(path: &[String]) -> ListStrategy {
         ["metadata", "finalizers"] | ["spec", "podCIDRs"] => ListStrategy::MergeScalars,
         ["metadata", "ownerReferences"] => ListStrategy::MergeByKey("uid"),
         ["status", "conditions"] | ["status", "addresses"] => ListStrategy::MergeByKey("type"),
-        // spec.taints, status.images, status.volumesAttached, ... are atomic.
+        // Pods (the paths of the kinds served do not collide).
+        [
+            "spec",
+            "containers" | "initContainers" | "ephemeralContainers",
+        ]
+        | ["spec", "volumes" | "imagePullSecrets"]
+        | ["spec", "containers" | "initContainers", "env"] => ListStrategy::MergeByKey("name"),
+        ["spec", "containers" | "initContainers", "ports"] => {
+            ListStrategy::MergeByKey("containerPort")
+        }
+        ["spec", "containers" | "initContainers", "volumeMounts"] => {
+            ListStrategy::MergeByKey("mountPath")
+        }
+        ["status", "podIPs" | "hostIPs"] => ListStrategy::MergeByKey("ip"),
+        // spec.taints, status.images, status.volumesAttached, every list of
+        // a NetworkPolicy, ... are atomic.
         _ => ListStrategy::Replace,
     }
 }
@@ -73,7 +88,7 @@ fn is_directive_item(item: &Value) -> bool {
         .is_some_and(|m| m.len() == 1 && m.contains_key("$patch"))
 }
 
-/// Applies a strategic merge patch to a Node (as JSON). Both the main
+/// Applies a strategic merge patch to an object (as JSON). Both the main
 /// resource and the status subresource take a whole-object patch.
 pub(crate) fn strategic_merge_patch(target: &mut Value, patch: &Value) -> Result<(), String> {
     let Value::Object(p) = patch else {
@@ -465,6 +480,28 @@ mod tests {
                 &json!({"status": {"conditions": [{"status": "x"}]}})
             )
             .is_err()
+        );
+    }
+
+    #[test]
+    fn strategic_pod_containers_merge_by_name() {
+        let mut t = json!({"spec": {"containers": [
+            {"name": "a", "image": "x", "ports": [{"containerPort": 80, "name": "http"}]},
+            {"name": "b", "image": "y"}
+        ]}});
+        strategic_merge_patch(
+            &mut t,
+            &json!({"spec": {"containers": [
+                {"name": "a", "ports": [{"containerPort": 81}]},
+                {"name": "b", "$patch": "delete"}
+            ]}}),
+        )
+        .expect("patch");
+        assert_eq!(
+            t,
+            json!({"spec": {"containers": [
+                {"name": "a", "image": "x", "ports": [{"containerPort": 80, "name": "http"}, {"containerPort": 81}]}
+            ]}})
         );
     }
 

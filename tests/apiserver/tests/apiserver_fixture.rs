@@ -4,8 +4,14 @@
 
 // A test crate root finds modules beside it, not in a directory of its
 // name: the paths keep the themes under apiserver_fixture/.
+#[path = "apiserver_fixture/kinds.rs"]
+mod kinds;
 #[path = "apiserver_fixture/kubectl.rs"]
 mod kubectl;
+#[path = "apiserver_fixture/kubectl_kinds.rs"]
+mod kubectl_kinds;
+#[path = "apiserver_fixture/netpol.rs"]
+mod netpol;
 #[path = "apiserver_fixture/reads.rs"]
 mod reads;
 #[path = "apiserver_fixture/watch.rs"]

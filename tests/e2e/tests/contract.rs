@@ -38,6 +38,7 @@ fn config(ipam_data_dir: Option<&str>, plugin_log_file: Option<&str>) -> Config 
         metrics_addr: None,
         resync: Duration::from_secs(2),
         masquerade: false,
+        network_policy: false,
         ipam_data_dir: ipam_data_dir.map(PathBuf::from),
         plugin_log_file: plugin_log_file.map(PathBuf::from),
         datapath: Mode::Kernel,

@@ -69,6 +69,13 @@ impl Node {
         self.dir.path().join("ready")
     }
 
+    /// Where the plugin records which Pod each host veth is (beside the
+    /// ready file, as the agent's state dir): `contract::POD_RECORDS_DIR`,
+    /// spelled out to keep this crate light; the plugin's tests check it.
+    pub fn records_dir(&self) -> PathBuf {
+        self.dir.path().join("pods")
+    }
+
     /// A mycni network config for `version` with the built-in IPAM over `subnet`.
     pub fn conf(&self, version: &str, subnet: &str) -> Value {
         json!({
@@ -169,8 +176,16 @@ impl Node {
             Err(_) => Vec::new(),
         };
         leases.sort();
+        let mut records: Vec<String> = match std::fs::read_dir(self.records_dir()) {
+            Ok(rd) => rd
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        records.sort();
         Ok(format!(
-            "links={links:?}\nroutes={routes}\nroutes6={routes6}\nleases={leases:?}"
+            "links={links:?}\nroutes={routes}\nroutes6={routes6}\nleases={leases:?}\nrecords={records:?}"
         ))
     }
 

@@ -3,7 +3,7 @@
 //! against a naive evaluator.
 
 mod convert;
-mod fixture;
+pub(crate) mod fixture;
 mod naive;
 mod prop;
 mod rules;

@@ -1,4 +1,5 @@
-//! `mycni-apiserver`: the Kubernetes API fixture for Nodes
+//! `mycni-apiserver`: the Kubernetes API fixture (Nodes, Namespaces, Pods,
+//! NetworkPolicies)
 //! (the `mycni_apiserver` library) as a standalone process, for the lab.
 //!
 //! ```text

@@ -1,5 +1,6 @@
-//! The HTTP side: routing, the Node endpoints, watch streams, discovery and
-//! the server-side table kubectl prints.
+//! The HTTP side: routing, the resource endpoints (the same for every kind
+//! in `store::Kind`), watch streams, discovery and the server-side tables
+//! kubectl prints.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -15,16 +16,19 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde_json::json;
 
 use crate::Shared;
-use crate::store::{ApiError, Target};
+use crate::store::{ApiError, Kind};
 
 mod discovery;
-mod nodes;
+mod objects;
 mod query;
 mod response;
+mod rows;
 mod table;
 mod watch;
 
-use discovery::{OPENAPI_HASH, api_v1, openapi_v3_api_v1, version};
+use discovery::{
+    api_group, api_group_list, api_resource_list, openapi_v3, openapi_v3_index, version,
+};
 pub(crate) use query::Query;
 use response::{error, full, json_value, media_type};
 
@@ -67,10 +71,6 @@ pub(crate) async fn handle(
     let path = parts.uri.path().to_string();
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     let m = &parts.method;
-    let forbidden = |verb: &str, name: &str| Err(ApiError::forbidden(verb, "nodes", name));
-    let writes_forbidden = shared
-        .node_writes_forbidden
-        .load(std::sync::atomic::Ordering::SeqCst);
     let result = match segs.as_slice() {
         [] if m == Method::GET => Ok(ctx.root()),
         ["version"] if m == Method::GET => Ok(ctx.discovery(version())),
@@ -84,43 +84,26 @@ pub(crate) async fn handle(
                 {"clientCIDR": "0.0.0.0/0", "serverAddress": shared.addr.to_string()}
             ]
         }))),
-        ["apis"] if m == Method::GET => Ok(ctx.discovery(json!({
-            "kind": "APIGroupList", "apiVersion": "v1", "groups": []
-        }))),
-        ["api", "v1"] if m == Method::GET => Ok(ctx.discovery(api_v1())),
+        ["apis"] if m == Method::GET => Ok(ctx.discovery(api_group_list())),
+        ["api", "v1"] if m == Method::GET => Ok(ctx.discovery(api_resource_list("", "v1"))),
+        ["apis", group] if m == Method::GET => api_group(group)
+            .map(|g| ctx.discovery(g))
+            .ok_or_else(ApiError::no_route),
+        ["apis", group, version]
+            if m == Method::GET && Kind::of_group(group, version).next().is_some() =>
+        {
+            Ok(ctx.discovery(api_resource_list(group, version)))
+        }
         ["openapi", "v2"] if m == Method::GET => Ok(ctx.openapi_v2(&accept)),
-        ["openapi", "v3"] if m == Method::GET => Ok(ctx.discovery(json!({
-            "paths": {"api/v1": {"serverRelativeURL": format!("/openapi/v3/api/v1?hash={OPENAPI_HASH}")}}
-        }))),
-        ["openapi", "v3", "api", "v1"] if m == Method::GET => Ok(ctx.discovery(openapi_v3_api_v1())),
-        ["api", "v1", "nodes"] => match *m {
-            Method::GET if ctx.query.flag("watch") => ctx.watch(None),
-            Method::GET => ctx.list(),
-            Method::POST if writes_forbidden => forbidden("create", ""),
-            Method::DELETE if writes_forbidden => forbidden("deletecollection", ""),
-            Method::POST => ctx.create(),
-            Method::DELETE => ctx.delete_collection(),
-            _ => Err(ApiError::method_not_allowed()),
-        },
-        ["api", "v1", "watch", "nodes"] if m == Method::GET => ctx.watch(None),
-        ["api", "v1", "watch", "nodes", name] if m == Method::GET => ctx.watch(Some(name)),
-        ["api", "v1", "nodes", name] => match *m {
-            Method::GET if ctx.query.flag("watch") => ctx.watch(Some(name)),
-            Method::GET => ctx.get(name),
-            Method::PUT if writes_forbidden => forbidden("update", name),
-            Method::PATCH if writes_forbidden => forbidden("patch", name),
-            Method::DELETE if writes_forbidden => forbidden("delete", name),
-            Method::PUT => ctx.update(name, Target::Main),
-            Method::PATCH => ctx.patch(name, Target::Main),
-            Method::DELETE => ctx.delete(name),
-            _ => Err(ApiError::method_not_allowed()),
-        },
-        ["api", "v1", "nodes", name, "status"] => match *m {
-            Method::GET => ctx.get(name),
-            Method::PUT => ctx.update(name, Target::Status),
-            Method::PATCH => ctx.patch(name, Target::Status),
-            _ => Err(ApiError::method_not_allowed()),
-        },
+        ["openapi", "v3"] if m == Method::GET => Ok(ctx.discovery(openapi_v3_index())),
+        ["openapi", "v3", "api", "v1"] if m == Method::GET => {
+            Ok(ctx.discovery(openapi_v3("", "v1")))
+        }
+        ["openapi", "v3", "apis", group, version]
+            if m == Method::GET && Kind::of_group(group, version).next().is_some() =>
+        {
+            Ok(ctx.discovery(openapi_v3(group, version)))
+        }
         ["_fixture", "compact"] if m == Method::POST => {
             shared.compact();
             Ok(json_value(StatusCode::OK, &json!({"compacted": true})))
@@ -129,7 +112,10 @@ pub(crate) async fn handle(
         ["_fixture", "counters"] if m == Method::GET => {
             Ok(json_value(StatusCode::OK, &json!(shared.counters())))
         }
-        _ => Err(ApiError::no_route()),
+        _ => match Route::parse(&segs) {
+            Some(route) => ctx.serve(&route, m),
+            None => Err(ApiError::no_route()),
+        },
     };
     let resp = result.unwrap_or_else(|e| error(&e));
     if shared.log {
@@ -141,6 +127,66 @@ pub(crate) async fn handle(
         );
     }
     Ok(resp)
+}
+
+/// A request for a resource: `/api/v1/...` or `/apis/{group}/{version}/...`,
+/// optionally under the legacy `watch/` prefix, then `{plural}[/{name}[/status]]`
+/// for cluster-scoped kinds, `namespaces/{ns}/{plural}[/{name}[/status]]`
+/// for namespaced ones (whose bare `{plural}` lists all namespaces).
+#[derive(Debug, Clone, Copy)]
+struct Route<'a> {
+    kind: Kind,
+    ns: Option<&'a str>,
+    name: Option<&'a str>,
+    status: bool,
+    /// Came through the legacy `/watch/` path: a watch whatever the query says.
+    watch_path: bool,
+}
+
+impl<'a> Route<'a> {
+    fn parse(segs: &[&'a str]) -> Option<Self> {
+        let (group, version, rest) = match segs {
+            ["api", "v1", rest @ ..] => ("", "v1", rest),
+            ["apis", g, v, rest @ ..] => (*g, *v, rest),
+            _ => return None,
+        };
+        let (watch_path, rest) = match rest {
+            ["watch", r @ ..] => (true, r),
+            r => (false, r),
+        };
+        let (ns, rest) = match rest {
+            ["namespaces", ns, plural, ..]
+                if Kind::find(group, version, plural).is_some_and(|k| k.res().namespaced) =>
+            {
+                (Some(*ns), rest.get(2..)?)
+            }
+            r => (None, r),
+        };
+        let (plural, name, sub) = match rest {
+            [p] => (*p, None, None),
+            [p, n] => (*p, Some(*n), None),
+            [p, n, s] => (*p, Some(*n), Some(*s)),
+            _ => return None,
+        };
+        let kind = Kind::find(group, version, plural)?;
+        // A namespaced kind's objects are only addressed inside their
+        // namespace; without one, only its collection (all namespaces).
+        if kind.res().namespaced && ns.is_none() && name.is_some() {
+            return None;
+        }
+        let status = match sub {
+            None => false,
+            Some("status") if kind.res().status && !watch_path => true,
+            Some(_) => return None,
+        };
+        Some(Self {
+            kind,
+            ns,
+            name,
+            status,
+            watch_path,
+        })
+    }
 }
 
 struct Ctx {

@@ -1,7 +1,7 @@
 //! Query strings, decoded the way Go's `url.ParseQuery` does.
 
 use crate::store::ApiError;
-use crate::store::{FieldSelector, LabelSelector, Selectors};
+use crate::store::{FieldSelector, Kind, LabelSelector, Selectors};
 
 /// Decoded query parameters.
 #[derive(Debug, Default)]
@@ -63,11 +63,11 @@ impl Query {
         self.get("dryRun") == Some("All")
     }
 
-    pub(super) fn selectors(&self) -> Result<Selectors, ApiError> {
+    pub(super) fn selectors(&self, kind: Kind) -> Result<Selectors, ApiError> {
         Ok(Selectors {
             labels: LabelSelector::parse(self.get("labelSelector").unwrap_or_default())
                 .map_err(|e| ApiError::bad_request(&e))?,
-            fields: FieldSelector::parse(self.get("fieldSelector").unwrap_or_default())
+            fields: FieldSelector::parse(kind, self.get("fieldSelector").unwrap_or_default())
                 .map_err(|e| ApiError::bad_request(&e))?,
         })
     }

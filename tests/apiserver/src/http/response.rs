@@ -10,7 +10,7 @@ use hyper::{Response, StatusCode};
 use serde_json::{Value, json};
 
 use super::Body;
-use crate::store::{ApiError, Stored};
+use crate::store::{ApiError, Kind, Stored};
 
 pub(super) fn full(
     code: StatusCode,
@@ -56,7 +56,8 @@ pub(super) fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
         .map_err(|e| ApiError::bad_request(&format!("error decoding request body: {e}")))
 }
 
-pub(super) fn node_list(
+pub(super) fn list_body(
+    kind: Kind,
     rv: u64,
     items: &[Arc<Stored>],
     cont: Option<&str>,
@@ -73,7 +74,14 @@ pub(super) fn node_list(
     }
     let size: usize = items.iter().map(|i| i.item.len() + 1).sum();
     let mut out = Vec::with_capacity(size + 128);
-    out.extend_from_slice(br#"{"kind":"NodeList","apiVersion":"v1","metadata":"#);
+    out.extend_from_slice(
+        format!(
+            r#"{{"kind":"{}List","apiVersion":"{}","metadata":"#,
+            kind.res().kind,
+            kind.api_version()
+        )
+        .as_bytes(),
+    );
     out.extend_from_slice(meta.to_string().as_bytes());
     out.extend_from_slice(br#","items":["#);
     for (i, item) in items.iter().enumerate() {
@@ -87,15 +95,21 @@ pub(super) fn node_list(
 }
 
 pub(super) fn success_status(obj: &Stored) -> Value {
+    let mut details = json!({
+        "name": obj.name,
+        "kind": obj.kind.res().plural,
+        "uid": obj.value.pointer("/metadata/uid").cloned().unwrap_or(Value::Null)
+    });
+    if !obj.kind.res().group.is_empty()
+        && let Value::Object(m) = &mut details
+    {
+        m.insert("group".into(), json!(obj.kind.res().group));
+    }
     json!({
         "kind": "Status",
         "apiVersion": "v1",
         "metadata": {},
         "status": "Success",
-        "details": {
-            "name": obj.name,
-            "kind": "nodes",
-            "uid": obj.value.pointer("/metadata/uid").cloned().unwrap_or(Value::Null)
-        }
+        "details": details
     })
 }

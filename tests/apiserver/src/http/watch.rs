@@ -14,9 +14,9 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::table::table_of;
-use super::{Body, Ctx};
+use super::{Body, Ctx, Route};
 use crate::Shared;
-use crate::store::{ApiError, Event, EventType, State, Stored};
+use crate::store::{ApiError, Event, EventType, Kind, State, Stored};
 use crate::store::{FieldSelector, Selectors};
 
 /// Default watch length when the client gives no timeoutSeconds (the real
@@ -33,7 +33,7 @@ fn event_line(out: &mut Vec<u8>, kind: &str, obj: &[u8]) {
     out.extend_from_slice(b"}\n");
 }
 
-fn bookmark_line(out: &mut Vec<u8>, rv: u64, initial_end: bool) {
+fn bookmark_line(out: &mut Vec<u8>, kind: Kind, rv: u64, initial_end: bool) {
     let mut meta = json!({"resourceVersion": rv.to_string(), "creationTimestamp": null});
     if initial_end && let Value::Object(m) = &mut meta {
         m.insert(
@@ -41,7 +41,7 @@ fn bookmark_line(out: &mut Vec<u8>, rv: u64, initial_end: bool) {
             json!({"k8s.io/initial-events-end": "true"}),
         );
     }
-    let obj = json!({"kind": "Node", "apiVersion": "v1", "metadata": meta});
+    let obj = json!({"kind": kind.res().kind, "apiVersion": kind.api_version(), "metadata": meta});
     event_line(out, "BOOKMARK", obj.to_string().as_bytes());
 }
 
@@ -51,16 +51,31 @@ fn bookmark_line(out: &mut Vec<u8>, rv: u64, initial_end: bool) {
 fn drain(
     st: &State,
     cursor: &mut u64,
-    sel: &Selectors,
+    scope: &Scope,
     table: Option<&TableMode>,
     out: &mut Vec<u8>,
 ) -> Result<(), u64> {
     let events = st.events_after(*cursor)?;
-    for ev in events {
-        write_event(ev, sel, table, out);
+    for ev in events.filter(|ev| scope.holds(&ev.obj)) {
+        write_event(ev, &scope.selectors, table, out);
     }
     *cursor = (*cursor).max(st.rv);
     Ok(())
+}
+
+/// What a watch sees: one kind, in one namespace or all, through its selectors.
+struct Scope {
+    kind: Kind,
+    ns: Option<String>,
+    selectors: Selectors,
+}
+
+impl Scope {
+    /// Whether an event's object is of this watch's kind and namespace;
+    /// the history holds every kind's events under the one resourceVersion.
+    fn holds(&self, obj: &Stored) -> bool {
+        obj.kind == self.kind && self.ns.as_deref().is_none_or(|n| obj.ns == n)
+    }
 }
 
 /// A watch for `kubectl get -w`: objects go out as one-row Tables.
@@ -80,6 +95,7 @@ pub(super) fn object_line(
         None => event_line(out, kind, &obj.full),
         Some(t) => {
             let tbl = table_of(
+                obj.kind,
                 std::slice::from_ref(obj),
                 Some(obj.rv),
                 None,
@@ -150,7 +166,7 @@ async fn send_chunks(tx: &mpsc::Sender<Bytes>, buf: Vec<u8>) -> bool {
 }
 
 struct WatchSpec {
-    selectors: Selectors,
+    scope: Scope,
     table: Option<TableMode>,
     bookmarks: bool,
     timeout: Duration,
@@ -162,7 +178,7 @@ struct WatchSpec {
 
 async fn run_watch(shared: Arc<Shared>, spec: WatchSpec, tx: mpsc::Sender<Bytes>) {
     let WatchSpec {
-        selectors,
+        scope,
         table,
         bookmarks,
         timeout,
@@ -177,7 +193,7 @@ async fn run_watch(shared: Arc<Shared>, spec: WatchSpec, tx: mpsc::Sender<Bytes>
     }
     if initial_end {
         let mut buf = Vec::new();
-        bookmark_line(&mut buf, cursor, true);
+        bookmark_line(&mut buf, scope.kind, cursor, true);
         if !send_chunks(&tx, buf).await {
             return;
         }
@@ -197,7 +213,7 @@ async fn run_watch(shared: Arc<Shared>, spec: WatchSpec, tx: mpsc::Sender<Bytes>
         let mut buf = Vec::new();
         let from = cursor;
         let result =
-            shared.with_state(|st| drain(st, &mut cursor, &selectors, table.as_ref(), &mut buf));
+            shared.with_state(|st| drain(st, &mut cursor, &scope, table.as_ref(), &mut buf));
         if let Err(oldest) = result {
             expired_line(&mut buf, from, oldest);
             let _ = send_chunks(&tx, buf).await;
@@ -210,7 +226,7 @@ async fn run_watch(shared: Arc<Shared>, spec: WatchSpec, tx: mpsc::Sender<Bytes>
             r = changed.changed() => if r.is_err() { return },
             _ = tick.tick(), if bookmarks => {
                 let mut buf = Vec::new();
-                bookmark_line(&mut buf, cursor, false);
+                bookmark_line(&mut buf, scope.kind, cursor, false);
                 if !send_chunks(&tx, buf).await {
                     return;
                 }
@@ -222,14 +238,16 @@ async fn run_watch(shared: Arc<Shared>, spec: WatchSpec, tx: mpsc::Sender<Bytes>
 }
 
 impl Ctx {
-    pub(super) fn watch(&self, name: Option<&str>) -> Result<Response<Body>, ApiError> {
+    pub(super) fn watch(&self, r: &Route<'_>) -> Result<Response<Body>, ApiError> {
         self.shared.count("watch");
         let q = &self.query;
-        let mut selectors = q.selectors()?;
-        if let Some(name) = name {
-            // The legacy /watch/nodes/{name} path: a field selector on the name.
+        let mut selectors = q.selectors(r.kind)?;
+        if let Some(name) = r.name {
+            // A watch of one object (the legacy /watch/{plural}/{name} path
+            // included): a field selector on the name.
             let f = format!("metadata.name={name}");
-            selectors.fields = FieldSelector::parse(&f).map_err(|e| ApiError::bad_request(&e))?;
+            selectors.fields =
+                FieldSelector::parse(r.kind, &f).map_err(|e| ApiError::bad_request(&e))?;
         }
         let bookmarks = q.flag("allowWatchBookmarks");
         let send_initial = q.get("sendInitialEvents").map(|v| v == "true" || v == "1");
@@ -276,7 +294,11 @@ impl Ctx {
         let initial_events =
             send_initial == Some(true) || (send_initial.is_none() && resume.is_none());
         let mut spec = WatchSpec {
-            selectors,
+            scope: Scope {
+                kind: r.kind,
+                ns: r.ns.map(str::to_string),
+                selectors,
+            },
             table: self.table.then(|| TableMode {
                 include: self.query.get("includeObject").map(str::to_string),
             }),
@@ -289,8 +311,8 @@ impl Ctx {
         };
         self.shared.with_state(|st| {
             if initial_events {
-                for obj in st.nodes.values() {
-                    if spec.selectors.matches(obj) {
+                for obj in st.of_kind(r.kind, r.ns) {
+                    if spec.scope.selectors.matches(obj) {
                         object_line(&mut spec.initial, "ADDED", obj, spec.table.as_ref());
                     }
                 }

@@ -3,6 +3,18 @@
 
 use serde_json::{Value, json};
 
+use super::resource::Kind;
+
+/// One field error of an `Invalid` answer: `field.Error` of apimachinery.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Cause {
+    pub(crate) field: String,
+    /// `FieldValueInvalid`, `FieldValueRequired`, `FieldValueForbidden`, ...
+    pub(crate) reason: &'static str,
+    /// The error body: `Invalid value: 80: must be ...`.
+    pub(crate) message: String,
+}
+
 /// A failure as the API server reports it: a `Status` object.
 #[derive(Debug, Clone)]
 pub(crate) struct ApiError {
@@ -21,12 +33,23 @@ impl ApiError {
             details,
         }
     }
-    pub(crate) fn not_found(name: &str) -> Self {
+    /// The details every per-object error carries: name, group and the
+    /// resource (which the API calls `kind` there).
+    fn details(kind: Kind, name: &str) -> Value {
+        let mut d = json!({"name": name, "kind": kind.res().plural});
+        if !kind.res().group.is_empty()
+            && let Value::Object(m) = &mut d
+        {
+            m.insert("group".into(), json!(kind.res().group));
+        }
+        d
+    }
+    pub(crate) fn not_found(kind: Kind, name: &str) -> Self {
         Self::new(
             404,
             "NotFound",
-            format!("nodes \"{name}\" not found"),
-            Some(json!({"name": name, "kind": "nodes"})),
+            format!("{} \"{name}\" not found", kind.qualified_resource()),
+            Some(Self::details(kind, name)),
         )
     }
     /// RBAC's answer to a verb the caller's role does not grant.
@@ -48,24 +71,28 @@ impl ApiError {
             Some(json!({})),
         )
     }
-    pub(crate) fn already_exists(name: &str) -> Self {
+    pub(crate) fn already_exists(kind: Kind, name: &str) -> Self {
         Self::new(
             409,
             "AlreadyExists",
-            format!("nodes \"{name}\" already exists"),
-            Some(json!({"name": name, "kind": "nodes"})),
+            format!("{} \"{name}\" already exists", kind.qualified_resource()),
+            Some(Self::details(kind, name)),
         )
     }
-    pub(crate) fn conflict(name: &str, why: &str) -> Self {
+    pub(crate) fn conflict(kind: Kind, name: &str, why: &str) -> Self {
         Self::new(
             409,
             "Conflict",
-            format!("Operation cannot be fulfilled on nodes \"{name}\": {why}"),
-            Some(json!({"name": name, "kind": "nodes"})),
+            format!(
+                "Operation cannot be fulfilled on {} \"{name}\": {why}",
+                kind.qualified_resource()
+            ),
+            Some(Self::details(kind, name)),
         )
     }
-    pub(crate) fn modified(name: &str) -> Self {
+    pub(crate) fn modified(kind: Kind, name: &str) -> Self {
         Self::conflict(
+            kind,
             name,
             "the object has been modified; please apply your changes to the latest version and try again",
         )
@@ -73,22 +100,32 @@ impl ApiError {
     pub(crate) fn bad_request(message: &str) -> Self {
         Self::new(400, "BadRequest", message.into(), None)
     }
-    pub(crate) fn invalid(name: &str, causes: &[(&str, String)]) -> Self {
-        let text: Vec<String> = causes.iter().map(|(f, m)| format!("{f}: {m}")).collect();
+    /// `422 Invalid` with one cause per field error, as `NewInvalid` builds it.
+    pub(crate) fn invalid(kind: Kind, name: &str, causes: &[Cause]) -> Self {
+        let text: Vec<String> = causes
+            .iter()
+            .map(|c| format!("{}: {}", c.field, c.message))
+            .collect();
         let text = if text.len() == 1 {
             text.join("")
         } else {
             format!("[{}]", text.join(", "))
         };
-        let causes: Vec<Value> = causes
+        let list: Vec<Value> = causes
             .iter()
-            .map(|(f, m)| json!({"reason": "FieldValueInvalid", "message": m, "field": f}))
+            .map(|c| json!({"reason": c.reason, "message": c.message, "field": c.field}))
             .collect();
+        let mut details = json!({"name": name, "kind": kind.res().kind, "causes": list});
+        if !kind.res().group.is_empty()
+            && let Value::Object(m) = &mut details
+        {
+            m.insert("group".into(), json!(kind.res().group));
+        }
         Self::new(
             422,
             "Invalid",
-            format!("Node \"{name}\" is invalid: {text}"),
-            Some(json!({"name": name, "kind": "Node", "causes": causes})),
+            format!("{} \"{name}\" is invalid: {text}", kind.qualified_kind()),
+            Some(details),
         )
     }
     /// A 422 without details, as a failed JSON patch reports it.

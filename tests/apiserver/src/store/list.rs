@@ -6,17 +6,21 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::State;
 use super::error::ApiError;
-use super::object::{NodeMap, Stored};
+use super::object::{Key, ObjectMap, Stored};
+use super::resource::Kind;
 use super::selector::Selectors;
+use super::{State, objects_of};
 
 /// List snapshots kept for `continue` tokens.
 const SNAPSHOT_CAP: usize = 8;
 
 /// A list request's parameters.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct ListRequest {
+    pub(crate) kind: Kind,
+    /// One namespace, or all (and cluster-scoped kinds).
+    pub(crate) ns: Option<String>,
     pub(crate) selectors: Selectors,
     pub(crate) limit: usize,
     pub(crate) continue_token: Option<String>,
@@ -50,9 +54,9 @@ const CONTINUE_EXPIRED: &str = "The provided continue parameter is too old to di
 
 impl State {
     /// The current objects and version, or a snapshot by version.
-    fn snapshot(&self, rv: u64) -> Option<Arc<NodeMap>> {
+    fn snapshot(&self, rv: u64) -> Option<Arc<ObjectMap>> {
         if rv == self.rv {
-            return Some(self.nodes.clone());
+            return Some(self.objects.clone());
         }
         self.snapshots
             .iter()
@@ -80,18 +84,21 @@ impl State {
                         ApiError::bad_request("continue key is not valid: incorrect encoded start resourceVersion (version meta.k8s.io/v1)")
                     })?;
                 let rv = decoded.get("rv").and_then(Value::as_u64).unwrap_or(0);
-                let start = decoded
-                    .get("start")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_string();
+                let field = |k: &str| {
+                    decoded
+                        .get(k)
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_string()
+                };
+                let start = (field("ns"), field("name"));
                 let map = self
                     .snapshot(rv)
                     .ok_or_else(|| ApiError::expired(CONTINUE_EXPIRED.into()))?;
                 (rv, map, Some(start))
             }
             None => match rv_param {
-                None | Some("0") => (self.rv, self.nodes.clone(), None),
+                None | Some("0") => (self.rv, self.objects.clone(), None),
                 Some(s) => {
                     let want: u64 = s.parse().map_err(|_| {
                         ApiError::bad_request(&format!("invalid resource version: {s:?}"))
@@ -108,19 +115,28 @@ impl State {
                         })?;
                         (want, map, None)
                     } else {
-                        (self.rv, self.nodes.clone(), None)
+                        (self.rv, self.objects.clone(), None)
                     }
                 }
             },
         };
-        let range = match &start {
-            Some(s) => map.range::<str, _>((Bound::Included(s.as_str()), Bound::Unbounded)),
-            None => map.range::<str, _>(..),
-        };
+        // A continued list resumes after the last object the previous page
+        // held; the objects stay those of the snapshot it was cut from.
+        let after = start.map(|(ns, name)| Key::new(req.kind, &ns, &name));
         let mut items = Vec::new();
         let mut last = None;
         let mut more = 0u64;
-        for (name, obj) in range {
+        let objects: Box<dyn Iterator<Item = &Arc<Stored>>> = match &after {
+            Some(a) => Box::new(
+                map.range((Bound::Excluded(a), Bound::Unbounded))
+                    .map(|(_, o)| o)
+                    .take_while(|o| {
+                        o.kind == req.kind && req.ns.as_deref().is_none_or(|n| o.ns == n)
+                    }),
+            ),
+            None => Box::new(objects_of(&map, req.kind, req.ns.as_deref())),
+        };
+        for obj in objects {
             if !req.selectors.matches(obj) {
                 continue;
             }
@@ -131,7 +147,7 @@ impl State {
                 }
                 continue;
             }
-            last = Some(name.clone());
+            last = Some(obj.key());
             items.push(obj.clone());
         }
         let continue_token = if more > 0 {
@@ -141,8 +157,9 @@ impl State {
                     self.snapshots.pop_front();
                 }
             }
+            let last = last.unwrap_or_else(|| Key::new(req.kind, "", ""));
             let token = json!({"v": "meta.k8s.io/v1", "rv": rv,
-                               "start": format!("{}\u{0}", last.unwrap_or_default())});
+                               "ns": last.ns, "name": last.name});
             Some(hex(token.to_string().as_bytes()))
         } else {
             None

@@ -1,27 +1,52 @@
-//! What the store holds: a Node version with its encodings, and the
-//! events watches replay.
+//! What the store holds: object versions with their encodings, keyed by
+//! kind, namespace and name, and the events watches replay.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use k8s_openapi::api::core::v1::Node;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
+use super::decode::meta_mut;
 use super::error::ApiError;
+use super::resource::Kind;
 
-pub(crate) type NodeMap = BTreeMap<String, Arc<Stored>>;
+/// Where an object lives: its kind, namespace (empty for cluster-scoped
+/// kinds) and name. The store's order, so a kind's objects (and one
+/// namespace's) are one range.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct Key {
+    pub(crate) kind: Kind,
+    pub(crate) ns: String,
+    pub(crate) name: String,
+}
 
-/// One version of a Node, normalized the way the server stores it, with its
-/// JSON encodings ready to send.
+impl Key {
+    pub(crate) fn new(kind: Kind, ns: &str, name: &str) -> Self {
+        Self {
+            kind,
+            ns: ns.to_string(),
+            name: name.to_string(),
+        }
+    }
+}
+
+pub(crate) type ObjectMap = BTreeMap<Key, Arc<Stored>>;
+
+/// One version of an object, normalized the way the server stores it, with
+/// its JSON encodings ready to send.
 #[derive(Debug)]
 pub(crate) struct Stored {
+    pub(crate) kind: Kind,
+    pub(crate) ns: String,
     pub(crate) name: String,
     pub(crate) rv: u64,
     /// The object as JSON, with apiVersion and kind.
     pub(crate) value: Value,
     pub(crate) labels: BTreeMap<String, String>,
-    pub(crate) unschedulable: bool,
+    /// Its field labels, for `fieldSelector`.
+    pub(crate) fields: Vec<(&'static str, String)>,
     /// The encoding as a list item: without apiVersion and kind, like the real server.
     pub(crate) item: Bytes,
     /// The encoding for get and watch: with apiVersion and kind.
@@ -29,53 +54,80 @@ pub(crate) struct Stored {
 }
 
 impl Stored {
-    pub(super) fn new(node: &Node) -> Result<Self, ApiError> {
-        let name = node.metadata.name.clone().unwrap_or_default();
-        let rv = node
-            .metadata
-            .resource_version
-            .as_deref()
-            .and_then(|s| s.parse().ok())
+    pub(super) fn new(kind: Kind, mut value: Value) -> Result<Self, ApiError> {
+        let text = |v: &Value, p: &str| {
+            v.pointer(p)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        let name = text(&value, "/metadata/name");
+        let ns = text(&value, "/metadata/namespace");
+        let rv = text(&value, "/metadata/resourceVersion")
+            .parse()
             .unwrap_or(0);
-        let mut value =
-            serde_json::to_value(node).map_err(|e| ApiError::internal(&e.to_string()))?;
+        let labels = value
+            .pointer("/metadata/labels")
+            .and_then(Value::as_object)
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let fields = kind.field_values(&value);
         if let Value::Object(m) = &mut value {
             m.remove("apiVersion");
             m.remove("kind");
         }
         let item = serde_json::to_vec(&value).map_err(|e| ApiError::internal(&e.to_string()))?;
-        let mut full = br#"{"apiVersion":"v1","kind":"Node","#.to_vec();
+        let mut full = format!(
+            r#"{{"apiVersion":"{}","kind":"{}","#,
+            kind.api_version(),
+            kind.res().kind
+        )
+        .into_bytes();
         full.extend_from_slice(item.get(1..).unwrap_or_default());
         if let Value::Object(m) = &mut value {
-            m.insert("apiVersion".into(), json!("v1"));
-            m.insert("kind".into(), json!("Node"));
+            m.insert("apiVersion".into(), json!(kind.api_version()));
+            m.insert("kind".into(), json!(kind.res().kind));
         }
         Ok(Self {
+            kind,
+            ns,
             name,
             rv,
             value,
-            labels: node.metadata.labels.clone().unwrap_or_default(),
-            unschedulable: node
-                .spec
-                .as_ref()
-                .and_then(|s| s.unschedulable)
-                .unwrap_or(false),
+            labels,
+            fields,
             item: Bytes::from(item),
             full: Bytes::from(full),
         })
     }
 
-    pub(crate) fn node(&self) -> Option<Node> {
+    pub(crate) fn key(&self) -> Key {
+        Key::new(self.kind, &self.ns, &self.name)
+    }
+
+    /// The object as its k8s_openapi type.
+    pub(crate) fn typed<T: DeserializeOwned>(&self) -> Option<T> {
         serde_json::from_slice(&self.full).ok()
+    }
+
+    pub(crate) fn field(&self, label: &str) -> Option<&str> {
+        self.fields
+            .iter()
+            .find(|(l, _)| *l == label)
+            .map(|(_, v)| v.as_str())
     }
 
     /// The same object with another resourceVersion (what a DELETED event carries).
     pub(crate) fn with_rv(&self, rv: u64) -> Result<Self, ApiError> {
-        let mut node = self
-            .node()
-            .ok_or_else(|| ApiError::internal("stored node does not decode"))?;
-        node.metadata.resource_version = Some(rv.to_string());
-        Self::new(&node)
+        let mut value = self.value.clone();
+        if let Value::Object(obj) = &mut value {
+            meta_mut(obj).insert("resourceVersion".into(), json!(rv.to_string()));
+        }
+        Self::new(self.kind, value)
     }
 
     pub(super) fn finalizers(&self) -> usize {
@@ -113,8 +165,8 @@ pub(crate) struct Event {
 }
 
 /// Who writes: the main resource ignores status, the status subresource
-/// ignores spec (and takes metadata and status, as the real node status
-/// strategy does), and the fixture's own methods may change anything.
+/// ignores spec (and takes metadata and status, as the real status
+/// strategies do), and the fixture's own methods may change anything.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Target {
     Main,

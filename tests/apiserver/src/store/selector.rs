@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::Stored;
+use super::resource::Kind;
 
 #[derive(Debug, Clone, PartialEq)]
 enum Requirement {
@@ -127,23 +128,18 @@ impl LabelSelector {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Field {
-    Name,
-    Unschedulable,
-}
-
-/// `fieldSelector` for Nodes: `metadata.name` and `spec.unschedulable`, with
-/// `=`, `==` and `!=`, the only field labels the real server accepts for Nodes.
+/// `fieldSelector`: `=`, `==` and `!=` on the field labels the kind
+/// supports (`Resource::fields`), the only ones the real server accepts.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub(crate) struct FieldSelector(Vec<(Field, bool, String)>);
+pub(crate) struct FieldSelector(Vec<(String, bool, String)>);
 
 impl FieldSelector {
-    pub(crate) fn parse(s: &str) -> Result<Self, String> {
+    pub(crate) fn parse(kind: Kind, s: &str) -> Result<Self, String> {
         let mut reqs = Vec::new();
         if s.trim().is_empty() {
             return Ok(Self(reqs));
         }
+        let res = kind.res();
         for term in s.split(',') {
             let t = term.trim();
             let (field, equal, value) = if let Some((f, v)) = t.split_once("!=") {
@@ -153,12 +149,14 @@ impl FieldSelector {
             } else {
                 return Err(format!("invalid selector: '{s}'; can't understand '{t}'"));
             };
-            let field = match field.trim() {
-                "metadata.name" => Field::Name,
-                "spec.unschedulable" => Field::Unschedulable,
-                other => return Err(format!("field label not supported: {other}")),
-            };
-            reqs.push((field, equal, value.trim().to_string()));
+            let field = field.trim();
+            let known = field == "metadata.name"
+                || (res.namespaced && field == "metadata.namespace")
+                || res.fields.iter().any(|(f, _)| *f == field);
+            if !known {
+                return Err(format!("field label not supported: {field}"));
+            }
+            reqs.push((field.to_string(), equal, value.trim().to_string()));
         }
         Ok(Self(reqs))
     }
@@ -168,13 +166,9 @@ impl FieldSelector {
     }
 
     pub(crate) fn matches(&self, obj: &Stored) -> bool {
-        self.0.iter().all(|(field, equal, want)| {
-            let have = match field {
-                Field::Name => obj.name.clone(),
-                Field::Unschedulable => obj.unschedulable.to_string(),
-            };
-            (have == *want) == *equal
-        })
+        self.0
+            .iter()
+            .all(|(field, equal, want)| (obj.field(field).unwrap_or_default() == want) == *equal)
     }
 }
 
@@ -234,12 +228,17 @@ mod tests {
 
     #[test]
     fn field_selectors() {
-        assert!(FieldSelector::parse("metadata.name=x").is_ok());
-        assert!(FieldSelector::parse("metadata.name==x,spec.unschedulable!=true").is_ok());
-        assert!(FieldSelector::parse("metadata.name").is_err());
+        let p = FieldSelector::parse;
+        assert!(p(Kind::Node, "metadata.name=x").is_ok());
+        assert!(p(Kind::Node, "metadata.name==x,spec.unschedulable!=true").is_ok());
+        assert!(p(Kind::Node, "metadata.name").is_err());
         assert_eq!(
-            FieldSelector::parse("status.phase=Running"),
+            p(Kind::Node, "status.phase=Running"),
             Err("field label not supported: status.phase".to_string())
         );
+        // Cluster-scoped kinds have no namespace to select on.
+        assert!(p(Kind::Node, "metadata.namespace=x").is_err());
+        assert!(p(Kind::Pod, "metadata.namespace=x,spec.nodeName=n").is_ok());
+        assert!(p(Kind::NetworkPolicy, "spec.nodeName=n").is_err());
     }
 }

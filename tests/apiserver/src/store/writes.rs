@@ -1,19 +1,26 @@
-//! Writes: create, update (PUT, patches and the fixture's own changes),
-//! patch and delete, with the real server's preconditions and finalizers.
+//! Writes of any kind: create, update (PUT, patches and the fixture's own
+//! changes), patch and delete, with the real server's preconditions and
+//! finalizers; `kinds` says what each kind's strategy changes on the way.
 
 use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::State;
-use super::decode::{check_type, decode, meta_mut, new_uid, now_time, random_u64, validate};
+use super::decode::{check_type, meta_mut, new_uid, now_time, random_u64};
 use super::error::ApiError;
-use super::object::{EventType, PatchKind, Stored, Target};
+use super::kinds;
+use super::object::{EventType, Key, PatchKind, Stored, Target};
+use super::resource::Kind;
+use super::{State, objects_of};
 use crate::patch;
 
 impl State {
+    /// Creates an object of `kind`; `ns` is the namespace of the URL (a
+    /// namespaced kind's body may name the same one or none).
     pub(crate) fn create(
         &mut self,
+        kind: Kind,
+        ns: Option<&str>,
         mut value: Value,
         target: Target,
         dry_run: bool,
@@ -23,8 +30,39 @@ impl State {
                 "Object 'Kind' is missing in request body",
             ));
         };
-        check_type(obj)?;
+        check_type(kind, obj)?;
+        kinds::on_create(kind, obj, target);
         let meta = meta_mut(obj);
+        let ns = if kind.res().namespaced {
+            let body_ns = meta
+                .get("namespace")
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty());
+            let ns = match (ns, body_ns) {
+                (Some(url), Some(body)) if url != body => {
+                    return Err(ApiError::bad_request(
+                        "the namespace of the provided object does not match the namespace sent on the request",
+                    ));
+                }
+                (Some(n), _) | (None, Some(n)) => n.to_string(),
+                (None, None) => {
+                    return Err(ApiError::invalid(
+                        kind,
+                        "",
+                        &[super::error::Cause {
+                            field: "metadata.namespace".into(),
+                            reason: "FieldValueRequired",
+                            message: "Required value".into(),
+                        }],
+                    ));
+                }
+            };
+            meta.insert("namespace".into(), json!(ns));
+            ns
+        } else {
+            meta.remove("namespace");
+            String::new()
+        };
         let mut name = meta
             .get("name")
             .and_then(Value::as_str)
@@ -38,11 +76,13 @@ impl State {
                 .to_string();
             if prefix.is_empty() {
                 return Err(ApiError::invalid(
+                    kind,
                     "",
-                    &[(
-                        "metadata.name",
-                        "Required value: name or generateName is required".into(),
-                    )],
+                    &[super::error::Cause {
+                        field: "metadata.name".into(),
+                        reason: "FieldValueRequired",
+                        message: "Required value: name or generateName is required".into(),
+                    }],
                 ));
             }
             const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
@@ -73,32 +113,39 @@ impl State {
         }
         meta.insert("uid".into(), json!(new_uid()));
         meta.insert("creationTimestamp".into(), now_time());
-        let node = decode(value)?;
-        validate(&node, None)?;
-        if self.nodes.contains_key(&name) {
-            return Err(ApiError::already_exists(&name));
+        let value = kinds::admit(kind, value, None, target)?;
+        if kind.res().namespaced
+            && !self
+                .objects
+                .contains_key(&Key::new(Kind::Namespace, "", &ns))
+        {
+            return Err(ApiError::not_found(Kind::Namespace, &ns));
+        }
+        if self.objects.contains_key(&Key::new(kind, &ns, &name)) {
+            return Err(ApiError::already_exists(kind, &name));
         }
         if dry_run {
-            return Ok(Arc::new(Stored::new(&node)?));
+            return Ok(Arc::new(Stored::new(kind, value)?));
         }
-        self.commit(EventType::Added, node, None)
+        self.commit(kind, EventType::Added, value, None)
     }
 
-    /// Replaces a Node (PUT, the result of a patch, or a direct update).
+    /// Replaces an object (PUT, the result of a patch, or a direct update).
     pub(crate) fn update(
         &mut self,
-        name: &str,
+        key: &Key,
         mut value: Value,
         target: Target,
         dry_run: bool,
     ) -> Result<Arc<Stored>, ApiError> {
-        let old = self.get(name)?;
+        let old = self.get(key)?;
+        let (kind, name) = (key.kind, key.name.as_str());
         let Value::Object(obj) = &mut value else {
             return Err(ApiError::bad_request(
                 "Object 'Kind' is missing in request body",
             ));
         };
-        check_type(obj)?;
+        check_type(kind, obj)?;
         let meta = meta_mut(obj);
         if let Some(n) = meta.get("name").and_then(Value::as_str)
             && n != name
@@ -115,7 +162,7 @@ impl State {
                 .parse()
                 .map_err(|_| ApiError::bad_request(&format!("invalid resource version: {rv:?}")))?;
             if rv != old.rv {
-                return Err(ApiError::modified(name));
+                return Err(ApiError::modified(kind, name));
             }
         }
         let old_meta = old.value.get("metadata").cloned().unwrap_or(json!({}));
@@ -124,6 +171,7 @@ impl State {
             && Some(uid) != old_meta.get("uid").and_then(Value::as_str)
         {
             return Err(ApiError::conflict(
+                kind,
                 name,
                 &format!(
                     "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
@@ -137,6 +185,7 @@ impl State {
         // Server-managed metadata always comes from the stored object.
         for k in [
             "name",
+            "namespace",
             "uid",
             "creationTimestamp",
             "deletionTimestamp",
@@ -148,37 +197,9 @@ impl State {
                 None => meta.remove(k),
             };
         }
-        let merged = match target {
-            Target::Main => {
-                match old.value.get("status") {
-                    Some(s) => obj.insert("status".into(), s.clone()),
-                    None => obj.remove("status"),
-                };
-                value
-            }
-            // The real node status strategy (nodeStatusStrategy in
-            // pkg/registry/core/node/strategy.go): PrepareForUpdate puts the
-            // old spec back and GetResetFields resets `spec` only, so status
-            // and metadata (labels, annotations) are written as sent. flannel
-            // writes its node annotations this way, with `patch` on
-            // nodes/status alone.
-            Target::Status => {
-                match old.value.get("spec") {
-                    Some(s) => obj.insert("spec".into(), s.clone()),
-                    None => obj.remove("spec"),
-                };
-                value
-            }
-            Target::Direct => value,
-        };
-        let node = decode(merged)?;
-        if target != Target::Direct {
-            let old_node = old
-                .node()
-                .ok_or_else(|| ApiError::internal("stored node does not decode"))?;
-            validate(&node, Some(&old_node))?;
-        }
-        let candidate = Stored::new(&node)?;
+        kinds::on_update(kind, obj, &old.value, target);
+        let value = kinds::admit(kind, value, Some(&old.value), target)?;
+        let candidate = Stored::new(kind, value.clone())?;
         if candidate.value == old.value {
             return Ok(old);
         }
@@ -191,20 +212,20 @@ impl State {
             .is_some()
             && candidate.finalizers() == 0
         {
-            return self.commit_delete(node);
+            return self.commit_delete(&candidate);
         }
-        self.commit(EventType::Modified, node, Some(old))
+        self.commit(kind, EventType::Modified, value, Some(old))
     }
 
     pub(crate) fn patch(
         &mut self,
-        name: &str,
+        key: &Key,
         kind: PatchKind,
         body: &Value,
         target: Target,
         dry_run: bool,
     ) -> Result<Arc<Stored>, ApiError> {
-        let old = self.get(name)?;
+        let old = self.get(key)?;
         let mut doc = old.value.clone();
         match kind {
             PatchKind::Merge => patch::merge_patch(&mut doc, body),
@@ -214,19 +235,28 @@ impl State {
                 patch::json_patch(&mut doc, body).map_err(|e| ApiError::unprocessable(&e))?
             }
         }
-        self.update(name, doc, target, dry_run)
+        self.update(key, doc, target, dry_run)
     }
 
-    /// Deletes a Node, or marks it for deletion while it has finalizers.
-    /// Returns the object and whether it is gone.
+    /// Deletes an object, or marks it for deletion while it has
+    /// finalizers. Returns the object and whether it is gone.
+    ///
+    /// Deleting a Namespace deletes its Pods and NetworkPolicies first, then
+    /// the Namespace, all at once: a simplification of the namespace
+    /// controller, which marks the Namespace `Terminating`, deletes its
+    /// contents over time (Pods gracefully, through their kubelets) and
+    /// removes the Namespace when they are gone. Watchers see the same
+    /// DELETED events, in the same order, only sooner. Pods here are
+    /// deleted at once too, as an unscheduled Pod is.
     pub(crate) fn delete(
         &mut self,
-        name: &str,
+        key: &Key,
         uid: Option<&str>,
         rv: Option<&str>,
         dry_run: bool,
     ) -> Result<(Arc<Stored>, bool), ApiError> {
-        let old = self.get(name)?;
+        let old = self.get(key)?;
+        let (kind, name) = (key.kind, key.name.as_str());
         let have_uid = old
             .value
             .pointer("/metadata/uid")
@@ -237,6 +267,7 @@ impl State {
             && uid != have_uid
         {
             return Err(ApiError::conflict(
+                kind,
                 name,
                 &format!(
                     "Precondition failed: UID in precondition: {uid}, UID in object meta: {have_uid}"
@@ -247,6 +278,7 @@ impl State {
             && rv != old.rv.to_string()
         {
             return Err(ApiError::conflict(
+                kind,
                 name,
                 &format!(
                     "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
@@ -256,6 +288,17 @@ impl State {
         }
         if dry_run {
             return Ok((old.clone(), old.finalizers() == 0));
+        }
+        if kind == Kind::Namespace {
+            let contents: Vec<Key> = [Kind::Pod, Kind::NetworkPolicy]
+                .into_iter()
+                .flat_map(|k| objects_of(&self.objects, k, Some(name)).map(|o| o.key()))
+                .collect();
+            for k in contents {
+                if let Some(o) = self.objects.get(&k).cloned() {
+                    self.commit_delete(&o)?;
+                }
+            }
         }
         if old.finalizers() > 0 {
             if old.value.pointer("/metadata/deletionTimestamp").is_some() {
@@ -267,13 +310,9 @@ impl State {
                 meta.insert("deletionTimestamp".into(), now_time());
                 meta.insert("deletionGracePeriodSeconds".into(), json!(0));
             }
-            let node = decode(v)?;
-            let stored = self.commit(EventType::Modified, node, Some(old))?;
+            let stored = self.commit(kind, EventType::Modified, v, Some(old))?;
             return Ok((stored, false));
         }
-        let last = old
-            .node()
-            .ok_or_else(|| ApiError::internal("stored node does not decode"))?;
-        Ok((self.commit_delete(last)?, true))
+        Ok((self.commit_delete(&old)?, true))
     }
 }

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use crate::{by_name, start};
 
-fn kubectl() -> Option<String> {
+pub(crate) fn kubectl() -> Option<String> {
     let bin = std::env::var("MYCNI_KUBECTL").unwrap_or_else(|_| "kubectl".into());
     Command::new(&bin)
         .args(["version", "--client"])

@@ -142,7 +142,7 @@ async fn wire_format_matches_the_api_server() {
                "message": "nodes \"zz\" not found", "reason": "NotFound",
                "details": {"name": "zz", "kind": "nodes"}, "code": 404})
     );
-    let (code, v) = raw_json(addr, "GET", "/api/v1/pods", None, "");
+    let (code, v) = raw_json(addr, "GET", "/api/v1/services", None, "");
     assert_eq!((code, v["reason"].as_str()), (404, Some("NotFound")));
 
     // Lists: NodeList with a resourceVersion; items without apiVersion/kind.

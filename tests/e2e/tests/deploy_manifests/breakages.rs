@@ -333,13 +333,28 @@ pub(crate) const BREAKAGES: &[Breakage] = &[
             });
         },
     ),
-    ("role reads pods", check_rbac_rules, |d| {
+    ("role reads secrets", check_rbac_rules, |d| {
         let rules = d.cluster_role.rules.as_mut().expect("rules");
         rules.push(k8s_openapi::api::rbac::v1::PolicyRule {
             api_groups: Some(vec![String::new()]),
-            resources: Some(vec!["pods".into()]),
+            resources: Some(vec!["secrets".into()]),
             verbs: vec!["list".into()],
             ..Default::default()
+        });
+    }),
+    ("role writes networkpolicies", check_rbac_rules, |d| {
+        let rules = d.cluster_role.rules.as_mut().expect("rules");
+        rules.push(k8s_openapi::api::rbac::v1::PolicyRule {
+            api_groups: Some(vec!["networking.k8s.io".into()]),
+            resources: Some(vec!["networkpolicies".into()]),
+            verbs: vec!["patch".into()],
+            ..Default::default()
+        });
+    }),
+    ("role cannot watch pods", check_rbac_rules, |d| {
+        let rules = d.cluster_role.rules.as_mut().expect("rules");
+        rules.retain(|r| {
+            r.resources.as_deref() != Some(&["pods".to_string(), "namespaces".to_string()][..])
         });
     }),
     ("role cannot patch status", check_rbac_rules, |d| {

@@ -74,6 +74,9 @@ pub(crate) const AGENT_CAPABILITIES: &[(&str, &str)] = &[
 pub(crate) const RBAC_RULES: &[(&str, &str, &[&str])] = &[
     ("", "nodes", &["get", "list", "watch"]),
     ("", "nodes/status", &["patch"]),
+    ("", "pods", &["list", "watch"]),
+    ("", "namespaces", &["list", "watch"]),
+    ("networking.k8s.io", "networkpolicies", &["list", "watch"]),
 ];
 
 /// Every hostPath mount of the pod: (container, host path, container path,

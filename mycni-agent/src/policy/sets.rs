@@ -1,0 +1,278 @@
+//! The policy room's desired state: the members of the nftables sets that
+//! decide this node's pods' connections, computed from the compiled pods
+//! and nothing else (tested without root).
+//!
+//! The ruleset itself never changes (`nft.rs`): a pod, label, namespace or
+//! policy event only changes these members. Per family:
+//!
+//! - `eg_iso` / `in_iso`: local pod addresses isolated for egress /
+//!   ingress (some policy selecting the pod has that direction);
+//! - `eg_allow` / `in_allow`: (local address, remote prefix, protocol,
+//!   port range) of the other end's port: for egress the server's, for
+//!   ingress the local pod's own, after DNAT;
+//! - `eg_any` / `in_any`: (local address, remote prefix) admitted on every
+//!   protocol and port (a rule without `ports`: ICMP echo too);
+//! - `self`: (address, address) of every local pod, its own connections
+//!   through its Service (the hairpin) pass as connections to its own IP do.
+//!
+//! Interval sets of concatenations must not hold overlapping elements (the
+//! kernel refuses an insert that overlaps another), while rules overlap
+//! freely (a /32 inside an allowed /16, port 80 inside 53-90, the same
+//! peer allowed by two policies): elements are made disjoint here, by
+//! giving each address region the union of the ports of every prefix
+//! covering it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use super::compile::{CompiledPod, DirectionRules, PeerSet, PortSet};
+use super::model::{Cidr, Direction, IpBlock, Key, Protocol};
+
+/// One set of the table, as its name in nftables reads (`eg_allow4`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SetName {
+    pub kind: SetKind,
+    pub v6: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SetKind {
+    EgIso,
+    InIso,
+    EgAllow,
+    InAllow,
+    EgAny,
+    InAny,
+    SelfPair,
+}
+
+impl SetKind {
+    pub const ALL: [SetKind; 7] = [
+        SetKind::EgIso,
+        SetKind::InIso,
+        SetKind::EgAllow,
+        SetKind::InAllow,
+        SetKind::EgAny,
+        SetKind::InAny,
+        SetKind::SelfPair,
+    ];
+
+    fn stem(self) -> &'static str {
+        match self {
+            SetKind::EgIso => "eg_iso",
+            SetKind::InIso => "in_iso",
+            SetKind::EgAllow => "eg_allow",
+            SetKind::InAllow => "in_allow",
+            SetKind::EgAny => "eg_any",
+            SetKind::InAny => "in_any",
+            SetKind::SelfPair => "self",
+        }
+    }
+
+    fn iso(d: Direction) -> SetKind {
+        match d {
+            Direction::Egress => SetKind::EgIso,
+            Direction::Ingress => SetKind::InIso,
+        }
+    }
+
+    fn allow(d: Direction) -> SetKind {
+        match d {
+            Direction::Egress => SetKind::EgAllow,
+            Direction::Ingress => SetKind::InAllow,
+        }
+    }
+
+    fn any(d: Direction) -> SetKind {
+        match d {
+            Direction::Egress => SetKind::EgAny,
+            Direction::Ingress => SetKind::InAny,
+        }
+    }
+}
+
+impl std::fmt::Display for SetName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}{}", self.kind.stem(), if self.v6 { 6 } else { 4 })
+    }
+}
+
+/// Every set's members, as nftables element text (`10.244.1.5 .
+/// 10.244.0.0/16 . tcp . 80-81`): canonical, so two desired states compare
+/// and diff as plain string sets.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Desired {
+    pub sets: BTreeMap<SetName, BTreeSet<String>>,
+    /// Local pods isolated in some direction, for the metrics and the log.
+    pub isolated: BTreeSet<Key>,
+}
+
+impl Desired {
+    pub fn members(&self, name: SetName) -> impl Iterator<Item = &String> {
+        self.sets.get(&name).into_iter().flatten()
+    }
+
+    pub fn len(&self) -> usize {
+        self.sets.values().map(BTreeSet::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn add(&mut self, kind: SetKind, v6: bool, element: String) {
+        self.sets
+            .entry(SetName { kind, v6 })
+            .or_default()
+            .insert(element);
+    }
+
+    /// Members of `self` not in `other`, per set.
+    pub fn minus<'a>(&'a self, other: &'a Desired) -> BTreeMap<SetName, Vec<&'a String>> {
+        let mut out = BTreeMap::new();
+        for (name, mine) in &self.sets {
+            let theirs = other.sets.get(name);
+            let gone: Vec<&String> = mine
+                .iter()
+                .filter(|e| !theirs.is_some_and(|t| t.contains(*e)))
+                .collect();
+            if !gone.is_empty() {
+                out.insert(*name, gone);
+            }
+        }
+        out
+    }
+}
+
+fn proto_name(p: Protocol) -> &'static str {
+    match p {
+        Protocol::Tcp => "tcp",
+        Protocol::Udp => "udp",
+        Protocol::Sctp => "sctp",
+    }
+}
+
+fn default_route(v6: bool) -> Cidr {
+    let any: IpAddr = if v6 {
+        std::net::Ipv6Addr::UNSPECIFIED.into()
+    } else {
+        std::net::Ipv4Addr::UNSPECIFIED.into()
+    };
+    Cidr::new(any, 0).unwrap_or_else(|| Cidr::host(any))
+}
+
+/// The set members for the pods of this node.
+pub fn desired(compiled: &BTreeMap<Key, CompiledPod>) -> Desired {
+    let mut out = Desired::default();
+    for pod in compiled.values() {
+        for ip in &pod.ips {
+            let v6 = ip.is_ipv6();
+            out.add(SetKind::SelfPair, v6, format!("{ip} . {ip}"));
+            for d in [Direction::Egress, Direction::Ingress] {
+                if let DirectionRules::Isolated { allows, .. } = pod.rules(d) {
+                    out.isolated.insert(pod.pod.clone());
+                    out.add(SetKind::iso(d), v6, ip.to_string());
+                    direction(&mut out, d, *ip, allows);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn direction(out: &mut Desired, d: Direction, local: IpAddr, allows: &[super::compile::Allow]) {
+    let v6 = local.is_ipv6();
+    let mut any: Vec<Cidr> = Vec::new();
+    let mut ported: BTreeMap<Protocol, Vec<(Cidr, u16, u16)>> = BTreeMap::new();
+    for allow in allows {
+        let prefixes: Vec<Cidr> = match &allow.peers {
+            PeerSet::All => vec![default_route(v6)],
+            PeerSet::Some { addrs, blocks } => addrs
+                .iter()
+                .map(|a| Cidr::host(*a))
+                .chain(blocks.iter().flat_map(IpBlock::prefixes))
+                .filter(|c| c.addr().is_ipv6() == v6)
+                .collect(),
+        };
+        match &allow.ports {
+            PortSet::All => any.extend(prefixes),
+            PortSet::Some(ranges) => {
+                for r in ranges {
+                    let list = ported.entry(r.protocol).or_default();
+                    list.extend(prefixes.iter().map(|p| (*p, r.start, r.end)));
+                }
+            }
+        }
+    }
+    for prefix in outermost(&any) {
+        out.add(SetKind::any(d), v6, format!("{local} . {prefix}"));
+    }
+    for (proto, rects) in ported {
+        for (prefix, start, end) in disjoint(&rects) {
+            out.add(
+                SetKind::allow(d),
+                v6,
+                format!("{local} . {prefix} . {} . {start}-{end}", proto_name(proto)),
+            );
+        }
+    }
+}
+
+/// The prefixes not inside another one of `prefixes`: their union, as
+/// disjoint prefixes.
+fn outermost(prefixes: &[Cidr]) -> BTreeSet<Cidr> {
+    let all: BTreeSet<Cidr> = prefixes.iter().copied().collect();
+    all.iter()
+        .filter(|c| !all.iter().any(|o| o.strictly_contains(c)))
+        .copied()
+        .collect()
+}
+
+/// (prefix, port range) rectangles as disjoint ones covering the same
+/// (address, port) pairs: each prefix's region outside the prefixes nested
+/// in it gets the merged ports of every prefix covering it.
+fn disjoint(rects: &[(Cidr, u16, u16)]) -> Vec<(Cidr, u16, u16)> {
+    let mut by_prefix: BTreeMap<Cidr, Vec<(u16, u16)>> = BTreeMap::new();
+    for (c, s, e) in rects {
+        by_prefix.entry(*c).or_default().push((*s, *e));
+    }
+    let prefixes: Vec<Cidr> = by_prefix.keys().copied().collect();
+    let mut out = Vec::new();
+    for q in &prefixes {
+        let nested: Vec<Cidr> = prefixes
+            .iter()
+            .filter(|p| q.strictly_contains(p))
+            .copied()
+            .collect();
+        let mut ports: Vec<(u16, u16)> = prefixes
+            .iter()
+            .filter(|p| *p == q || p.strictly_contains(q))
+            .flat_map(|p| by_prefix[p].iter().copied())
+            .collect();
+        ports = merge(ports);
+        let region = IpBlock {
+            cidr: *q,
+            except: nested,
+        };
+        for piece in region.prefixes() {
+            out.extend(ports.iter().map(|(s, e)| (piece, *s, *e)));
+        }
+    }
+    out
+}
+
+/// Inclusive ranges merged where they overlap or touch, in order.
+fn merge(mut ranges: Vec<(u16, u16)>) -> Vec<(u16, u16)> {
+    ranges.sort_unstable();
+    let mut out: Vec<(u16, u16)> = Vec::new();
+    for (s, e) in ranges {
+        match out.last_mut() {
+            Some(last) if u32::from(s) <= u32::from(last.1) + 1 => last.1 = last.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;
