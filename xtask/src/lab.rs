@@ -15,8 +15,8 @@ use crate::{HOST_TOOLCHAIN, setup};
 
 /// mycni-lab's commands, as far as xtask needs to know them: what to build
 /// first.
-const LAB_COMMANDS: [&str; 9] = [
-    "up", "test", "status", "down", "pod", "table", "bench", "soak", "help",
+const LAB_COMMANDS: [&str; 10] = [
+    "up", "test", "status", "down", "pod", "table", "netpol", "bench", "soak", "help",
 ];
 
 /// What a `cargo xtask lab` command line needs built before it runs.

@@ -237,7 +237,14 @@ pub fn pod_status(pod: &Pod) -> Value {
         .map(|ip| json!({"ip": ip}))
         .collect();
     let first = ips.first().map(|v| v["ip"].clone()).unwrap_or(Value::Null);
-    json!({"status": {"phase": "Running", "podIP": first, "podIPs": ips}})
+    // Ready, as a kubelet reports a started container that has no
+    // readiness probe (kubectl's READY column reads containerStatuses).
+    json!({"status": {"phase": "Running", "podIP": first, "podIPs": ips,
+                      "conditions": [{"type": "Ready", "status": "True"},
+                                     {"type": "ContainersReady", "status": "True"}],
+                      "containerStatuses": [{"name": "serve", "ready": true, "started": true,
+                                             "restartCount": 0, "image": "mycni-lab",
+                                             "imageID": "", "state": {"running": {}}}]}})
 }
 
 /// The Service object in front of a pod (only created where the fixture

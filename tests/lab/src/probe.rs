@@ -68,11 +68,18 @@ pub struct Target {
     pub id: usize,
     pub addr: SocketAddr,
     pub proto: Proto,
+    /// The UDP source port (0: the kernel's choice). A UDP flow's
+    /// conntrack entry outlives its socket (30 s, 120 s once answered): a
+    /// probe that happened onto an earlier allowed probe's 5-tuple would
+    /// ride that entry past a policy written since, and read as a false
+    /// allow. The caller gives each probe a port no recent one used.
+    pub sport: u16,
 }
 
 impl Target {
     pub fn to_json(&self) -> Value {
-        json!({"id": self.id, "addr": self.addr.to_string(), "proto": self.proto.lower()})
+        json!({"id": self.id, "addr": self.addr.to_string(), "proto": self.proto.lower(),
+               "sport": self.sport})
     }
 
     pub fn from_json(v: &Value) -> Result<Target> {
@@ -83,6 +90,7 @@ impl Target {
                 .as_str()
                 .and_then(Proto::parse)
                 .context("proto")?,
+            sport: v["sport"].as_u64().unwrap_or(0) as u16,
         })
     }
 }
@@ -105,7 +113,7 @@ pub fn probe_all(targets: &[Target], timeout: Duration) -> Vec<Outcome> {
                     let t0 = Instant::now();
                     let ok = match t.proto {
                         Proto::Tcp => tcp_once(t.addr, timeout).is_ok(),
-                        Proto::Udp => udp_once(t.addr, timeout).is_ok(),
+                        Proto::Udp => udp_once(t.addr, t.sport, timeout).is_ok(),
                         Proto::Sctp => false,
                     };
                     Outcome {
@@ -145,13 +153,14 @@ fn tcp_once(addr: SocketAddr, timeout: Duration) -> Result<()> {
 
 /// A datagram, sent again every 100 ms until an echo comes back or
 /// `timeout`: one lost datagram must not read as a denial.
-fn udp_once(addr: SocketAddr, timeout: Duration) -> Result<()> {
+fn udp_once(addr: SocketAddr, sport: u16, timeout: Duration) -> Result<()> {
     let local: SocketAddr = if addr.is_ipv4() {
         "0.0.0.0:0".parse()?
     } else {
         "[::]:0".parse()?
     };
-    let s = UdpSocket::bind(local)?;
+    let s =
+        UdpSocket::bind(SocketAddr::new(local.ip(), sport)).or_else(|_| UdpSocket::bind(local))?;
     s.connect(addr)?;
     let t0 = Instant::now();
     let mut buf = [0u8; 16];
@@ -253,16 +262,19 @@ mod tests {
                 id: 1,
                 addr: tcp,
                 proto: Proto::Tcp,
+                sport: 0,
             },
             Target {
                 id: 2,
                 addr: udp,
                 proto: Proto::Udp,
+                sport: 0,
             },
             Target {
                 id: 3,
                 addr: silent.local_addr().expect("addr"),
                 proto: Proto::Udp,
+                sport: 0,
             },
         ];
         let t0 = Instant::now();

@@ -171,6 +171,17 @@ enum Cmd {
         #[arg(long)]
         node_rows: bool,
     },
+    /// Run the NetworkPolicy suite on a running model lab: the upstream
+    /// cases (1-28), the time-ordered ones, node to its own pod under
+    /// default-deny-all and a pod whose named port is another number;
+    /// each case's policies applied through the API, its tables settled
+    /// (within 2 s) and compared, its policies deleted. Fails if any
+    /// case's tables differ from the expected ones.
+    Netpol {
+        /// Only the cases whose name contains this (repeatable).
+        #[arg(long)]
+        only: Vec<String>,
+    },
     #[command(hide = true)]
     EchoServer { port: u16 },
     /// Echo servers on PORT/PROTO (a pod's container ports).
@@ -567,6 +578,20 @@ fn main() -> Result<()> {
                     Ok(())
                 }
             }
+        }
+        Some(Cmd::Netpol { only }) => {
+            let lab = Lab::attach(spec(&cli, vec![])?);
+            lab::catch_interrupts();
+            let reports = lab.run_netpol_suite(only, &mut |_, _, _| Ok(()))?;
+            let failed: Vec<&str> = reports
+                .iter()
+                .filter(|r| !r.passed())
+                .map(|r| r.name.as_str())
+                .collect();
+            if !failed.is_empty() {
+                bail!("{} cases failed: {}", failed.len(), failed.join("; "));
+            }
+            Ok(())
         }
         Some(Cmd::Table { node_rows }) => table(&Lab::attach(spec(&cli, vec![])?), *node_rows),
         Some(Cmd::Serve { ports }) => {

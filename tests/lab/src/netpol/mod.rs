@@ -10,7 +10,9 @@
 //! - `cases`: the upstream cases of `shared/notes/networkpolicy.md`;
 //! - `table`: observed tables, the comparison, how they print;
 //! - `run`: probing the lab, applying a case's steps through the API
-//!   fixture, settling.
+//!   fixture, settling;
+//! - `suite`: every case in phases (node rows, a pod added), as
+//!   `cargo xtask lab netpol` and the e2e tests run them.
 
 use std::collections::BTreeMap;
 
@@ -21,6 +23,7 @@ use crate::{IpFamily, Pod, Spec, pod_label};
 
 pub mod cases;
 pub mod run;
+pub mod suite;
 pub mod table;
 
 pub use run::{CaseReport, ProbeSet, StepReport};

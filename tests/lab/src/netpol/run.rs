@@ -6,6 +6,7 @@
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -33,10 +34,21 @@ struct Source {
 }
 
 /// What one round probes.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct ProbeSet {
     sources: Vec<Source>,
+    /// Rounds so far (from a clock-derived start, so another run's recent
+    /// flows are unlikely to be met): each round's UDP probes take the
+    /// next source ports (see [`Target::sport`]).
+    rounds: AtomicUsize,
 }
+
+/// UDP probes' source ports: a window of [`UDP_PORTS`] from here, each
+/// source walking it in order, so a 5-tuple comes back only after
+/// thousands of probes from that source (minutes, past the 120 s an
+/// answered UDP flow's conntrack entry lives).
+const UDP_PORT_BASE: usize = 10_000;
+const UDP_PORTS: usize = 50_000;
 
 impl ProbeSet {
     pub fn len(&self) -> usize {
@@ -56,6 +68,9 @@ pub struct StepReport {
     /// None: no round matched within [`SETTLE`].
     pub settled: Option<Duration>,
     pub rounds: usize,
+    /// Each round's start and its false allows and denies, for a step
+    /// that took more than one: how the tables converged.
+    pub history: Vec<(Duration, usize, usize)>,
     pub observed: Observed,
     pub comparison: Comparison,
     pub expect: Expect,
@@ -63,19 +78,31 @@ pub struct StepReport {
 
 impl StepReport {
     pub fn line(&self) -> String {
+        let rounds = if self.history.len() > 1 {
+            let r: Vec<String> = self
+                .history
+                .iter()
+                .map(|(t, fa, fd)| format!("{:.2} s: {fa}/{fd}", t.as_secs_f64()))
+                .collect();
+            format!(
+                "{} rounds, false allows/denies at each start: {}",
+                self.rounds,
+                r.join(", ")
+            )
+        } else {
+            format!("{} round", self.rounds)
+        };
         match self.settled {
             Some(t) => format!(
-                "{}: settled by {:.2} s ({} rounds), {}",
+                "{}: settled by {:.2} s ({rounds}), {}",
                 self.what,
                 t.as_secs_f64(),
-                self.rounds,
                 self.comparison.summary()
             ),
             None => format!(
-                "{}: NOT settled in {:.0} s ({} rounds), {}",
+                "{}: NOT settled in {:.0} s ({rounds}), {}",
                 self.what,
                 SETTLE.as_secs_f64(),
-                self.rounds,
                 self.comparison.summary()
             ),
         }
@@ -178,7 +205,12 @@ impl Lab {
                                 };
                                 id += 1;
                                 src.probes.push((
-                                    Target { id, addr, proto },
+                                    Target {
+                                        id,
+                                        addr,
+                                        proto,
+                                        sport: 0,
+                                    },
                                     Column {
                                         proto,
                                         port,
@@ -193,7 +225,14 @@ impl Lab {
                 }
             }
         }
-        Ok(ProbeSet { sources })
+        let start = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as usize)
+            .unwrap_or(0);
+        Ok(ProbeSet {
+            sources,
+            rounds: AtomicUsize::new(start),
+        })
     }
 
     /// One round: every source probes all its targets at once.
@@ -201,6 +240,7 @@ impl Lab {
         let lab = self.spec.bins.lab.to_string_lossy().into_owned();
         let timeout = PROBE_TIMEOUT.as_millis().to_string();
         let mut children = Vec::new();
+        let round = set.rounds.fetch_add(1, Ordering::Relaxed);
         for src in &set.sources {
             let mut child = Command::new("ip")
                 .args(["netns", "exec", &src.netns, &lab, "probe"])
@@ -210,7 +250,24 @@ impl Lab {
                 .stderr(Stdio::piped())
                 .spawn()
                 .with_context(|| format!("probe in {}", src.netns))?;
-            let input: Vec<Value> = src.probes.iter().map(|(t, _, _)| t.to_json()).collect();
+            let udp = src
+                .probes
+                .iter()
+                .filter(|(t, _, _)| t.proto == Proto::Udp)
+                .count();
+            let mut next = round.wrapping_mul(udp);
+            let input: Vec<Value> = src
+                .probes
+                .iter()
+                .map(|(t, _, _)| {
+                    let mut t = t.clone();
+                    if t.proto == Proto::Udp {
+                        t.sport = (UDP_PORT_BASE + next % UDP_PORTS) as u16;
+                        next += 1;
+                    }
+                    t.to_json()
+                })
+                .collect();
             child
                 .stdin
                 .take()
@@ -270,18 +327,25 @@ impl Lab {
         what: &str,
     ) -> Result<StepReport> {
         let mut rounds = 0;
+        let mut history = Vec::new();
         loop {
             check_interrupted()?;
             let started = since.elapsed();
             let observed = self.probe(set)?;
             rounds += 1;
             let comparison = observed.compare(expect);
+            history.push((
+                started,
+                comparison.false_allows.len(),
+                comparison.false_denies.len(),
+            ));
             let matched = comparison.matches();
             if matched || since.elapsed() >= SETTLE {
                 return Ok(StepReport {
                     what: what.to_string(),
                     settled: matched.then_some(started),
                     rounds,
+                    history,
                     observed,
                     comparison,
                     expect: expect.clone(),
