@@ -6,7 +6,6 @@
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -34,21 +33,10 @@ struct Source {
 }
 
 /// What one round probes.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ProbeSet {
     sources: Vec<Source>,
-    /// Rounds so far (from a clock-derived start, so another run's recent
-    /// flows are unlikely to be met): each round's UDP probes take the
-    /// next source ports (see [`Target::sport`]).
-    rounds: AtomicUsize,
 }
-
-/// UDP probes' source ports: a window of [`UDP_PORTS`] from here, each
-/// source walking it in order, so a 5-tuple comes back only after
-/// thousands of probes from that source (minutes, past the 120 s an
-/// answered UDP flow's conntrack entry lives).
-const UDP_PORT_BASE: usize = 10_000;
-const UDP_PORTS: usize = 50_000;
 
 impl ProbeSet {
     pub fn len(&self) -> usize {
@@ -59,6 +47,15 @@ impl ProbeSet {
         self.len() == 0
     }
 }
+
+/// UDP probes' source ports: a window of [`UDP_PORTS`] from here. Every
+/// round takes the next ports after the last round's, whichever process
+/// ran it (the cursor lives in the lab's state), so a 5-tuple comes back
+/// only after the whole window: minutes, past the 120 s an answered UDP
+/// flow's conntrack entry lives (see [`Target::sport`]). Sources share
+/// the window: their addresses differ.
+const UDP_PORT_BASE: usize = 1100;
+const UDP_PORTS: usize = 63_000;
 
 /// A step's outcome on the lab.
 #[derive(Debug, Clone)]
@@ -225,14 +222,20 @@ impl Lab {
                 }
             }
         }
-        let start = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs() as usize)
-            .unwrap_or(0);
-        Ok(ProbeSet {
-            sources,
-            rounds: AtomicUsize::new(start),
-        })
+        Ok(ProbeSet { sources })
+    }
+
+    /// The next `n` UDP source ports' first (as an offset in the window),
+    /// moving the lab's cursor past them.
+    fn take_udp_ports(&self, n: usize) -> Result<usize> {
+        let file = self.spec.root.join("udp-port-cursor");
+        let at = std::fs::read_to_string(&file)
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+            .unwrap_or(0)
+            % UDP_PORTS;
+        std::fs::write(&file, ((at + n) % UDP_PORTS).to_string())?;
+        Ok(at)
     }
 
     /// One round: every source probes all its targets at once.
@@ -240,7 +243,18 @@ impl Lab {
         let lab = self.spec.bins.lab.to_string_lossy().into_owned();
         let timeout = PROBE_TIMEOUT.as_millis().to_string();
         let mut children = Vec::new();
-        let round = set.rounds.fetch_add(1, Ordering::Relaxed);
+        let udp_per_source = set
+            .sources
+            .iter()
+            .map(|s| {
+                s.probes
+                    .iter()
+                    .filter(|(t, _, _)| t.proto == Proto::Udp)
+                    .count()
+            })
+            .max()
+            .unwrap_or(0);
+        let first_port = self.take_udp_ports(udp_per_source)?;
         for src in &set.sources {
             let mut child = Command::new("ip")
                 .args(["netns", "exec", &src.netns, &lab, "probe"])
@@ -250,12 +264,7 @@ impl Lab {
                 .stderr(Stdio::piped())
                 .spawn()
                 .with_context(|| format!("probe in {}", src.netns))?;
-            let udp = src
-                .probes
-                .iter()
-                .filter(|(t, _, _)| t.proto == Proto::Udp)
-                .count();
-            let mut next = round.wrapping_mul(udp);
+            let mut next = first_port;
             let input: Vec<Value> = src
                 .probes
                 .iter()
