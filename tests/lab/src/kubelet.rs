@@ -166,7 +166,7 @@ impl Lab {
             "DEL",
             &format!("lab-{}-{}", pod.node, pod.index),
             &format!("/run/netns/{}", pod.ns),
-            &crate::pods::cni_pod_arg(names, pod.index),
+            &cni_pod_arg(names, pod.index),
         );
         let _ = sh("ip", &["netns", "del", &pod.ns]);
         del.map(|_| ())
@@ -176,6 +176,15 @@ impl Lab {
         let listing: Vec<Value> = pods.iter().map(pod_json).collect();
         std::fs::write(self.spec.pods_file(), serde_json::to_vec_pretty(&listing)?)?;
         Ok(())
+    }
+}
+
+/// The `pod` argument of [`Lab::cni`] for a pod named `names`, or the
+/// anonymous `j`-th pod of its node.
+pub(crate) fn cni_pod_arg(names: Option<(&str, &str)>, j: usize) -> String {
+    match names {
+        Some((ns, name)) => format!("{ns}/{name}"),
+        None => format!("pod{j}"),
     }
 }
 

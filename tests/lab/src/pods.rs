@@ -28,7 +28,7 @@ impl Lab {
             "ADD",
             &format!("lab-{i}-{j}"),
             &format!("/run/netns/{ns}"),
-            &cni_pod_arg(names, j),
+            &crate::kubelet::cni_pod_arg(names, j),
         )?;
         let addrs: Vec<IpAddr> = result["ips"]
             .as_array()
@@ -152,15 +152,6 @@ impl Lab {
         let v: Vec<Value> =
             serde_json::from_slice(&std::fs::read(self.spec.pods_file()).context("no lab is up")?)?;
         v.iter().map(crate::kubelet::pod_from_json).collect()
-    }
-}
-
-/// The `pod` argument of [`Lab::cni`] for a pod named `names`, or the
-/// anonymous `j`-th pod of its node.
-pub(crate) fn cni_pod_arg(names: Option<(&str, &str)>, j: usize) -> String {
-    match names {
-        Some((ns, name)) => format!("{ns}/{name}"),
-        None => format!("pod{j}"),
     }
 }
 

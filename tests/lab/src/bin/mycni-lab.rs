@@ -15,7 +15,8 @@ use mycni_lab::{self as lab, Bins, Lab, Spec, Stack, labbench, soak};
     name = "mycni-lab",
     bin_name = "cargo xtask lab",
     about = "The local multi-node lab: node network namespaces running the real agent and \
-             plugin against a Kubernetes API fixture. Without a command: up, then test.",
+             plugin against a Kubernetes API fixture. Without a command: up, test, then a NetworkPolicy \
+             at work (the truth tables before, with and after a sample policy).",
     after_help = "`cargo xtask lab` and `cargo xtask soak` build what these commands run \
                   (the eBPF object, which the agent embeds, then the release binaries) \
                   before handing over to this binary; `test`, `status` and `down` use \

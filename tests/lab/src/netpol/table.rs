@@ -142,9 +142,9 @@ impl Observed {
             }
         }
         let mut out = String::new();
+        let all = self.columns();
         for (observed, expected, cols) in groups {
-            let names: Vec<String> = cols.iter().map(Column::to_string).collect();
-            let _ = writeln!(out, "{}:", names.join(", "));
+            let _ = writeln!(out, "{}:", name_columns(&cols, &all));
             if expect.is_some() && observed != expected {
                 let _ = writeln!(out, "  observed:");
                 out.push_str(&indent(&observed));
@@ -181,6 +181,48 @@ impl Observed {
     }
 }
 
+/// A group's name: `TCP/80, UDP/81 (IPv4 and IPv6, by pod IP and by
+/// Service)` when each protocol/port in it has every family and path the
+/// tables have, else every column by name.
+fn name_columns(cols: &[Column], all: &[Column]) -> String {
+    let ways = |proto, port, within: &[Column]| -> Vec<(crate::IpFamily, super::Via)> {
+        within
+            .iter()
+            .filter(|c| c.proto == proto && c.port == port)
+            .map(|c| (c.family, c.via))
+            .collect()
+    };
+    let mut ports: Vec<(crate::model::Proto, u16)> =
+        cols.iter().map(|c| (c.proto, c.port)).collect();
+    ports.dedup();
+    let whole = ports
+        .iter()
+        .all(|(proto, port)| ways(*proto, *port, cols) == ways(*proto, *port, all));
+    if !whole {
+        return cols
+            .iter()
+            .map(Column::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+    }
+    let mut families: Vec<String> = all.iter().map(|c| c.family.to_string()).collect();
+    families.dedup();
+    let mut vias: Vec<super::Via> = all.iter().map(|c| c.via).collect();
+    vias.sort_unstable();
+    vias.dedup();
+    let vias: Vec<&str> = vias.iter().map(|v| v.label()).collect();
+    let names: Vec<String> = ports
+        .iter()
+        .map(|(proto, port)| format!("{}/{port}", proto.api()))
+        .collect();
+    format!(
+        "{} ({}, by {})",
+        names.join(", "),
+        families.join(" and "),
+        vias.join(" and by ")
+    )
+}
+
 fn indent(s: &str) -> String {
     s.lines().map(|l| format!("  {l}\n")).collect()
 }
@@ -214,8 +256,19 @@ mod tests {
         let r = o.report(Some(&e));
         // Both paths in one group: the same tables.
         assert!(
-            r.starts_with("TCP/80 IPv4 via pod IP, TCP/80 IPv4 via Service:\n"),
+            r.starts_with("TCP/80 (IPv4, by pod IP and by Service):\n"),
             "{r}"
+        );
+        let mut partial = o.clone();
+        partial
+            .0
+            .insert((col(Via::PodIp), "x/a".into(), "x/b".into()), false);
+        assert!(
+            partial
+                .report(None)
+                .starts_with("TCP/80 IPv4 via pod IP:\n"),
+            "{}",
+            partial.report(None)
         );
         assert!(r.contains("false allows: 2 cells, pairs: x/b->x/a"), "{r}");
         let table = o.render(&col(Via::PodIp), None);
