@@ -42,6 +42,8 @@ pub const PEERS_MAP: &str = "mycni_peers";
 /// addresses (network byte order); same value types, same capacities.
 pub const REMOTE6_MAP: &str = "mycni_remote6";
 pub const LOCAL6_MAP: &str = "mycni_local6";
+/// The NetworkPolicy epoch (one `u32`, see `POLICY_MARK_SHIFT`).
+pub const POLICY_MAP: &str = "mycni_policy";
 
 /// Capacity of the remote-podCIDR trie: one entry per peer Node.
 pub const REMOTE_MAX: u32 = 16_384;
@@ -170,11 +172,16 @@ pub enum DpPath {
     /// device, with the IPv4 overlay's larger MTU): the kernel answers
     /// with "packet too big", which a program cannot.
     KernelVxlan6Mtu = 34,
+    /// Left to the kernel: an established flow whose conntrack entry was
+    /// last admitted by the NetworkPolicy table under an older policy
+    /// (`POLICY_MARK_*`): nftables judges it again and stamps it, and its
+    /// next packets go fast, or it drops it.
+    KernelPolicyStale = 35,
 }
 
 impl DpPath {
     /// Number of counter slots; the counter map has exactly this many entries.
-    pub const COUNT: u32 = 35;
+    pub const COUNT: u32 = 36;
 
     pub const ALL: [DpPath; Self::COUNT as usize] = [
         DpPath::KernelNotIpv4,
@@ -212,6 +219,7 @@ impl DpPath {
         DpPath::FastVxlan6,
         DpPath::FastVxlan6Decap,
         DpPath::KernelVxlan6Mtu,
+        DpPath::KernelPolicyStale,
     ];
 
     /// Stable label used in metrics and `inspect` output.
@@ -252,6 +260,7 @@ impl DpPath {
             DpPath::FastVxlan6 => "fast_vxlan6",
             DpPath::FastVxlan6Decap => "fast_vxlan6_decap",
             DpPath::KernelVxlan6Mtu => "kernel_vxlan6_mtu",
+            DpPath::KernelPolicyStale => "kernel_policy_stale",
         }
     }
 
@@ -411,6 +420,17 @@ pub struct DpConfig {
     pub _pad6: [u8; 2],
 }
 
+/// The bits of a conntrack entry's mark the NetworkPolicy table stamps with
+/// the policy epoch under which it last admitted the connection (bits
+/// 16-27; the others stay their owners'). The fast path forwards an
+/// established flow only while its stamp is the current epoch (map
+/// `mycni_policy`), so a policy change sends every live flow back to
+/// nftables once, to be judged again. Epochs run 1..=`POLICY_EPOCH_MAX`
+/// and wrap; 0 in the map: no policy, no check.
+pub const POLICY_MARK_SHIFT: u32 = 16;
+pub const POLICY_MARK_MASK: u32 = 0x0fff_0000;
+pub const POLICY_EPOCH_MAX: u32 = POLICY_MARK_MASK >> POLICY_MARK_SHIFT;
+
 /// `RemoteNode::flags`: the peer is routed directly (same L2 segment, no
 /// encapsulation): the kernel's route is `podCIDR via <host IP>` on the underlay.
 pub const REMOTE_DIRECT: u8 = 1;
@@ -516,7 +536,7 @@ mod tests {
             2 * DpPath::COUNT + 8
         );
         assert_eq!(
-            counter_index(DpFamily::Ipv6, DpPath::KernelVxlan6Mtu),
+            counter_index(DpFamily::Ipv6, DpPath::KernelPolicyStale),
             COUNTERS_LEN - 1
         );
         assert_eq!(DpFamily::Ipv6.name(), "ipv6");

@@ -28,6 +28,7 @@ union nf_conntrack_proto {
 
 struct nf_conn {
 	unsigned long status;
+	__u32 mark;
 	union nf_conntrack_proto proto;
 } __attribute__((preserve_access_index));
 
@@ -81,14 +82,23 @@ extern int bpf_ct_change_timeout(struct nf_conn *ct, __u32 timeout) __attribute_
 #define MYCNI_CT_ESTABLISHED 1
 #define MYCNI_CT_NAT 2
 #define MYCNI_CT_NOT_ESTABLISHED 3
+#define MYCNI_CT_POLICY_STALE 4
+
+// mycni-common's POLICY_MARK_MASK: the mark's bits the policy table stamps.
+#define MYCNI_POLICY_MARK_MASK 0x0fff0000
 
 // Looks the flow up in the conntrack table of the skb's network namespace
 // (either direction matches). A flow qualifies for the fast path when it is
 // established (TCP state ESTABLISHED, UDP assured) and not NATed; its entry's
 // timeout is then renewed to `timeout_ms`, as the kernel would renew it for
 // a packet it saw, so a fast-pathed flow never expires under its users.
+//
+// With `policy_mark` set, the entry must also carry it in its mark's policy
+// bits: nftables stamps a connection it admitted under the current policy,
+// and one admitted under an older policy goes back to be judged again.
 static __attribute__((always_inline)) int ct_gate(struct __sk_buff *skb, struct mycni_ct_tuple *tuple,
-						  __u32 tuple_sz, __u32 l4proto, __u32 timeout_ms)
+						  __u32 tuple_sz, __u32 l4proto, __u32 timeout_ms,
+						  __u32 policy_mark)
 {
 	struct mycni_ct_opts opts = {
 		.netns_id = BPF_F_CURRENT_NETNS,
@@ -105,6 +115,8 @@ static __attribute__((always_inline)) int ct_gate(struct __sk_buff *skb, struct 
 	else if (l4proto == IPPROTO_TCP ? ct->proto.tcp.state != TCP_CONNTRACK_ESTABLISHED
 					: !(status & IPS_ASSURED))
 		verdict = MYCNI_CT_NOT_ESTABLISHED;
+	else if (policy_mark && (ct->mark & MYCNI_POLICY_MARK_MASK) != policy_mark)
+		verdict = MYCNI_CT_POLICY_STALE;
 	else {
 		if (timeout_ms)
 			bpf_ct_change_timeout(ct, timeout_ms);
@@ -117,7 +129,8 @@ static __attribute__((always_inline)) int ct_gate(struct __sk_buff *skb, struct 
 // IPv4: addresses and ports in network byte order, the ports as the 32-bit
 // word they form on the wire (source first).
 __attribute__((always_inline)) int mycni_ct_gate(struct __sk_buff *skb, __u32 saddr, __u32 daddr,
-						 __u32 ports, __u32 l4proto, __u32 timeout_ms)
+						 __u32 ports, __u32 l4proto, __u32 timeout_ms,
+						 __u32 policy_mark)
 {
 	// Member by member, not an initialiser: zeroing the whole union first
 	// compiled to a call of the object's byte-at-a-time memset (24 bytes,
@@ -127,13 +140,14 @@ __attribute__((always_inline)) int mycni_ct_gate(struct __sk_buff *skb, __u32 sa
 	tuple.ipv4.daddr = daddr;
 	tuple.ipv4.sport = (__u16)(ports & 0xffff);
 	tuple.ipv4.dport = (__u16)(ports >> 16);
-	return ct_gate(skb, &tuple, sizeof(tuple.ipv4), l4proto, timeout_ms);
+	return ct_gate(skb, &tuple, sizeof(tuple.ipv4), l4proto, timeout_ms, policy_mark);
 }
 
 // IPv6: `addrs` holds the source then the destination address, 32 bytes in
 // network byte order; ports as for IPv4.
 __attribute__((always_inline)) int mycni_ct_gate6(struct __sk_buff *skb, const __u32 *addrs,
-						  __u32 ports, __u32 l4proto, __u32 timeout_ms)
+						  __u32 ports, __u32 l4proto, __u32 timeout_ms,
+						  __u32 policy_mark)
 {
 	struct mycni_ct_tuple tuple = {
 		.ipv6 = {
@@ -143,5 +157,5 @@ __attribute__((always_inline)) int mycni_ct_gate6(struct __sk_buff *skb, const _
 			.dport = (__u16)(ports >> 16),
 		},
 	};
-	return ct_gate(skb, &tuple, sizeof(tuple.ipv6), l4proto, timeout_ms);
+	return ct_gate(skb, &tuple, sizeof(tuple.ipv6), l4proto, timeout_ms, policy_mark);
 }

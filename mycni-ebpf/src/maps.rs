@@ -21,6 +21,11 @@ pub(crate) static COUNTERS: PerCpuArray<PathCounter, { COUNTERS_LEN as usize }> 
 #[btf_map(name = "mycni_config")]
 pub(crate) static CONFIG: Array<DpConfig, 1> = Array::new();
 
+/// The current NetworkPolicy epoch (`POLICY_MARK_*`), written by the
+/// agent's policy room after each change it made; 0: no check.
+#[btf_map(name = "mycni_policy")]
+pub(crate) static POLICY: Array<u32, 1> = Array::new();
+
 /// Peer podCIDRs, mirrored from the routes the agent programs on `vxlan.1`.
 #[btf_map(name = "mycni_remote")]
 pub(crate) static REMOTE: RemoteMap<4> = LpmTrie::new();

@@ -193,6 +193,7 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
             client.clone(),
             node_name.clone(),
             &cfg.state_dir,
+            &cfg.pin_dir,
             &metrics,
             cfg.resync,
         )

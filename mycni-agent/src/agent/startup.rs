@@ -107,7 +107,7 @@ pub(super) async fn start(cfg: &Config, metrics: &Arc<Metrics>) -> Result<Starte
     }
     if !cfg.network_policy {
         // An agent run with policy before would leave its last rules in force.
-        crate::policy::room::uninstall().context("removing the NetworkPolicy table")?;
+        crate::policy::room::uninstall(&cfg.pin_dir).context("removing the NetworkPolicy table")?;
     }
     announce(
         &nodes,

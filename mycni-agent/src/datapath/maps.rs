@@ -11,7 +11,8 @@ use aya::maps::{Array, HashMap, LpmTrie, MapData, PerCpuArray};
 use aya::programs::{SchedClassifier, TcAttachType};
 use mycni_common::{
     CONFIG_MAP, COUNTERS_LEN, COUNTERS_MAP, DpConfig, DpFamily, DpPath, LOCAL_MAP, LOCAL6_MAP,
-    LocalEndpoint, PEERS_MAP, PathCounter, PeerNode, REMOTE_MAP, REMOTE6_MAP, RemoteNode,
+    LocalEndpoint, PEERS_MAP, POLICY_MAP, PathCounter, PeerNode, REMOTE_MAP, REMOTE6_MAP,
+    RemoteNode,
 };
 
 use super::error::DatapathError;
@@ -26,7 +27,29 @@ pub const MAPS: &[&str] = &[
     PEERS_MAP,
     REMOTE6_MAP,
     LOCAL6_MAP,
+    POLICY_MAP,
 ];
+
+/// The NetworkPolicy epoch the fast path holds established flows to (0: no
+/// check), from its pin under `pin_dir`. None: no fast path here (no pin:
+/// the kernel datapath, or programs not loaded yet).
+pub fn read_policy_epoch(pin_dir: &Path) -> Option<u32> {
+    let data = pin_dir.open_data(POLICY_MAP).ok()?;
+    let map: Array<MapData, u32> = Array::try_from(aya::maps::Map::Array(data)).ok()?;
+    map.get(&0, 0).ok()
+}
+
+/// Writes the epoch (the policy room, after nftables took the change that
+/// stamps with it). False when there is no fast path to tell.
+pub fn write_policy_epoch(pin_dir: &Path, epoch: u32) -> Result<bool, aya::maps::MapError> {
+    let data = match pin_dir.open_data(POLICY_MAP) {
+        Ok(d) => d,
+        Err(_) => return Ok(false),
+    };
+    let mut map: Array<MapData, u32> = Array::try_from(aya::maps::Map::Array(data))?;
+    map.set(0, &epoch, 0)?;
+    Ok(true)
+}
 
 /// Where the fast path's maps are opened: under the directory the agent
 /// pinned them in, or by id, from the programs attached in this network

@@ -57,7 +57,8 @@ pub use counters::{DatapathMetrics, register_metrics};
 pub use error::DatapathError;
 pub use maps::{
     AttachedMaps, HashMapOf, LOCAL, LOCAL6, MAPS, MapAddr, MapSource, PEERS, REMOTE, REMOTE6,
-    SyncStats, TrieMap, read_config, read_counters, read_family_counters, write_config,
+    SyncStats, TrieMap, read_config, read_counters, read_family_counters, read_policy_epoch,
+    write_config, write_policy_epoch,
 };
 pub use programs::{
     Datapath, PROG_FROM_POD, Prog, detach, detach_all, embedded_object, link_pin_path, pinned_links,

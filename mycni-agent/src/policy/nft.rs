@@ -11,21 +11,47 @@
 //! address, which only an ipBlock can match.
 //!
 //! What it reads: the connection's conntrack tuple, the client as `ct
-//! original` saddr and the server (after DNAT) as `ct reply` saddr, so the
-//! packet that opens a connection is judged as that connection whichever
-//! way it travels (a flow picked up mid-stream makes its entry from the
-//! packet seen first). The server's port is the packet's `th dport`: nft
-//! cannot put `ct reply proto-src` in a concatenation (its size depends on
-//! the protocol), and only a connection's first packet is judged, which
-//! travels in the original direction, after DNAT, to exactly that port.
+//! original` saddr and the server (after DNAT) as `ct reply` saddr, so
+//! every packet (the first, a reply, a SYN meeting an old ESTABLISHED
+//! entry) is judged as its connection, whichever way it travels. The
+//! server's port is the packet's `th dport` in the original direction and
+//! its `th sport` in the reply direction (forward runs after DNAT and
+//! before the reply's un-DNAT, so both are the backend's port): nft cannot
+//! put `ct reply proto-src` in a concatenation (its size depends on the
+//! protocol).
 //!
-//! What passes first: established and related packets (replies of an
-//! allowed connection, ICMP errors about it; a live connection's exactness
-//! after a policy change is issue 25's), neighbour discovery. Packets
-//! conntrack calls invalid to or from an isolated pod are dropped: they
-//! have no tuple to be judged on.
+//! Every packet to or from an isolated pod is judged, not only a
+//! connection's first: a policy change cuts a live connection it no
+//! longer allows at its next packet, on both datapaths (see the stamp
+//! below). A pod no policy isolates costs three set lookups per forwarded
+//! packet on the kernel path.
+//!
+//! Both datapaths bring every new connection here: the fast path forwards
+//! only established TCP / assured UDP flows without NAT and leaves SYN,
+//! FIN, RST, unconfirmed and DNATed flows to the kernel
+//! (tests/e2e/tests/ebpf_prog/fast_path.rs,
+//! `everything_else_is_left_to_the_kernel_untouched`, keeps that so).
+//!
+//! Every packet it lets through stamps its connection's conntrack mark
+//! with the current policy epoch (bits 16-27, `stamp`); the fast path
+//! forwards an established flow only while its stamp is current, so a
+//! policy change sends each live flow back here once, to be judged again
+//! (cut, or stamped and fast again).
+//!
+//! Fail closed: once any NetworkPolicy exists, a pod veth's packets from
+//! or to an address the room has not judged (its Pod unknown yet) are
+//! dropped until its rules exist (set `known`); the node's own traffic to
+//! it is not (it never crosses forward).
+//!
+//! What passes first: related packets (ICMP errors about a connection),
+//! neighbour discovery. Packets without a connection (conntrack's invalid
+//! or untracked) to or from an isolated pod are dropped: there is no tuple
+//! to judge them on.
 
 use std::fmt::Write as _;
+
+use mycni_common::contract::HOST_VETH_PREFIX;
+use mycni_common::{POLICY_MARK_MASK, POLICY_MARK_SHIFT};
 
 use super::sets::{Desired, SetKind, SetName};
 
@@ -36,6 +62,7 @@ fn set_type(kind: SetKind, v6: bool) -> String {
     let a = if v6 { "ipv6_addr" } else { "ipv4_addr" };
     match kind {
         SetKind::EgIso | SetKind::InIso => format!("type {a};"),
+        SetKind::Known => format!("type {a}; flags interval;"),
         SetKind::SelfPair => format!("type {a} . {a};"),
         SetKind::EgAny | SetKind::InAny => format!("type {a} . {a}; flags interval;"),
         SetKind::EgAllow | SetKind::InAllow => {
@@ -48,21 +75,40 @@ fn set_type(kind: SetKind, v6: bool) -> String {
 fn chains(v6: bool) -> String {
     let (n, ip) = if v6 { (6, "ip6") } else { (4, "ip") };
     let t = format!("{FAMILY} {TABLE}");
+    let veths = format!("{HOST_VETH_PREFIX}*");
     format!(
         "add chain {t} judge{n}\n\
          add chain {t} egress{n}\n\
          add chain {t} ingress{n}\n\
-         add rule {t} judge{n} ct state invalid {ip} saddr @eg_iso{n} counter drop comment \"mycni: invalid packet from an isolated pod\"\n\
-         add rule {t} judge{n} ct state invalid {ip} daddr @in_iso{n} counter drop comment \"mycni: invalid packet to an isolated pod\"\n\
+         add rule {t} judge{n} iifname \"{veths}\" {ip} saddr != @known{n} counter drop comment \"mycni: from a pod not judged yet (fail closed)\"\n\
+         add rule {t} judge{n} oifname \"{veths}\" {ip} daddr != @known{n} counter drop comment \"mycni: to a pod not judged yet (fail closed)\"\n\
+         add rule {t} judge{n} ct state {{ invalid, untracked }} {ip} saddr @eg_iso{n} counter drop comment \"mycni: packet without a connection from an isolated pod\"\n\
+         add rule {t} judge{n} ct state {{ invalid, untracked }} {ip} daddr @in_iso{n} counter drop comment \"mycni: packet without a connection to an isolated pod\"\n\
          add rule {t} judge{n} ct original {ip} saddr . ct reply {ip} saddr @self{n} accept comment \"mycni: a pod to itself, through its Service too\"\n\
          add rule {t} judge{n} ct original {ip} saddr @eg_iso{n} jump egress{n}\n\
          add rule {t} judge{n} ct reply {ip} saddr @in_iso{n} jump ingress{n}\n\
-         add rule {t} egress{n} ct original {ip} saddr . ct reply {ip} saddr . meta l4proto . th dport @eg_allow{n} return\n\
+         add rule {t} egress{n} ct direction original ct original {ip} saddr . ct reply {ip} saddr . meta l4proto . th dport @eg_allow{n} return\n\
+         add rule {t} egress{n} ct direction reply ct original {ip} saddr . ct reply {ip} saddr . meta l4proto . th sport @eg_allow{n} return\n\
          add rule {t} egress{n} ct original {ip} saddr . ct reply {ip} saddr @eg_any{n} return\n\
          add rule {t} egress{n} counter drop comment \"mycni: egress no NetworkPolicy allows\"\n\
-         add rule {t} ingress{n} ct reply {ip} saddr . ct original {ip} saddr . meta l4proto . th dport @in_allow{n} return\n\
+         add rule {t} ingress{n} ct direction original ct reply {ip} saddr . ct original {ip} saddr . meta l4proto . th dport @in_allow{n} return\n\
+         add rule {t} ingress{n} ct direction reply ct reply {ip} saddr . ct original {ip} saddr . meta l4proto . th sport @in_allow{n} return\n\
          add rule {t} ingress{n} ct reply {ip} saddr . ct original {ip} saddr @in_any{n} return\n\
          add rule {t} ingress{n} counter drop comment \"mycni: ingress no NetworkPolicy allows\"\n"
+    )
+}
+
+/// The one rule that changes with the members: every packet the table let
+/// through stamps its connection's mark with `epoch` (its policy bits
+/// only), so the fast path knows which live flows were judged under the
+/// current policy (`mycni_common::POLICY_MARK_SHIFT`).
+fn stamp(epoch: u32) -> String {
+    let t = format!("{FAMILY} {TABLE}");
+    let e = (epoch << POLICY_MARK_SHIFT) & POLICY_MARK_MASK;
+    let keep = !POLICY_MARK_MASK;
+    format!(
+        "flush chain {t} stamp\n\
+         add rule {t} stamp ct mark and {POLICY_MARK_MASK:#010x} != {e:#010x} ct mark set ct mark and {keep:#010x} or {e:#010x}\n"
     )
 }
 
@@ -80,8 +126,9 @@ fn elements(s: &mut String, verb: &str, name: SetName, members: &[&String]) {
 }
 
 /// The whole table, replacing whatever is there in one transaction (`add`
-/// then `delete` makes the delete succeed whether or not it exists).
-pub fn full_script(d: &Desired) -> String {
+/// then `delete` makes the delete succeed whether or not it exists),
+/// stamping with `epoch`.
+pub fn full_script(d: &Desired, epoch: u32) -> String {
     let t = format!("{FAMILY} {TABLE}");
     let mut s = format!("add table {t}\ndelete table {t}\nadd table {t}\n");
     for v6 in [false, true] {
@@ -94,18 +141,18 @@ pub fn full_script(d: &Desired) -> String {
         s,
         "add chain {t} forward {{ type filter hook forward priority filter; policy accept; }}"
     );
+    let _ = writeln!(s, "add chain {t} stamp");
     s.push_str(&chains(false));
     s.push_str(&chains(true));
-    let _ = writeln!(
-        s,
-        "add rule {t} forward ct state established,related accept"
-    );
+    let _ = writeln!(s, "add rule {t} forward ct state related accept");
     let _ = writeln!(
         s,
         "add rule {t} forward icmpv6 type {{ nd-router-solicit, nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert, nd-redirect }} accept"
     );
     let _ = writeln!(s, "add rule {t} forward meta nfproto ipv4 jump judge4");
     let _ = writeln!(s, "add rule {t} forward meta nfproto ipv6 jump judge6");
+    let _ = writeln!(s, "add rule {t} forward jump stamp");
+    s.push_str(&stamp(epoch));
     for (name, members) in &d.sets {
         let list: Vec<&String> = members.iter().collect();
         elements(&mut s, "add", *name, &list);
@@ -115,8 +162,9 @@ pub fn full_script(d: &Desired) -> String {
 
 /// The members that changed from `old` to `new`: deletions first, so a
 /// member that moved (a narrower prefix replacing a wider one) never
-/// overlaps its old self. None when nothing changed.
-pub fn diff_script(old: &Desired, new: &Desired) -> Option<String> {
+/// overlaps its old self; and the stamp of the new `epoch`, in the same
+/// transaction. None when nothing changed.
+pub fn diff_script(old: &Desired, new: &Desired, epoch: u32) -> Option<String> {
     let gone = old.minus(new);
     let came = new.minus(old);
     if gone.is_empty() && came.is_empty() {
@@ -129,6 +177,7 @@ pub fn diff_script(old: &Desired, new: &Desired) -> Option<String> {
     for (name, members) in &came {
         elements(&mut s, "add", *name, members);
     }
+    s.push_str(&stamp(epoch));
     Some(s)
 }
 

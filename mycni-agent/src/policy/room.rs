@@ -30,19 +30,30 @@ use super::model::Key;
 use super::nft::{FAMILY, TABLE, diff_script, full_script, remove_script};
 use super::sets::{self, Desired};
 use super::{Cluster, compile_node};
+use crate::datapath::{read_policy_epoch, write_policy_epoch};
 use crate::metrics::Metrics;
 use crate::tables::nft;
 use crate::watch::{PolicySnapshot, PolicyWatch};
+use mycni_common::POLICY_EPOCH_MAX;
 
 /// Events closer together than this share a pass: `kubectl apply` of a
 /// few objects, a pod's create then status.
 const DEBOUNCE: Duration = Duration::from_millis(10);
+/// How often the pod records' directory is looked at: a stat, so that a
+/// pod ADD made gets its rules within this, not at the kubelet's status.
+const RECORDS_POLL: Duration = Duration::from_millis(100);
 const RETRY_MIN: Duration = Duration::from_millis(200);
 const RETRY_MAX: Duration = Duration::from_secs(10);
 
 pub struct Room {
     node: String,
     records: PathBuf,
+    /// Where the fast path's maps are pinned (`mycni_policy` holds the
+    /// epoch it checks established flows against).
+    pin_dir: PathBuf,
+    /// The policy epoch the table stamps connections with; a new one with
+    /// every change written.
+    epoch: u32,
     metrics: Arc<PolicyMetrics>,
     /// What the table holds, as last written; None: write it whole.
     applied: Option<Desired>,
@@ -56,9 +67,14 @@ pub fn spawn(
     client: kube::Client,
     node: String,
     state_dir: &Path,
+    pin_dir: &Path,
     metrics: &Arc<Metrics>,
     resync: Duration,
 ) -> JoinHandle<()> {
+    let pin_dir = pin_dir.to_path_buf();
+    // Past whatever epoch an earlier agent left: every flow stamped under
+    // it is judged again once.
+    let epoch = next_epoch(read_policy_epoch(&pin_dir).unwrap_or(0));
     let metrics = metrics.clone();
     let records = state_dir.join(POD_RECORDS_DIR);
     // Registered now, so its series (enforcing 0) are there while the
@@ -69,6 +85,8 @@ pub fn spawn(
         let mut room = Room {
             node,
             records,
+            pin_dir,
+            epoch,
             metrics: collector,
             applied: None,
             reported: BTreeSet::new(),
@@ -77,9 +95,17 @@ pub fn spawn(
     })
 }
 
-/// Removes the table (`--network-policy=false`, uninstall).
-pub fn uninstall() -> Result<()> {
-    nft::apply(&remove_script())
+/// Removes the table (`--network-policy=false`, uninstall) and tells the
+/// fast path to check no stamp any more (nobody writes them now).
+pub fn uninstall(pin_dir: &Path) -> Result<()> {
+    nft::apply(&remove_script())?;
+    write_policy_epoch(pin_dir, 0)?;
+    Ok(())
+}
+
+/// The epoch after `e`: 1..=POLICY_EPOCH_MAX, wrapping, never 0 (no check).
+fn next_epoch(e: u32) -> u32 {
+    if e >= POLICY_EPOCH_MAX { 1 } else { e + 1 }
 }
 
 impl Room {
@@ -87,6 +113,9 @@ impl Room {
         let mut check = tokio::time::interval_at(Instant::now() + resync, resync);
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut retry: Option<Duration> = None;
+        let mut records = tokio::time::interval(RECORDS_POLL);
+        records.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut records_seen = dir_stamp(&self.records);
         loop {
             let woke = Instant::now();
             let snap = watch.snapshot();
@@ -110,22 +139,35 @@ impl Room {
             } else {
                 Some(retry.map_or(RETRY_MIN, |d| (d * 2).min(RETRY_MAX)))
             };
-            tokio::select! {
-                () = watch.changed.notified() => tokio::time::sleep(DEBOUNCE).await,
-                () = async {
-                    match retry {
-                        Some(d) => tokio::time::sleep(d).await,
-                        None => std::future::pending().await,
+            // Waits for a reason to pass again: an API event, a record
+            // written or removed, a retry, or the check of the table.
+            loop {
+                tokio::select! {
+                    () = watch.changed.notified() => tokio::time::sleep(DEBOUNCE).await,
+                    _ = records.tick() => {
+                        let stamp = dir_stamp(&self.records);
+                        if stamp == records_seen {
+                            continue;
+                        }
+                        records_seen = stamp;
                     }
-                } => {}
-                _ = check.tick() => {
-                    // Someone removed the table (a flush of the ruleset):
-                    // write it whole again.
-                    if !table_exists().await {
+                    () = async {
+                        match retry {
+                            Some(d) => tokio::time::sleep(d).await,
+                            None => std::future::pending().await,
+                        }
+                    } => {}
+                    _ = check.tick() => {
+                        // Someone removed the table (a flush of the
+                        // ruleset): write it whole again.
+                        if table_exists().await {
+                            continue;
+                        }
                         tracing::warn!(table = TABLE, "the NetworkPolicy table was missing: writing it again");
                         self.applied = None;
                     }
                 }
+                break;
             }
         }
     }
@@ -168,7 +210,8 @@ impl Room {
             }
         }
         self.add_records(&mut cluster);
-        let want = sets::desired(&compile_node(&cluster, &self.node));
+        let fail_closed = !cluster.policies.is_empty();
+        let want = sets::desired(&compile_node(&cluster, &self.node), fail_closed);
         self.metrics
             .policies
             .store(cluster.policies.len() as u64, Ordering::Relaxed);
@@ -207,12 +250,13 @@ impl Room {
     /// table (the first time, after a failure, when it went missing); an
     /// incremental write the kernel refuses is retried whole at once.
     async fn apply(&mut self, want: Desired) -> Result<()> {
+        let epoch = next_epoch(self.epoch);
         let script = match &self.applied {
-            Some(old) => match diff_script(old, &want) {
+            Some(old) => match diff_script(old, &want, epoch) {
                 None => return Ok(()),
                 Some(s) => s,
             },
-            None => full_script(&want),
+            None => full_script(&want, epoch),
         };
         let incremental = self.applied.is_some();
         let result = run_nft(script).await;
@@ -220,7 +264,7 @@ impl Room {
             Err(e) if incremental => {
                 tracing::info!(error = %e, "incremental policy write refused; writing the table whole");
                 self.metrics.full_writes.fetch_add(1, Ordering::Relaxed);
-                run_nft(full_script(&want)).await
+                run_nft(full_script(&want, epoch)).await
             }
             Ok(()) if !incremental => {
                 self.metrics.full_writes.fetch_add(1, Ordering::Relaxed);
@@ -229,6 +273,10 @@ impl Room {
             r => r,
         };
         result?;
+        // Only now: a flow stamped under the old epoch goes on fast until
+        // the fast path checks for the new one, and the new stamps exist.
+        self.epoch = epoch;
+        write_policy_epoch(&self.pin_dir, epoch)?;
         self.metrics
             .set_elements
             .store(want.len() as u64, Ordering::Relaxed);
@@ -246,6 +294,14 @@ async fn table_exists() -> bool {
     tokio::task::spawn_blocking(|| nft::table_exists(FAMILY, TABLE))
         .await
         .unwrap_or(false)
+}
+
+/// The records directory's modification time (and inode, should it be
+/// made anew): a record written, renamed in or removed changes it.
+fn dir_stamp(dir: &Path) -> Option<(std::time::SystemTime, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(dir).ok()?;
+    Some((m.modified().ok()?, m.ino()))
 }
 
 /// The plugin's records on this node, by pod. Unreadable ones are skipped:

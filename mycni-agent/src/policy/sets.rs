@@ -13,7 +13,12 @@
 //! - `eg_any` / `in_any`: (local address, remote prefix) admitted on every
 //!   protocol and port (a rule without `ports`: ICMP echo too);
 //! - `self`: (address, address) of every local pod, its own connections
-//!   through its Service (the hairpin) pass as connections to its own IP do.
+//!   through its Service (the hairpin) pass as connections to its own IP do;
+//! - `known`: the local pod addresses the room knows the Pod of. Once any
+//!   NetworkPolicy exists, a pod interface's traffic from or to an address
+//!   outside it is dropped (fail closed: a pod the agent has not judged yet
+//!   may be one a policy isolates); with no policy at all, it holds both
+//!   default routes.
 //!
 //! Interval sets of concatenations must not hold overlapping elements (the
 //! kernel refuses an insert that overlaps another), while rules overlap
@@ -44,10 +49,11 @@ pub enum SetKind {
     EgAny,
     InAny,
     SelfPair,
+    Known,
 }
 
 impl SetKind {
-    pub const ALL: [SetKind; 7] = [
+    pub const ALL: [SetKind; 8] = [
         SetKind::EgIso,
         SetKind::InIso,
         SetKind::EgAllow,
@@ -55,6 +61,7 @@ impl SetKind {
         SetKind::EgAny,
         SetKind::InAny,
         SetKind::SelfPair,
+        SetKind::Known,
     ];
 
     fn stem(self) -> &'static str {
@@ -66,6 +73,7 @@ impl SetKind {
             SetKind::EgAny => "eg_any",
             SetKind::InAny => "in_any",
             SetKind::SelfPair => "self",
+            SetKind::Known => "known",
         }
     }
 
@@ -161,13 +169,22 @@ fn default_route(v6: bool) -> Cidr {
     Cidr::new(any, 0).unwrap_or_else(|| Cidr::host(any))
 }
 
-/// The set members for the pods of this node.
-pub fn desired(compiled: &BTreeMap<Key, CompiledPod>) -> Desired {
+/// The set members for the pods of this node. `fail_closed`: some
+/// NetworkPolicy exists, so pods the room does not know are cut off.
+pub fn desired(compiled: &BTreeMap<Key, CompiledPod>, fail_closed: bool) -> Desired {
     let mut out = Desired::default();
+    if !fail_closed {
+        for v6 in [false, true] {
+            out.add(SetKind::Known, v6, default_route(v6).to_string());
+        }
+    }
     for pod in compiled.values() {
         for ip in &pod.ips {
             let v6 = ip.is_ipv6();
             out.add(SetKind::SelfPair, v6, format!("{ip} . {ip}"));
+            if fail_closed {
+                out.add(SetKind::Known, v6, Cidr::host(*ip).to_string());
+            }
             for d in [Direction::Egress, Direction::Ingress] {
                 if let DirectionRules::Isolated { allows, .. } = pod.rules(d) {
                     out.isolated.insert(pod.pod.clone());

@@ -34,12 +34,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use mycni_agent::datapath::{
     Datapath, LOCAL, Prog, REMOTE, embedded_object, read_counters, read_family_counters,
-    write_config,
+    write_config, write_policy_epoch,
 };
 use mycni_agent::datapath::{LOCAL6, PEERS, REMOTE6};
 use mycni_common::{
-    CFG_TC_DECAP, CFG_TC_ENCAP, DpConfig, DpFamily, DpPath, LocalEndpoint, PathCounter, PeerNode,
-    RemoteNode, TCX_NEXT,
+    CFG_TC_DECAP, CFG_TC_ENCAP, DpConfig, DpFamily, DpPath, LocalEndpoint, POLICY_EPOCH_MAX,
+    PathCounter, PeerNode, RemoteNode, TCX_NEXT,
 };
 use mycni_testkit::testrun::{Outcome, run_skb_from};
 use mycni_testkit::{BpfFs, NetNs};

@@ -100,7 +100,7 @@ fn on_node(policies: &[(&str, &str, serde_json::Value)], node: &str) -> Desired 
     for p in c.pods.values_mut() {
         p.node = Some(node.to_string());
     }
-    desired(&compile_node(&c, node))
+    desired(&compile_node(&c, node), !policies.is_empty())
 }
 
 fn set(d: &Desired, kind: SetKind, v6: bool) -> Vec<String> {
@@ -227,7 +227,7 @@ fn overlapping_rules_become_disjoint_members() {
 fn pods_of_other_nodes_get_no_members() {
     let mut c = model();
     c.add_policy(np("x", "deny", json!({"podSelector": {}})));
-    assert!(desired(&compile_node(&c, "elsewhere")).is_empty());
+    assert!(desired(&compile_node(&c, "elsewhere"), true).is_empty());
 }
 
 #[test]
@@ -235,6 +235,32 @@ fn minus_is_per_set() {
     let a = on_node(&[("x", "deny", json!({"podSelector": {}}))], "n1");
     let b = on_node(&[], "n1");
     let gone = a.minus(&b);
-    assert_eq!(gone.len(), 2, "{gone:?}");
-    assert!(b.minus(&a).is_empty());
+    // in_iso and known of both families.
+    assert_eq!(gone.len(), 4, "{gone:?}");
+    // known: the default routes of the open node.
+    assert_eq!(b.minus(&a).len(), 2);
+}
+
+/// With no policy at all nothing fails closed (every address is known);
+/// once one exists, only the pods the room compiled are.
+#[test]
+fn known_is_everything_until_a_policy_exists() {
+    let open = on_node(&[], "n1");
+    assert_eq!(
+        set(&open, SetKind::Known, false),
+        vec!["0.0.0.0/0".to_string()]
+    );
+    assert_eq!(set(&open, SetKind::Known, true), vec!["::/0".to_string()]);
+    let some = on_node(
+        &[(
+            "z",
+            "unrelated",
+            json!({"podSelector": {"matchLabels": {"pod": "none"}}}),
+        )],
+        "n1",
+    );
+    let known = set(&some, SetKind::Known, false);
+    assert_eq!(known.len(), 9);
+    assert!(known.contains(&format!("{}/32", pod_ip("x", "a", false))));
+    assert_eq!(set(&some, SetKind::Known, true).len(), 9);
 }

@@ -41,6 +41,70 @@ fn tcp_established_takes_the_fast_path() -> Result<()> {
     })
 }
 
+/// An established flow goes fast only while its conntrack entry carries
+/// the current NetworkPolicy epoch in its mark's policy bits (the policy
+/// table stamps what it admits): a new epoch sends it back to nftables to
+/// be judged again. The mark's other bits are someone else's.
+#[test]
+fn established_flows_go_fast_only_under_the_current_policy_stamp() -> Result<()> {
+    let node = Node::new("pstamp")?;
+    // What the policy table does for a connection it admitted under epoch
+    // 7, with other bits of the mark set by some other user.
+    node.ns.exec(
+        "nft",
+        &["add table ip mycni_stamp; \
+           add chain ip mycni_stamp out { type filter hook output priority 10; }; \
+           add rule ip mycni_stamp out ct mark set 0x10070001"],
+    )?;
+    node.run(|dp| {
+        dp.configure(&config())?;
+        let at_r = TcpListener::bind(SocketAddrV4::new(POD_R, SERVER_PORT))?;
+        let a_r = tcp_conn(POD_A, SocketAddrV4::new(POD_R, SERVER_PORT), &at_r)?;
+        ensure_ct(a_r.flow, &["ESTABLISHED", "mark=268894209"])?;
+        let out = from_a(&tcp(a_r.flow, ACK, b"abc"));
+        let back = from_peer(&tcp(a_r.flow.rev(), ACK, b"def"));
+        for (epoch, fast) in [
+            (0, true),
+            (7, true),
+            (8, false),
+            (POLICY_EPOCH_MAX, false),
+            (7, true),
+        ] {
+            write_policy_epoch(dp.pin, epoch)?;
+            if fast {
+                dp.fast(
+                    &format!("out, epoch {epoch}"),
+                    POD,
+                    &out,
+                    DpPath::FastVxlanNoEncap,
+                    TO_PEER,
+                )?;
+                dp.fast(
+                    &format!("back, epoch {epoch}"),
+                    VX,
+                    &back,
+                    DpPath::FastDecap,
+                    TO_A,
+                )?;
+            } else {
+                dp.kernel(
+                    &format!("out, epoch {epoch}"),
+                    POD,
+                    &out,
+                    DpPath::KernelPolicyStale,
+                )?;
+                dp.kernel(
+                    &format!("back, epoch {epoch}"),
+                    VX,
+                    &back,
+                    DpPath::KernelPolicyStale,
+                )?;
+            }
+        }
+        Ok(())
+    })
+}
+
 #[test]
 fn udp_takes_the_fast_path_once_assured() -> Result<()> {
     let node = Node::new("udpf")?;
@@ -202,6 +266,9 @@ fn everything_else_is_left_to_the_kernel_untouched() -> Result<()> {
         }
 
         // Opens and closes go through conntrack, even on an established flow.
+        // NetworkPolicy rests on this and on the no-conntrack cases above:
+        // every new connection crosses netfilter's forward hook, where
+        // `inet mycni_policy` decides it (mycni-agent/src/policy/nft.rs).
         for (name, flags) in [
             ("SYN", SYN),
             ("SYN+ACK", SYN | ACK),
