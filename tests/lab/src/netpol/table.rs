@@ -205,8 +205,10 @@ fn name_columns(cols: &[Column], all: &[Column]) -> String {
             .collect::<Vec<_>>()
             .join(", ");
     }
-    let mut families: Vec<String> = all.iter().map(|c| c.family.to_string()).collect();
+    let mut families: Vec<crate::IpFamily> = all.iter().map(|c| c.family).collect();
+    families.sort_unstable();
     families.dedup();
+    let families: Vec<String> = families.iter().map(|f| f.to_string()).collect();
     let mut vias: Vec<super::Via> = all.iter().map(|c| c.via).collect();
     vias.sort_unstable();
     vias.dedup();
@@ -258,6 +260,20 @@ mod tests {
         assert!(
             r.starts_with("TCP/80 (IPv4, by pod IP and by Service):\n"),
             "{r}"
+        );
+        let mut both = o.clone();
+        for ((c, f, t), r) in o.0.iter() {
+            let c6 = Column {
+                family: IpFamily::V6,
+                ..*c
+            };
+            both.0.insert((c6, f.clone(), t.clone()), *r);
+        }
+        assert!(
+            both.report(None)
+                .starts_with("TCP/80 (IPv4 and IPv6, by pod IP and by Service):\n"),
+            "{}",
+            both.report(None)
         );
         let mut partial = o.clone();
         partial
