@@ -15,7 +15,9 @@ use crate::{HOST_TOOLCHAIN, setup};
 
 /// mycni-lab's commands, as far as xtask needs to know them: what to build
 /// first.
-const LAB_COMMANDS: [&str; 7] = ["up", "test", "status", "down", "bench", "soak", "help"];
+const LAB_COMMANDS: [&str; 10] = [
+    "up", "test", "status", "down", "pod", "table", "netpol", "bench", "soak", "help",
+];
 
 /// What a `cargo xtask lab` command line needs built before it runs.
 #[derive(Debug, PartialEq, Eq)]
@@ -141,6 +143,8 @@ mod tests {
         assert_eq!(build("down"), Build::Nothing);
         assert_eq!(build("--nodes 4 status"), Build::Nothing);
         assert_eq!(build("test"), Build::Nothing);
+        assert_eq!(build("pod add --namespace x --name d"), Build::Nothing);
+        assert_eq!(build("table --node-rows"), Build::Nothing);
         assert_eq!(build("--help"), Build::LabIfMissing);
         assert_eq!(build("bench -h"), Build::LabIfMissing);
         assert_eq!(build("help bench"), Build::LabIfMissing);

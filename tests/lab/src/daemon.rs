@@ -26,15 +26,27 @@ pub fn spawn_daemon(
     log: &Path,
     pidfile: &Path,
 ) -> Result<u32> {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", ns]).arg(program).args(args);
+    spawn_command(cmd, program, log, pidfile)
+}
+
+/// [`spawn_daemon`] in this process's own namespace (the host's).
+pub(crate) fn spawn_host_daemon(
+    program: &Path,
+    args: &[String],
+    log: &Path,
+    pidfile: &Path,
+) -> Result<u32> {
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    spawn_command(cmd, program, log, pidfile)
+}
+
+fn spawn_command(mut cmd: Command, program: &Path, log: &Path, pidfile: &Path) -> Result<u32> {
     let out = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
     let err = out.try_clone()?;
-    let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", ns])
-        .arg(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err);
+    cmd.stdin(Stdio::null()).stdout(out).stderr(err);
     // SAFETY: setsid, sigemptyset, sigprocmask and signal are
     // async-signal-safe; nothing else runs between fork and exec.
     unsafe {

@@ -19,10 +19,17 @@ use mycni_apiserver::ApiServer;
 
 mod daemon;
 mod datapath;
+mod forward;
+mod kubeapi;
+mod kubelet;
 pub mod labbench;
 mod matrix;
+pub mod model;
+pub mod netpol;
 mod pods;
+pub mod probe;
 mod prometheus;
+mod services;
 mod setup;
 pub mod soak;
 pub mod stats;
@@ -34,12 +41,17 @@ pub use datapath::{
     describe_ipv6_overlay, describe_node, describe_node_routes, family_label, parse_counters,
     parse_family_counters,
 };
+pub use forward::{HOST_KUBECONFIG_HINT, forward_command};
+pub use kubeapi::{Method, collection};
+pub use kubelet::PodRequest;
 pub use matrix::{FamilyRun, MatrixRun};
+pub use model::KubePod;
 pub use pods::{
     PROBE_BULK_FAILED, ProbeError, echo_server, format_tcp_rr, http_get, parse_tcp_rr, tcp_probe,
     tcp_rr,
 };
 pub use prometheus::PROMETHEUS_PORT;
+pub use services::SERVICE_TABLE;
 pub use soak::churn::leaks::{NodeState, node_state};
 
 /// The binaries a lab runs.
@@ -68,6 +80,10 @@ pub struct Spec {
     pub in_process_api: bool,
     /// The address families of the Nodes' podCIDRs, and so of the pods.
     pub stack: Stack,
+    /// The upstream NetworkPolicy model (see [`model`]): namespaces x, y,
+    /// z with pods a, b, c as Pod objects, servers on 80 and 81, a Service
+    /// each. Needs 3 nodes x 3 pods; other labs have anonymous pods.
+    pub model: bool,
 }
 
 /// An address family of the pods.
@@ -256,9 +272,6 @@ impl Spec {
     pub fn node_dir(&self, i: usize) -> PathBuf {
         self.root.join(format!("node{i}"))
     }
-    pub fn kubeconfig(&self) -> PathBuf {
-        self.root.join("kubeconfig")
-    }
     /// The lab's own bpffs: each node pins under `<bpffs>/node<i>/mycni`.
     /// Not /sys/fs/bpf: `ip netns exec` remounts /sys, hiding it.
     pub fn bpffs(&self) -> PathBuf {
@@ -360,6 +373,10 @@ pub struct Pod {
     pub ip: Ipv4Addr,
     /// Its IPv6 address, in a dual-stack or IPv6-only lab.
     pub ip6: Option<Ipv6Addr>,
+    /// Its Kubernetes side, in a model lab and for pods added as a kubelet
+    /// would (`Lab::add_kube_pod`); None for the anonymous pods of other
+    /// labs.
+    pub kube: Option<KubePod>,
 }
 
 impl Pod {
@@ -382,9 +399,13 @@ impl Pod {
     }
 }
 
-/// A pod's short name in tables: `n<node>p<index>`.
+/// A pod's short name in tables: its Kubernetes name (`x/a`), else
+/// `n<node>p<index>`.
 pub fn pod_label(p: &Pod) -> String {
-    format!("n{}p{}", p.node, p.index)
+    match &p.kube {
+        Some(k) => k.label(),
+        None => format!("n{}p{}", p.node, p.index),
+    }
 }
 
 pub struct Lab {
@@ -420,6 +441,7 @@ mod tests {
             ns: "x".into(),
             ip: Ipv4Addr::new(10, 244, 1, 1),
             ip6: None,
+            kube: None,
         };
         assert_eq!(pod.addr(IpFamily::V6), None);
         assert_eq!(pod.addr(IpFamily::V4), Some(IpAddr::from([10, 244, 1, 1])));
@@ -449,6 +471,7 @@ mod tests {
             agent_args: vec![],
             in_process_api: false,
             stack,
+            model: false,
         }
     }
 

@@ -15,8 +15,10 @@ use crate::daemon::{ns_exec, spawn_daemon};
 use crate::{ECHO_PORT, IpFamily, Lab, Pod, Stack};
 
 impl Lab {
-    /// The runtime's part: plugin ADD with the network from the agent's conflist.
-    pub(crate) fn add_pod(&self, i: usize, j: usize) -> Result<Pod> {
+    /// The runtime's part: plugin ADD with the network from the agent's
+    /// conflist, for the pod `names` (namespace, name) if it has a
+    /// Kubernetes side, else the anonymous `lab/pod<j>`.
+    pub(crate) fn add_pod(&self, i: usize, j: usize, names: Option<(&str, &str)>) -> Result<Pod> {
         let s = &self.spec;
         let ns = s.pod_ns(i, j);
         sh("ip", &["netns", "add", &ns])?;
@@ -26,7 +28,7 @@ impl Lab {
             "ADD",
             &format!("lab-{i}-{j}"),
             &format!("/run/netns/{ns}"),
-            &format!("pod{j}"),
+            &crate::kubelet::cni_pod_arg(names, j),
         )?;
         let addrs: Vec<IpAddr> = result["ips"]
             .as_array()
@@ -72,6 +74,7 @@ impl Lab {
             ns,
             ip: ip.unwrap_or(Ipv4Addr::UNSPECIFIED),
             ip6,
+            kube: None,
         })
     }
 
@@ -93,8 +96,9 @@ impl Lab {
     }
 
     /// The plugin on node `i` as the runtime starts it for pod `pod`
-    /// (interface `eth0`), stdin, stdout and stderr piped: the caller
-    /// writes the config to stdin, and may kill the child.
+    /// (`<namespace>/<name>`, or a name alone in namespace `lab`; interface
+    /// `eth0`), stdin, stdout and stderr piped: the caller writes the
+    /// config to stdin, and may kill the child.
     pub fn cni_command(
         &self,
         i: usize,
@@ -105,6 +109,7 @@ impl Lab {
     ) -> Result<Command> {
         let s = &self.spec;
         let bin_dir = s.bins.plugin.parent().context("plugin path")?;
+        let (pod_ns, pod_name) = pod.split_once('/').unwrap_or(("lab", pod));
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &s.node_name(i)])
             .arg(&s.bins.plugin)
@@ -115,7 +120,7 @@ impl Lab {
             .env("CNI_PATH", bin_dir)
             .env(
                 "CNI_ARGS",
-                format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=lab;K8S_POD_NAME={pod}"),
+                format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={pod_ns};K8S_POD_NAME={pod_name}"),
             )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -146,22 +151,7 @@ impl Lab {
     pub fn pods(&self) -> Result<Vec<Pod>> {
         let v: Vec<Value> =
             serde_json::from_slice(&std::fs::read(self.spec.pods_file()).context("no lab is up")?)?;
-        v.iter()
-            .map(|p| {
-                Ok(Pod {
-                    node: p["node"].as_u64().context("node")? as usize,
-                    index: p["index"].as_u64().context("index")? as usize,
-                    ns: p["ns"].as_str().context("ns")?.to_string(),
-                    // null: a pod of an IPv6-only lab.
-                    ip: p["ip"]
-                        .as_str()
-                        .map(str::parse)
-                        .transpose()?
-                        .unwrap_or(Ipv4Addr::UNSPECIFIED),
-                    ip6: p["ip6"].as_str().map(str::parse).transpose()?,
-                })
-            })
-            .collect()
+        v.iter().map(crate::kubelet::pod_from_json).collect()
     }
 }
 

@@ -5,7 +5,6 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use serde_json::{Value, json};
 
 use mycni_apiserver::{ApiServer, node_with_cidrs};
 use mycni_testkit::{in_netns, sh};
@@ -84,7 +83,18 @@ impl Lab {
         } else {
             self.spawn_api()?;
         }
+        self.start_host_api()?;
         let s = &self.spec;
+        if s.model {
+            if (s.nodes, s.pods) != (3, 3) {
+                bail!(
+                    "the NetworkPolicy model is 3 nodes x 3 pods, not {} x {}",
+                    s.nodes,
+                    s.pods
+                );
+            }
+            self.create_model_namespaces()?;
+        }
         for i in 1..=s.nodes {
             check_interrupted()?;
             self.add_node(i)?;
@@ -143,8 +153,18 @@ impl Lab {
         for i in 1..=s.nodes {
             for j in 1..=s.pods {
                 check_interrupted()?;
-                pods.push(self.add_pod(i, j)?);
+                pods.push(if s.model {
+                    self.add_kube_pod_at(i, j, crate::model::model_pod(i, j))?
+                } else {
+                    self.add_pod(i, j, None)?
+                });
             }
+        }
+        // Recorded now: `down` stops what was started even if a wait
+        // below fails.
+        self.save_pods(&pods)?;
+        if s.model {
+            self.sync_services()?;
         }
         // With the fast path on, up also means every pod's veth is attached
         // (the agent picks new pods up on its next full pass). The gauge
@@ -165,15 +185,6 @@ impl Lab {
                 },
             )?;
         }
-        let listing: Vec<Value> = pods
-            .iter()
-            .map(|p| {
-                json!({"node": p.node, "index": p.index, "ns": p.ns,
-                       "ip": p.addr(IpFamily::V4).map(|a| a.to_string()),
-                       "ip6": p.ip6.map(|a| a.to_string())})
-            })
-            .collect();
-        std::fs::write(s.pods_file(), serde_json::to_vec_pretty(&listing)?)?;
         self.check_ready()
     }
 
@@ -380,9 +391,11 @@ impl Lab {
     pub fn status(&self) -> Result<String> {
         let s = &self.spec;
         let mut out = format!(
-            "API fixture: http://{} (kubeconfig {})\n",
+            "API fixture: http://{} (the agents' kubeconfig {}; from the host: KUBECONFIG={} {})\n",
             s.api_socket(),
-            s.kubeconfig().display()
+            s.kubeconfig().display(),
+            s.host_kubeconfig().display(),
+            crate::HOST_KUBECONFIG_HINT,
         );
         for i in 1..=s.nodes {
             let url = s.metrics_socket(i).to_string();
@@ -406,9 +419,23 @@ impl Lab {
             ));
         }
         for p in self.pods().unwrap_or_default() {
+            let service = p
+                .kube
+                .as_ref()
+                .map(|k| {
+                    let ips: Vec<String> = k
+                        .cluster_ip
+                        .map(|a| a.to_string())
+                        .into_iter()
+                        .chain(k.cluster_ip6.map(|a| a.to_string()))
+                        .collect();
+                    format!(", Service {}", ips.join(" "))
+                })
+                .unwrap_or_default();
             out.push_str(&format!(
-                "  pod {} on {}: {}\n",
+                "  pod {} ({}) on {}: {}{service}\n",
                 p.ns,
+                crate::pod_label(&p),
                 s.node_name(p.node),
                 p.addresses()
             ));
@@ -444,15 +471,29 @@ impl Lab {
     /// Removes every namespace, process and file of the lab; never fails.
     pub fn down(&mut self) {
         let s = &self.spec;
+        // Pods added after `up` (`lab pod add`) are past `s.pods`.
+        let added: Vec<(usize, usize)> = self
+            .pods()
+            .unwrap_or_default()
+            .iter()
+            .map(|p| (p.node, p.index))
+            .collect();
         for i in 1..=s.nodes {
-            for j in 1..=s.pods {
-                stop_pidfile(&s.node_dir(i).join(format!("pod{j}/echo.pid")));
+            let mut js: Vec<usize> = (1..=s.pods).collect();
+            js.extend(added.iter().filter(|(n, _)| *n == i).map(|(_, j)| *j));
+            js.sort_unstable();
+            js.dedup();
+            for j in js {
+                for pid in ["echo.pid", "serve.pid"] {
+                    stop_pidfile(&s.node_dir(i).join(format!("pod{j}/{pid}")));
+                }
                 let _ = sh("ip", &["netns", "del", &s.pod_ns(i, j)]);
             }
             stop_pidfile(&s.node_dir(i).join("agent.pid"));
             let _ = sh("ip", &["netns", "del", &s.node_name(i)]);
         }
         self.stop_prometheus();
+        stop_pidfile(&s.root.join("forward.pid"));
         // Dropping the in-process fixture stops it before its netns goes.
         self.api = None;
         stop_pidfile(&s.root.join("apiserver.pid"));

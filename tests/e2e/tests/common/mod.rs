@@ -63,6 +63,32 @@ pub fn lab_stack(nodes: usize, pods: usize, stack: Stack, agent_args: &[&str]) -
             .collect(),
         in_process_api: true,
         stack,
+        model: false,
+    })?))
+}
+
+/// The upstream NetworkPolicy model (3 nodes x 3 dual-stack pods in
+/// namespaces x, y, z), the API fixture in this process, namespaces
+/// `<tag>...-*`.
+#[allow(
+    dead_code,
+    reason = "not every test binary that includes common uses it"
+)]
+pub fn model_lab(tag: &str, agent_args: &[&str]) -> Result<TestLab> {
+    let b = bins();
+    mycni_e2e::missing(&[&b.agent, &b.plugin, &b.lab, &b.apiserver])?;
+    let prefix = unique(tag);
+    let root = std::env::temp_dir().join(&prefix);
+    Ok(TestLab(Lab::up(Spec {
+        prefix,
+        nodes: 3,
+        pods: 3,
+        root,
+        bins: b,
+        agent_args: agent_args.iter().map(|a| a.to_string()).collect(),
+        in_process_api: true,
+        stack: Stack::Dual,
+        model: true,
     })?))
 }
 

@@ -15,7 +15,8 @@ use mycni_lab::{self as lab, Bins, Lab, Spec, Stack, labbench, soak};
     name = "mycni-lab",
     bin_name = "cargo xtask lab",
     about = "The local multi-node lab: node network namespaces running the real agent and \
-             plugin against a Kubernetes API fixture. Without a command: up, then test.",
+             plugin against a Kubernetes API fixture. Without a command: up, test, then a NetworkPolicy \
+             at work (the truth tables before, with and after a sample policy).",
     after_help = "`cargo xtask lab` and `cargo xtask soak` build what these commands run \
                   (the eBPF object, which the agent embeds, then the release binaries) \
                   before handing over to this binary; `test`, `status` and `down` use \
@@ -32,9 +33,17 @@ struct Cli {
     /// Number of nodes.
     #[arg(long, global = true, default_value_t = 3)]
     nodes: usize,
-    /// Pods per node.
-    #[arg(long, global = true, default_value_t = 2)]
+    /// Pods per node. With 3 nodes and 3 pods (the defaults) the lab is
+    /// the upstream NetworkPolicy model (see `--model`).
+    #[arg(long, global = true, default_value_t = 3)]
     pods: usize,
+    /// At 3 nodes x 3 pods, make the pods the upstream NetworkPolicy
+    /// model: namespaces x, y, z with pods a, b, c (Pod objects with
+    /// labels, named ports and status.podIPs), TCP and UDP servers on 80
+    /// and 81, a Service (ClusterIP DNAT in every node) per pod. Other
+    /// sizes, or `--model false`, have anonymous pods (`lab/pod<j>`).
+    #[arg(long, global = true, default_value_t = true, action = clap::ArgAction::Set)]
+    model: bool,
     #[command(flatten)]
     up: UpArgs,
     #[command(subcommand)]
@@ -147,8 +156,54 @@ enum Cmd {
         #[arg(long)]
         only: Vec<String>,
     },
+    /// Add a pod to a running lab as a kubelet would: its Pod object
+    /// (spec.nodeName, labels, named ports), the sandbox (the plugin's
+    /// ADD), status.podIPs, servers on its ports and a Service; or delete
+    /// one.
+    Pod {
+        #[command(subcommand)]
+        cmd: PodCmd,
+    },
+    /// Print the NetworkPolicy truth tables of a running model lab as they
+    /// are now: every pod to every pod, TCP and UDP on 80 and 81, by pod IP
+    /// and by Service, per family (`.` reached, `X` not).
+    Table {
+        /// Add a row per node (the node's own traffic).
+        #[arg(long)]
+        node_rows: bool,
+    },
+    /// Run the NetworkPolicy suite on a running model lab: the upstream
+    /// cases (1-28), the time-ordered ones, node to its own pod under
+    /// default-deny-all and a pod whose named port is another number;
+    /// each case's policies applied through the API, its tables settled
+    /// (within 2 s) and compared, its policies deleted. Fails if any
+    /// case's tables differ from the expected ones.
+    Netpol {
+        /// Only the cases whose name contains this (repeatable).
+        #[arg(long)]
+        only: Vec<String>,
+    },
     #[command(hide = true)]
     EchoServer { port: u16 },
+    /// Echo servers on PORT/PROTO (a pod's container ports).
+    #[command(hide = true)]
+    Serve { ports: Vec<String> },
+    /// Probes the targets on stdin (JSON), all at once; JSON out.
+    #[command(hide = true)]
+    Probe {
+        #[arg(long, default_value_t = 500)]
+        timeout_ms: u64,
+    },
+    /// The host's loopback door to the API fixture.
+    #[command(hide = true)]
+    Forward {
+        #[arg(long)]
+        netns: String,
+        #[arg(long)]
+        to: std::net::SocketAddr,
+        #[arg(long)]
+        port_file: PathBuf,
+    },
     #[command(hide = true)]
     TcpProbe {
         addr: String,
@@ -168,6 +223,127 @@ enum Cmd {
         #[arg(long, default_value_t = 64)]
         size: usize,
     },
+}
+
+#[derive(Subcommand)]
+enum PodCmd {
+    /// e.g. `pod add --namespace x --name d --node 1 --label pod=d --port
+    /// serve-80-tcp=8080/TCP`.
+    Add {
+        #[arg(long)]
+        namespace: String,
+        #[arg(long)]
+        name: String,
+        /// The node (1-based) the pod is scheduled on.
+        #[arg(long, default_value_t = 1)]
+        node: usize,
+        /// KEY=VALUE, repeatable (default: pod=<name>).
+        #[arg(long)]
+        label: Vec<String>,
+        /// NAME=PORT[/PROTOCOL], repeatable (default: the model's
+        /// serve-80-tcp, serve-80-udp, serve-81-tcp, serve-81-udp).
+        #[arg(long)]
+        port: Vec<String>,
+    },
+    Delete {
+        #[arg(long)]
+        namespace: String,
+        #[arg(long)]
+        name: String,
+    },
+}
+
+fn pod_add(
+    lab: &Lab,
+    namespace: &str,
+    name: &str,
+    node: usize,
+    labels: &[String],
+    ports: &[String],
+) -> Result<()> {
+    let labels = if labels.is_empty() {
+        vec![("pod".to_string(), name.to_string())]
+    } else {
+        labels
+            .iter()
+            .map(|l| {
+                l.split_once('=')
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .with_context(|| format!("--label {l:?}: want KEY=VALUE"))
+            })
+            .collect::<Result<_>>()?
+    };
+    let ports = if ports.is_empty() {
+        lab::model::serve_ports()
+    } else {
+        ports
+            .iter()
+            .map(|p| lab::model::ContainerPort::parse(p))
+            .collect::<Result<_>>()?
+    };
+    let pod = lab.add_kube_pod(&lab::PodRequest {
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+        node,
+        labels,
+        ports,
+    })?;
+    println!(
+        "pod {namespace}/{name} ({}) on {}: {}",
+        pod.ns,
+        lab.spec.node_name(pod.node),
+        pod.addresses()
+    );
+    Ok(())
+}
+
+/// The truth tables now.
+fn table(lab: &Lab, node_rows: bool) -> Result<()> {
+    let set = lab.probe_set(node_rows)?;
+    if set.is_empty() {
+        bail!("no pod of the lab has a Kubernetes side: bring it up as the model (3 x 3)");
+    }
+    let t0 = std::time::Instant::now();
+    let observed = lab.probe(&set)?;
+    print!("{}", observed.report(None));
+    println!(
+        "{} probes in {:.2} s",
+        set.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// `cargo xtask lab`'s last part: the truth tables with no policy, then
+/// with a sample default-deny plus one allow (applied through the API as
+/// kubectl would), then the policies removed again.
+fn policy_demo(lab: &Lab) -> Result<()> {
+    if !lab.kube_serves("networking.k8s.io/v1", "networkpolicies") {
+        println!("NetworkPolicy: the API fixture serves no NetworkPolicies; no policy shown");
+        return Ok(());
+    }
+    let set = lab.probe_set(false)?;
+    let open: lab::netpol::Expect = lab::netpol::Reach::all(true).into();
+    let before = lab.settle(&set, &open, std::time::Instant::now(), "no policy")?;
+    println!(
+        "NetworkPolicy truth tables ({} probes a round, by pod IP and by Service), no policy:",
+        set.len()
+    );
+    print!("{}", before.observed.report(None));
+    let case = lab::netpol::cases::sample();
+    let report = lab.run_case(&set, &case)?;
+    if let Some(step) = report.steps.first() {
+        println!("with {}:", case.name);
+        print!("{}", step.observed.report(Some(&step.expect)));
+    }
+    for s in &report.steps {
+        println!("{}", s.line());
+    }
+    if !report.passed() || !before.comparison.matches() {
+        bail!("the sample policy's tables are not the expected ones (see above)");
+    }
+    println!("sample policies removed: the lab is back to no policy");
+    Ok(())
 }
 
 fn bins(cli: &Cli) -> Result<Bins> {
@@ -217,6 +393,7 @@ fn watch_soak_interrupts(bins: Bins, root: &std::path::Path) {
             agent_args: vec![],
             in_process_api: false,
             stack: Stack::Ipv4Only,
+            model: false,
         })
         .down();
         if let Ok(list) = mycni_testkit::sh("ip", &["netns", "list"]) {
@@ -244,6 +421,7 @@ fn spec(cli: &Cli, agent_args: Vec<String>) -> Result<Spec> {
         agent_args,
         in_process_api: false,
         stack: stack(cli),
+        model: cli.model && cli.nodes == 3 && cli.pods == 3,
     })
 }
 
@@ -320,6 +498,11 @@ fn up(cli: &Cli) -> Result<()> {
         families.join(" and ")
     );
     print!("{}", lab.status()?);
+    println!(
+        "kubectl from the host: KUBECONFIG={} {}",
+        lab.spec.host_kubeconfig().display(),
+        lab::HOST_KUBECONFIG_HINT
+    );
     if u.prometheus {
         // curl reads the brackets of an IPv6 URL as a glob without -g.
         let curl = if lab.spec.api_addr().is_ipv6() {
@@ -373,8 +556,60 @@ fn main() -> Result<()> {
         // The README's main job: a lab that is up and proven reachable.
         None => {
             up(&cli)?;
-            test(&cli)
+            test(&cli)?;
+            let lab = Lab::attach(spec(&cli, vec![])?);
+            if lab.spec.model {
+                policy_demo(&lab)?;
+            }
+            Ok(())
         }
+        Some(Cmd::Pod { cmd }) => {
+            let lab = Lab::attach(spec(&cli, vec![])?);
+            match cmd {
+                PodCmd::Add {
+                    namespace,
+                    name,
+                    node,
+                    label,
+                    port,
+                } => pod_add(&lab, namespace, name, *node, label, port),
+                PodCmd::Delete { namespace, name } => {
+                    lab.delete_kube_pod(namespace, name)?;
+                    println!("pod {namespace}/{name} deleted");
+                    Ok(())
+                }
+            }
+        }
+        Some(Cmd::Netpol { only }) => {
+            let lab = Lab::attach(spec(&cli, vec![])?);
+            lab::catch_interrupts();
+            let reports = lab.run_netpol_suite(only, &mut |_, _, _| Ok(()))?;
+            let failed: Vec<&str> = reports
+                .iter()
+                .filter(|r| !r.passed())
+                .map(|r| r.name.as_str())
+                .collect();
+            if !failed.is_empty() {
+                bail!("{} cases failed: {}", failed.len(), failed.join("; "));
+            }
+            Ok(())
+        }
+        Some(Cmd::Table { node_rows }) => table(&Lab::attach(spec(&cli, vec![])?), *node_rows),
+        Some(Cmd::Serve { ports }) => {
+            let ports = ports
+                .iter()
+                .map(|p| lab::probe::parse_port_proto(p))
+                .collect::<Result<Vec<_>>>()?;
+            lab::probe::serve(&ports)
+        }
+        Some(Cmd::Probe { timeout_ms }) => {
+            lab::probe::probe_command(std::time::Duration::from_millis(*timeout_ms))
+        }
+        Some(Cmd::Forward {
+            netns,
+            to,
+            port_file,
+        }) => lab::forward_command(netns, *to, port_file),
         Some(Cmd::Up) => up(&cli),
         Some(Cmd::Test) => test(&cli),
         Some(Cmd::Status) => {

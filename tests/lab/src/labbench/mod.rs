@@ -185,6 +185,7 @@ pub fn run(bins: Bins, o: &Options) -> Result<()> {
         in_process_api: false,
         // Dual-stack for the IPv6 columns.
         stack: Stack::Dual,
+        model: false,
     };
     // Leftovers of an interrupted bench (its own prefix and root only).
     if spec.root.join("state").exists() {

@@ -104,6 +104,7 @@ fn soak_lab(
         in_process_api: true,
         // Its cases count IPv4 state (routes, map entries, leases).
         stack: crate::Stack::Ipv4Only,
+        model: false,
     };
     // A soak that crashed earlier leaves its lab behind: clear it first.
     crate::Lab::attach(spec.clone()).down();

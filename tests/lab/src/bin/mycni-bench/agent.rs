@@ -104,6 +104,7 @@ pub fn bench(bin_dir: &Path, n: usize, full: bool) -> Result<()> {
         ],
         in_process_api: true,
         stack: Stack::Ipv4Only,
+        model: false,
     })?);
     let r = run(&lab.0, n, full, &refs);
     if r.is_err() {
