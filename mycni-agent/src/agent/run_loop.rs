@@ -23,13 +23,14 @@ use super::publish::{conflist, ready_file, set_network_available, write_atomic};
 use super::startup::Started;
 use crate::datapath::FastPath;
 use crate::metrics::{Liveness, Metrics};
-use crate::overlay::{self, Device, IPV6_ONLY, Overlay, OverlayState, UnderlayChange, VxlanSpec};
+use crate::overlay::{
+    Desire, Device, IPV6_ONLY, Overlay, OverlayState, UnderlayChange, Update, VxlanSpec,
+};
 use crate::tables::Tables;
 use crate::watch::kernel::{Expected, Signals, Watched};
 use crate::watch::{ApiWatch, node_view};
 use mycni_common::contract::{ANNOTATION_HOST_IP, ANNOTATION_HOST_IP6, CONFLIST_NAME};
 use mycni_common::net::{ClusterCidrs, PodCidrs};
-use mycni_common::node::NodeView;
 
 /// The first retry of a failed pass or host IP publication; each failure
 /// in a row doubles it, up to [`RETRY_MAX`]. Short: a failure is usually
@@ -42,6 +43,9 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 struct Loop {
     /// The overlay room: devices, peers, nexthops, routes, neighbours, FDB.
     overlay: Overlay,
+    /// The overlay's desired state between passes: a Node event
+    /// recomputes the changed Nodes only.
+    desire: Desire<Node>,
     /// The datapath room: the tc programs and their maps.
     datapath: FastPath,
     /// The node tables room: masquerade, anti-spoofing, underlay filter.
@@ -128,13 +132,19 @@ impl Loop {
     /// went; full passes read them anyway.
     async fn pass(&mut self, nodes: &[Arc<Node>], full: bool, read_pods: bool) -> Result<()> {
         let _timer = self.metrics.reconcile_started();
-        let views: Vec<NodeView> = nodes.iter().map(|n| node_view(n)).collect();
-        let desired = overlay::desire(
-            &views,
+        let Update {
+            desired,
+            touched,
+            same_as_last,
+        } = self.desire.update(
+            nodes,
+            |n| n.metadata.name.as_deref().unwrap_or_default(),
+            node_view,
             &self.own_name,
             self.own,
             self.cluster,
             self.overlay.direct(),
+            full,
         );
         self.publish_expected(&desired.want);
         let watched = &self.watched;
@@ -146,14 +156,21 @@ impl Loop {
                 Device::Underlay6(i) => watched.set_underlay6_index(i),
             })
             .await?;
-        let applied = self.overlay.apply(&desired, devices, full).await?;
+        let applied = self
+            .overlay
+            .apply(&desired, devices, full, touched.as_ref())
+            .await?;
         let out = self.overlay.output(&applied);
         self.tables
             .apply(desired.hosts(), desired.hosts6(), out.full);
         self.datapath
             .apply(self.overlay.kernel(), &out, read_pods)
             .await?;
-        self.overlay.finish(desired, applied)
+        self.overlay.finish(&desired, same_as_last, applied)?;
+        // Kept only after a pass that succeeded: any failure makes the
+        // next pass compute the whole state again.
+        self.desire.keep(desired);
+        Ok(())
     }
 }
 
@@ -221,6 +238,7 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
             cfg.direct_routing.then_some(underlay_subnets),
             metrics.clone(),
         ),
+        desire: Desire::default(),
         datapath: fast,
         tables: Tables::new(filter, metrics.clone()),
         own_name: node_name.clone(),

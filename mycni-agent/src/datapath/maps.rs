@@ -306,11 +306,21 @@ fn sync_trie<A: MapAddr>(
     name: &'static str,
     want: &BTreeMap<(A, u8), RemoteNode>,
 ) -> Result<SyncStats, DatapathError> {
-    let have = read_trie(pin_dir, name)?;
+    sync_trie_from(pin_dir, name, &read_trie(pin_dir, name)?, want)
+}
+
+/// Brings an LPM trie of podCIDRs that holds `have` to `want`, writing
+/// only the difference (without reading the map).
+fn sync_trie_from<A: MapAddr>(
+    pin_dir: &Path,
+    name: &'static str,
+    have: &BTreeMap<(A, u8), RemoteNode>,
+    want: &BTreeMap<(A, u8), RemoteNode>,
+) -> Result<SyncStats, DatapathError> {
     let e = map_err(pin_dir, name);
     let mut t: LpmTrie<MapData, A::Key, RemoteNode> =
         open_map(pin_dir, name)?.try_into().map_err(&e)?;
-    sync_entries(&have, want, |k, v| {
+    sync_entries(have, want, |k, v| {
         let key = Key::new(u32::from(k.1), k.0.key());
         match v {
             Some(v) => t.insert(&key, v, 0),
@@ -341,10 +351,20 @@ fn sync_hash<A: MapAddr, V: aya::Pod + PartialEq>(
     name: &'static str,
     want: &BTreeMap<A, V>,
 ) -> Result<SyncStats, DatapathError> {
-    let have = read_hash(pin_dir, name)?;
+    sync_hash_from(pin_dir, name, &read_hash(pin_dir, name)?, want)
+}
+
+/// Brings a hash map keyed by an address that holds `have` to `want`,
+/// writing only the difference (without reading the map).
+fn sync_hash_from<A: MapAddr, V: aya::Pod + PartialEq>(
+    pin_dir: &Path,
+    name: &'static str,
+    have: &BTreeMap<A, V>,
+    want: &BTreeMap<A, V>,
+) -> Result<SyncStats, DatapathError> {
     let e = map_err(pin_dir, name);
     let mut h: HashMap<MapData, A::Key, V> = open_map(pin_dir, name)?.try_into().map_err(&e)?;
-    sync_entries(&have, want, |k, v| {
+    sync_entries(have, want, |k, v| {
         match v {
             Some(v) => h.insert(&k.key(), v, 0),
             None => h.remove(&k.key()),
@@ -404,6 +424,17 @@ impl<A: MapAddr> TrieMap<A> {
     ) -> Result<SyncStats, DatapathError> {
         sync_trie(pin_dir, self.name, want)
     }
+
+    /// Makes the map, known to hold `have` (what this process last wrote),
+    /// hold `want`: an event pass's difference, without reading the map.
+    pub fn sync_from(
+        &self,
+        pin_dir: &Path,
+        have: &BTreeMap<(A, u8), RemoteNode>,
+        want: &BTreeMap<(A, u8), RemoteNode>,
+    ) -> Result<SyncStats, DatapathError> {
+        sync_trie_from(pin_dir, self.name, have, want)
+    }
 }
 
 impl<A: MapAddr, V: aya::Pod + PartialEq> HashMapOf<A, V> {
@@ -425,6 +456,16 @@ impl<A: MapAddr, V: aya::Pod + PartialEq> HashMapOf<A, V> {
     /// Makes the map hold exactly `want`.
     pub fn sync(&self, pin_dir: &Path, want: &BTreeMap<A, V>) -> Result<SyncStats, DatapathError> {
         sync_hash(pin_dir, self.name, want)
+    }
+
+    /// [`TrieMap::sync_from`] for a hash map.
+    pub fn sync_from(
+        &self,
+        pin_dir: &Path,
+        have: &BTreeMap<A, V>,
+        want: &BTreeMap<A, V>,
+    ) -> Result<SyncStats, DatapathError> {
+        sync_hash_from(pin_dir, self.name, have, want)
     }
 }
 

@@ -3,12 +3,12 @@
 //! own where the kernel has them.
 
 use std::collections::{BTreeMap, BTreeSet};
-
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
-use futures::{StreamExt, stream};
-use mycni_common::net::Cidr;
-use mycni_common::netlink::{Nexthop, NexthopRoute, Route, RouteFamily};
+use mycni_common::net::{Cidr, Cidr4, Cidr6};
+use mycni_common::netlink::{Batch, Nexthop, NexthopRoute, Route, RouteFamily};
 
 use crate::kernel::{KernelError, RTPROT_MYCNI_AGENT};
 use crate::metrics::NetlinkOp;
@@ -17,10 +17,6 @@ use super::desired::via_vxlan;
 use super::kernel::{OverlayKernel, PeerRoutes};
 use super::nexthop_ids::{AnyCidr, Hop, NexthopPlan};
 use super::state::Action;
-
-/// Requests in flight at once when applying a diff: enough to hide the
-/// per-request round trip, few enough not to overrun the socket buffer.
-const CONCURRENCY: usize = 64;
 
 impl OverlayKernel {
     /// Applies a diff of [`OverlayKernel::dump_vxlan6`]'s state to `vxlan6.1`,
@@ -116,22 +112,7 @@ impl OverlayKernel {
                         _ => true,
                     })
                     .collect();
-                let results: Vec<Result<(), KernelError>> = stream::iter(phase)
-                    .map(|a| {
-                        crate::metrics::netlink_timed(
-                            netlink_op(a),
-                            self.apply_one(mode, &plans, vxlan, underlay, a),
-                        )
-                    })
-                    .buffer_unordered(CONCURRENCY)
-                    .collect()
-                    .await;
-                for r in results {
-                    if let Err(e) = r {
-                        tracing::warn!(error = %e, "kernel update failed");
-                        failed += 1;
-                    }
-                }
+                failed += self.apply_phase(mode, &plans, vxlan, underlay, phase).await;
             }
         }
         if mode == PeerRoutes::Nexthops {
@@ -147,6 +128,64 @@ impl OverlayKernel {
                     tracing::warn!(error = %e, "kernel update failed");
                     failed += 1;
                 }
+            }
+        }
+        failed
+    }
+
+    /// One phase's actions (none depending on another), in batches of
+    /// requests rather than one round trip each: routes, neighbours and
+    /// FDB entries together, each with its own result. The few an entry
+    /// of a batch cannot carry (a route whose nexthop is still to be set)
+    /// go one at a time first. Returns the number that failed, each
+    /// logged.
+    async fn apply_phase(
+        &self,
+        mode: PeerRoutes,
+        plans: &BTreeMap<AnyCidr, (Hop, NexthopPlan)>,
+        vxlan: u32,
+        underlay: u32,
+        phase: Vec<&Action>,
+    ) -> usize {
+        let mut failed = 0;
+        let mut batch = Batch::new();
+        // Per batch entry: its action, and for a route through a nexthop
+        // that goes, the podCIDR whose nexthop goes after it.
+        let mut entries: Vec<(&Action, Option<AnyCidr>)> = Vec::with_capacity(phase.len());
+        for a in phase {
+            match batch_entry(mode, plans, vxlan, underlay, a, &mut batch) {
+                Entry::Batched(then) => entries.push((a, then)),
+                Entry::Nothing => {}
+                Entry::Single => {
+                    let r = crate::metrics::netlink_timed(
+                        netlink_op(a),
+                        self.apply_one(mode, plans, vxlan, underlay, a),
+                    )
+                    .await;
+                    if let Err(e) = r {
+                        tracing::warn!(error = %e, "kernel update failed");
+                        failed += 1;
+                    }
+                }
+            }
+        }
+        if batch.is_empty() {
+            return failed;
+        }
+        let started = Instant::now();
+        let results = self.nl.apply_batch(batch).await;
+        // Each request's share of the batch: what it cost, not the round
+        // trip of the whole batch counted once per request.
+        let each = started.elapsed() / u32::try_from(results.len()).unwrap_or(u32::MAX).max(1);
+        for ((a, then), r) in entries.into_iter().zip(results) {
+            crate::metrics::observe_netlink(netlink_op(a), each);
+            let r = match (r, then) {
+                (Ok(()), Some(c)) => self.release_nexthop(c).await,
+                (r, _) => r.map_err(KernelError::from),
+            };
+            if let Err(e) = r {
+                tracing::warn!(error = %e, "kernel update failed");
+                failed += 1;
             }
         }
         failed
@@ -178,39 +217,10 @@ impl OverlayKernel {
                 return self.delete_nexthop_route(*c).await;
             }
             Action::SetRoute(c, gw) => {
-                let route = if via_vxlan(*c, *gw) {
-                    // The gateway (the peer's podCIDR.0) is on no subnet of ours.
-                    Route {
-                        dst: *c,
-                        gateway: Some(*gw),
-                        oif: Some(vxlan).filter(|i| *i != 0),
-                        protocol: RTPROT_MYCNI_AGENT,
-                        onlink: true,
-                    }
-                } else {
-                    // A peer's podCIDR straight to its host IP on the
-                    // underlay (direct routing).
-                    Route {
-                        dst: *c,
-                        gateway: Some(*gw),
-                        oif: Some(underlay),
-                        protocol: RTPROT_MYCNI_AGENT,
-                        onlink: false,
-                    }
-                };
-                nl.replace_route(route).await
+                nl.replace_route(onlink_route(*c, *gw, vxlan, underlay))
+                    .await
             }
-            Action::SetRoute6(c, gw) => {
-                // Always through vxlan.1: see `OverlayState::routes6`.
-                nl.replace_route(Route {
-                    dst: *c,
-                    gateway: Some(*gw),
-                    oif: Some(vxlan).filter(|i| *i != 0),
-                    protocol: RTPROT_MYCNI_AGENT,
-                    onlink: true,
-                })
-                .await
-            }
+            Action::SetRoute6(c, gw) => nl.replace_route(route6(*c, *gw, vxlan)).await,
             // The dumped route may sit on a dead device: match by
             // destination and protocol only.
             Action::DelRoute(c) => nl.delete_route(*c, RTPROT_MYCNI_AGENT).await,
@@ -285,6 +295,11 @@ impl OverlayKernel {
         AnyCidr: From<Cidr<A>>,
     {
         self.nl.delete_route(c, RTPROT_MYCNI_AGENT).await?;
+        self.release_nexthop(c.into()).await
+    }
+
+    /// Deletes the nexthop of the route to `c`, which is gone.
+    async fn release_nexthop(&self, c: AnyCidr) -> Result<(), KernelError> {
         let id = self.ids().release(c);
         if let Some(id) = id {
             self.nl.delete_nexthop(id).await?;
@@ -346,6 +361,142 @@ impl OverlayKernel {
             self.nl.delete_nexthop(n.id).await?;
         }
         Ok(())
+    }
+}
+
+/// What became of an action in a phase's batch.
+enum Entry {
+    /// In the batch; for a route through a nexthop that goes, the podCIDR
+    /// whose nexthop is deleted once the route is.
+    Batched(Option<AnyCidr>),
+    /// One request on its own ([`OverlayKernel::apply_one`]).
+    Single,
+    /// The kernel holds it already (a route whose nexthop alone changed).
+    Nothing,
+}
+
+/// Puts `a` into `batch` as the request [`OverlayKernel::apply_one`]
+/// would send alone.
+fn batch_entry(
+    mode: PeerRoutes,
+    plans: &BTreeMap<AnyCidr, (Hop, NexthopPlan)>,
+    vxlan: u32,
+    underlay: u32,
+    a: &Action,
+    batch: &mut Batch,
+) -> Entry {
+    match a {
+        Action::SetRoute(c, _) if mode == PeerRoutes::Nexthops => nexthop_route(plans, *c, batch),
+        Action::SetRoute6(c, _) if mode == PeerRoutes::Nexthops => nexthop_route(plans, *c, batch),
+        Action::DelRoute(c) if mode == PeerRoutes::Nexthops => {
+            batch.delete_route(*c, RTPROT_MYCNI_AGENT);
+            Entry::Batched(Some((*c).into()))
+        }
+        Action::DelRoute6(c) if mode == PeerRoutes::Nexthops => {
+            batch.delete_route(*c, RTPROT_MYCNI_AGENT);
+            Entry::Batched(Some((*c).into()))
+        }
+        Action::SetRoute(c, gw) => {
+            batch.replace_route(onlink_route(*c, *gw, vxlan, underlay));
+            Entry::Batched(None)
+        }
+        Action::SetRoute6(c, gw) => {
+            batch.replace_route(route6(*c, *gw, vxlan));
+            Entry::Batched(None)
+        }
+        Action::DelRoute(c) => {
+            batch.delete_route(*c, RTPROT_MYCNI_AGENT);
+            Entry::Batched(None)
+        }
+        Action::DelRoute6(c) => {
+            batch.delete_route(*c, RTPROT_MYCNI_AGENT);
+            Entry::Batched(None)
+        }
+        Action::SetNeighbour(ip, mac) => {
+            batch.replace_permanent_neighbour(vxlan, *ip, *mac);
+            Entry::Batched(None)
+        }
+        Action::SetNeighbour6(ip, mac) => {
+            batch.replace_permanent_neighbour(vxlan, *ip, *mac);
+            Entry::Batched(None)
+        }
+        Action::DelNeighbour(ip) => {
+            batch.delete_neighbour(vxlan, *ip);
+            Entry::Batched(None)
+        }
+        Action::DelNeighbour6(ip) => {
+            batch.delete_neighbour(vxlan, *ip);
+            Entry::Batched(None)
+        }
+        Action::SetFdb(mac, ip) => {
+            batch.replace_fdb_entry(vxlan, *mac, *ip);
+            Entry::Batched(None)
+        }
+        Action::DelFdb(mac) => {
+            batch.delete_fdb_entry(vxlan, *mac);
+            Entry::Batched(None)
+        }
+    }
+}
+
+/// The route to `c` through the nexthop its plan holds, once that
+/// nexthop is in place (set by the phase's nexthop batch, or unchanged).
+fn nexthop_route<A: RouteFamily>(
+    plans: &BTreeMap<AnyCidr, (Hop, NexthopPlan)>,
+    c: Cidr<A>,
+    batch: &mut Batch,
+) -> Entry
+where
+    AnyCidr: From<Cidr<A>>,
+{
+    match plans.get(&c.into()) {
+        Some((_, p)) if !p.set_nexthop && !p.set_route => Entry::Nothing,
+        Some((_, p)) if !p.set_nexthop => {
+            batch.replace_nexthop_route(NexthopRoute {
+                dst: c,
+                nhid: p.id,
+                protocol: RTPROT_MYCNI_AGENT,
+            });
+            Entry::Batched(None)
+        }
+        // No plan, or its nexthop still to be set: as `apply_one` does.
+        _ => Entry::Single,
+    }
+}
+
+/// A peer route holding its gateway itself: podCIDR.0 `onlink` through
+/// `vxlan.1`, or under direct routing the peer's host IP on the underlay.
+fn onlink_route(c: Cidr4, gw: Ipv4Addr, vxlan: u32, underlay: u32) -> Route {
+    if via_vxlan(c, gw) {
+        // The gateway (the peer's podCIDR.0) is on no subnet of ours.
+        Route {
+            dst: c,
+            gateway: Some(gw),
+            oif: Some(vxlan).filter(|i| *i != 0),
+            protocol: RTPROT_MYCNI_AGENT,
+            onlink: true,
+        }
+    } else {
+        // A peer's podCIDR straight to its host IP on the underlay
+        // (direct routing).
+        Route {
+            dst: c,
+            gateway: Some(gw),
+            oif: Some(underlay),
+            protocol: RTPROT_MYCNI_AGENT,
+            onlink: false,
+        }
+    }
+}
+
+/// An IPv6 peer route: always through vxlan.1 (see `OverlayState::routes6`).
+fn route6(c: Cidr6, gw: Ipv6Addr, vxlan: u32) -> Route<Ipv6Addr> {
+    Route {
+        dst: c,
+        gateway: Some(gw),
+        oif: Some(vxlan).filter(|i| *i != 0),
+        protocol: RTPROT_MYCNI_AGENT,
+        onlink: true,
     }
 }
 

@@ -129,6 +129,32 @@ pub fn diff(want: &OverlayState, have: &OverlayState) -> Vec<Action> {
     out
 }
 
+/// [`diff`] of only the entries whose keys `keys` has (its values are not
+/// read): what an incremental pass compares, when nothing else can differ.
+pub fn diff_within(want: &OverlayState, have: &OverlayState, keys: &OverlayState) -> Vec<Action> {
+    diff(&within(want, keys), &within(have, keys))
+}
+
+/// The entries of `s` whose keys `keys` has.
+fn within(s: &OverlayState, keys: &OverlayState) -> OverlayState {
+    fn pick<K: Ord + Clone, V: Clone, W>(
+        m: &BTreeMap<K, V>,
+        keys: &BTreeMap<K, W>,
+    ) -> BTreeMap<K, V> {
+        keys.keys()
+            .filter_map(|k| Some((k.clone(), m.get(k)?.clone())))
+            .collect()
+    }
+    OverlayState {
+        routes: pick(&s.routes, &keys.routes),
+        neighbours: pick(&s.neighbours, &keys.neighbours),
+        fdb: pick(&s.fdb, &keys.fdb),
+        routes6: pick(&s.routes6, &keys.routes6),
+        neighbours6: pick(&s.neighbours6, &keys.neighbours6),
+        fdb6: pick(&s.fdb6, &keys.fdb6),
+    }
+}
+
 /// Applies actions to a state, as the kernel would: used by tests to check
 /// that a diff converges.
 pub fn apply(state: &mut OverlayState, actions: &[Action]) {

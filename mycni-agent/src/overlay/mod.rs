@@ -47,20 +47,24 @@ mod apply;
 mod desired;
 mod device;
 mod dump;
+mod incremental;
 mod kernel;
 mod nexthop_ids;
 mod room;
 mod state;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_incremental;
 mod underlay;
 
 pub(crate) use desired::via_vxlan;
-pub use desired::{apply, desired, desired_direct, desired_underlay6, diff};
+pub use desired::{apply, desired, desired_direct, desired_underlay6, diff, diff_within};
 pub use device::{Vxlan6Spec, VxlanSpec};
+pub(crate) use incremental::{Desire, Update};
 pub use kernel::{OverlayKernel, PeerRoutes};
 pub use nexthop_ids::NEXTHOP_ID_BASE;
-pub(crate) use room::{Device, Output, Overlay, UnderlayChange, desire};
+pub(crate) use room::{Device, Output, Overlay, UnderlayChange};
 pub use state::{Action, OverlayState, Remote};
 pub(crate) use underlay::glob_match;
 pub use underlay::{Underlay, Underlay6, Underlay6Select, UnderlaySelect};

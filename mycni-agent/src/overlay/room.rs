@@ -16,7 +16,7 @@ use mycni_common::node::{NodeView, Peer, Peer6, Reject, Selection, select_all};
 
 use crate::metrics::{Metrics, NetlinkOp, netlink_timed};
 
-use super::desired::{apply, desired_direct, desired_underlay6, diff};
+use super::desired::{apply, desired_direct, desired_underlay6, diff, diff_within};
 use super::device::{Vxlan6Spec, VxlanSpec};
 use super::kernel::OverlayKernel;
 use super::state::{Action, OverlayState};
@@ -64,8 +64,11 @@ pub fn desire(
     let Selection {
         peers,
         peers6,
-        rejected,
+        mut rejected,
     } = select_all(nodes, own_name, own, cluster);
+    // By Node, each Node's reasons in the order found: the order an
+    // incremental pass keeps (`incremental.rs`), whatever the Nodes' order.
+    rejected.sort_by(|a, b| a.0.cmp(&b.0));
     let want = desired_direct(&peers, direct);
     let want6 = desired_underlay6(&peers6);
     Desired {
@@ -160,7 +163,6 @@ pub struct Overlay {
     /// The peers found unreachable (`no_common_underlay`) at the last
     /// pass: each is said once, when it becomes so, not at every pass.
     unreachable: BTreeSet<String>,
-    last_desired: Option<OverlayState>,
     /// What the kernel held after the last good pass. Event passes diff
     /// against it instead of dumping 3 entries per peer again (15-20 ms at
     /// 5,000 peers); full passes (drift, the resync) always dump.
@@ -185,7 +187,6 @@ impl Overlay {
             direct_routing: direct.is_some(),
             direct: direct.unwrap_or_default(),
             unreachable: BTreeSet::new(),
-            last_desired: None,
             kernel_cache: None,
             metrics,
         }
@@ -299,12 +300,16 @@ impl Overlay {
 
     /// Brings both devices' routes, neighbours and FDB entries to
     /// `desired`: dumps what the kernel holds (or takes the last good
-    /// pass's, on an event pass), applies the difference.
+    /// pass's, on an event pass), applies the difference. `touched`: the
+    /// only entries of `vxlan.1`'s that may differ from the last good
+    /// pass's (an incremental pass), so the only ones compared with what
+    /// that pass left in the kernel.
     pub async fn apply(
         &mut self,
         desired: &Desired,
         devices: Devices,
         full: bool,
+        touched: Option<&OverlayState>,
     ) -> Result<Applied> {
         if devices.recreated || full {
             self.kernel_cache = None;
@@ -315,12 +320,23 @@ impl Overlay {
             Some(vx) if !self.direct.is_empty() => vx.underlay_index,
             _ => 0,
         };
-        let mut have = match self.kernel_cache.take() {
+        let cached = self.kernel_cache.take();
+        let from_cache = cached.is_some();
+        let mut have = match cached {
             Some(c) => c,
             None if self.vx.is_none() => OverlayState::default(),
             None => netlink_timed(NetlinkOp::Dump, self.kernel.dump(index, underlay)).await?,
         };
-        let actions = diff(&desired.want, &have);
+        let actions = match touched {
+            // The cache is the last good pass's result, which held all of
+            // its desired state: only the touched entries can differ.
+            Some(keys) if from_cache => {
+                let actions = diff_within(&desired.want, &have, keys);
+                debug_assert_eq!(actions, diff(&desired.want, &have));
+                actions
+            }
+            _ => diff(&desired.want, &have),
+        };
         let mut failed = if self.vx.is_some() {
             self.kernel.apply(index, underlay, &actions).await
         } else {
@@ -362,8 +378,14 @@ impl Overlay {
 
     /// The pass's end, once every room has run: keeps what the kernel
     /// holds for the next event pass, logs and counts what changed, and
-    /// fails when a kernel update did.
-    pub fn finish(&mut self, desired: Desired, applied: Applied) -> Result<()> {
+    /// fails when a kernel update did. `same_as_last`: the desired state
+    /// is the last good pass's, so a full pass's changes are drift.
+    pub fn finish(
+        &mut self,
+        desired: &Desired,
+        same_as_last: bool,
+        applied: Applied,
+    ) -> Result<()> {
         let Applied {
             state,
             failed,
@@ -385,7 +407,7 @@ impl Overlay {
         let m = &self.metrics;
         m.kernel_actions
             .fetch_add(actions.len() as u64, Ordering::Relaxed);
-        if full && self.last_desired.as_ref() == Some(&desired.want) && !actions.is_empty() {
+        if full && same_as_last && !actions.is_empty() {
             m.drift_repaired
                 .fetch_add(actions.len() as u64, Ordering::Relaxed);
             tracing::warn!(changes = actions.len(), ?actions, "repaired kernel drift");
@@ -398,7 +420,6 @@ impl Overlay {
         if failed > 0 {
             bail!("{failed} of {} kernel updates failed", actions.len());
         }
-        self.last_desired = Some(desired.want);
         Ok(())
     }
 

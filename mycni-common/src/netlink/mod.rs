@@ -34,6 +34,7 @@ use rtnetlink::sys::Socket;
 // One `impl Netlink` per kind of object, each next to the message
 // parsing only it needs; `request` holds what they all share.
 mod addresses;
+mod batch;
 mod error;
 mod links;
 mod neighbours;
@@ -42,6 +43,7 @@ mod request;
 mod routes;
 
 pub use addresses::Ipv6Address;
+pub use batch::Batch;
 pub use error::{Cause, Error, Result};
 pub use links::{Link, VxlanConfig, VxlanInfo};
 pub use neighbours::{FdbEntry, Neighbour, Neighbour6};
@@ -49,7 +51,7 @@ pub use nexthops::{Nexthop, NexthopEvents, NexthopMessage, RTNLGRP_NEXTHOP, next
 pub use routes::{NexthopRoute, Route, RouteFamily};
 
 use error::gone_is_ok;
-use request::{connect, request, socket_in};
+use request::{change, connect, request, socket_in};
 
 /// A NETLINK_ROUTE connection bound to one network namespace.
 pub struct Netlink {
@@ -58,6 +60,10 @@ pub struct Netlink {
     /// it could not be opened (nexthop operations then fail, nothing else).
     netns: Option<File>,
     nexthops: OnceLock<nexthops::NexthopHandle>,
+    /// The socket batches of changes go on, opened on first use (see
+    /// `batch.rs`), one datagram at a time; dropped after a datagram whose
+    /// answers went missing, so the next one starts on a fresh socket.
+    batches: futures::lock::Mutex<Option<batch::BatchConn>>,
 }
 
 impl Netlink {
@@ -71,6 +77,7 @@ impl Netlink {
             // The thread's own, not the process's: a test may have moved it.
             netns: File::open("/proc/thread-self/ns/net").ok(),
             nexthops: OnceLock::new(),
+            batches: futures::lock::Mutex::new(None),
         })
     }
 
@@ -82,6 +89,7 @@ impl Netlink {
             handle: connect(socket_in(netns)?)?,
             netns: netns.try_clone().ok(),
             nexthops: OnceLock::new(),
+            batches: futures::lock::Mutex::new(None),
         })
     }
 
@@ -95,5 +103,9 @@ impl Netlink {
 
     async fn dump(&self, op: &str, msg: RouteNetlinkMessage) -> Result<Vec<RouteNetlinkMessage>> {
         request(&self.handle, op, msg, true).await
+    }
+
+    async fn change(&self, op: &str, msg: RouteNetlinkMessage, flags: u16) -> Result<()> {
+        change(&self.handle, op, msg, flags).await
     }
 }

@@ -9,8 +9,9 @@ use netlink_packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
 };
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+use rtnetlink::packet_core::{NLM_F_CREATE, NLM_F_REPLACE};
 
-use super::{Error, Netlink, Result, gone_is_ok};
+use super::{Netlink, Result, gone_is_ok};
 use crate::net::Mac;
 
 /// A neighbour (ARP) entry.
@@ -122,6 +123,48 @@ fn neighbour_message(family: AddressFamily, index: u32) -> NeighbourMessage {
     m
 }
 
+/// The request that sets the permanent neighbour `ip` -> `mac` on link
+/// `index` (sent with NLM_F_CREATE | NLM_F_REPLACE).
+pub(super) fn set_neighbour_message(index: u32, ip: IpAddr, mac: Mac) -> NeighbourMessage {
+    let (family, dst) = neighbour_address(ip);
+    let mut m = neighbour_message(family, index);
+    m.header.state = NeighbourState::Permanent;
+    m.attributes.push(NeighbourAttribute::Destination(dst));
+    m.attributes
+        .push(NeighbourAttribute::LinkLayerAddress(mac.0.to_vec()));
+    m
+}
+
+/// The request that deletes the neighbour `ip` on link `index`.
+pub(super) fn delete_neighbour_message(index: u32, ip: IpAddr) -> NeighbourMessage {
+    let (family, dst) = neighbour_address(ip);
+    let mut m = neighbour_message(family, index);
+    m.attributes.push(NeighbourAttribute::Destination(dst));
+    m
+}
+
+/// The request that sets the device `index`'s own permanent FDB entry
+/// `mac` -> `dst` (`bridge fdb replace ... self permanent`).
+pub(super) fn set_fdb_message(index: u32, mac: Mac, dst: IpAddr) -> NeighbourMessage {
+    let mut m = neighbour_message(AddressFamily::Bridge, index);
+    m.header.state = NeighbourState::Permanent;
+    m.header.flags = NeighbourFlags::Own;
+    m.attributes
+        .push(NeighbourAttribute::LinkLayerAddress(mac.0.to_vec()));
+    m.attributes
+        .push(NeighbourAttribute::Destination(neighbour_address(dst).1));
+    m
+}
+
+/// The request that deletes the device `index`'s own FDB entry `mac`.
+pub(super) fn delete_fdb_message(index: u32, mac: Mac) -> NeighbourMessage {
+    let mut m = neighbour_message(AddressFamily::Bridge, index);
+    m.header.flags = NeighbourFlags::Own;
+    m.attributes
+        .push(NeighbourAttribute::LinkLayerAddress(mac.0.to_vec()));
+    m
+}
+
 impl Netlink {
     /// Sets the permanent neighbour `ip` (IPv4 or IPv6) -> `mac` on link
     /// `index`, replacing whatever entry `ip` had there.
@@ -132,15 +175,12 @@ impl Netlink {
         mac: Mac,
     ) -> Result<()> {
         let ip: IpAddr = ip.into();
-        self.handle
-            .neighbours()
-            .add(index, ip)
-            .link_layer_address(&mac.0)
-            .state(NeighbourState::Permanent)
-            .replace()
-            .execute()
-            .await
-            .map_err(|e| Error::rtnl(format!("setting neighbour {ip} on link {index}"), e))
+        self.change(
+            &format!("setting neighbour {ip} on link {index}"),
+            RouteNetlinkMessage::NewNeighbour(set_neighbour_message(index, ip, mac)),
+            NLM_F_CREATE | NLM_F_REPLACE,
+        )
+        .await
     }
 
     /// The MAC of the permanent neighbour `ip` (IPv4 or IPv6) on link
@@ -236,16 +276,13 @@ impl Netlink {
     /// already gone is success.
     pub async fn delete_neighbour(&self, index: u32, ip: impl Into<IpAddr>) -> Result<()> {
         let ip: IpAddr = ip.into();
-        let (family, dst) = neighbour_address(ip);
-        let mut m = neighbour_message(family, index);
-        m.attributes.push(NeighbourAttribute::Destination(dst));
         gone_is_ok(
-            self.handle
-                .neighbours()
-                .del(m)
-                .execute()
-                .await
-                .map_err(|e| Error::rtnl(format!("deleting neighbour {ip} on link {index}"), e)),
+            self.change(
+                &format!("deleting neighbour {ip} on link {index}"),
+                RouteNetlinkMessage::DelNeighbour(delete_neighbour_message(index, ip)),
+                0,
+            )
+            .await,
         )
     }
 
@@ -258,16 +295,12 @@ impl Netlink {
         mac: Mac,
         dst: impl Into<IpAddr>,
     ) -> Result<()> {
-        self.handle
-            .neighbours()
-            .add_bridge(index, &mac.0)
-            .destination(dst.into())
-            .flags(NeighbourFlags::Own)
-            .state(NeighbourState::Permanent)
-            .replace()
-            .execute()
-            .await
-            .map_err(|e| Error::rtnl(format!("setting FDB entry {mac} on link {index}"), e))
+        self.change(
+            &format!("setting FDB entry {mac} on link {index}"),
+            RouteNetlinkMessage::NewNeighbour(set_fdb_message(index, mac, dst.into())),
+            NLM_F_CREATE | NLM_F_REPLACE,
+        )
+        .await
     }
 
     /// The permanent FDB entries of the device `index` itself. The
@@ -331,17 +364,13 @@ impl Netlink {
     /// Deletes the FDB entry `mac` of the device `index` itself; one
     /// already gone is success.
     pub async fn delete_fdb_entry(&self, index: u32, mac: Mac) -> Result<()> {
-        let mut m = neighbour_message(AddressFamily::Bridge, index);
-        m.header.flags = NeighbourFlags::Own;
-        m.attributes
-            .push(NeighbourAttribute::LinkLayerAddress(mac.0.to_vec()));
         gone_is_ok(
-            self.handle
-                .neighbours()
-                .del(m)
-                .execute()
-                .await
-                .map_err(|e| Error::rtnl(format!("deleting FDB entry {mac} on link {index}"), e)),
+            self.change(
+                &format!("deleting FDB entry {mac} on link {index}"),
+                RouteNetlinkMessage::DelNeighbour(delete_fdb_message(index, mac)),
+                0,
+            )
+            .await,
         )
     }
 }

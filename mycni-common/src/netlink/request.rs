@@ -9,7 +9,7 @@ use futures::StreamExt;
 use netlink_packet_route::RouteNetlinkMessage;
 use rtnetlink::Handle;
 use rtnetlink::packet_core::{
-    NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload,
+    NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload,
 };
 use rtnetlink::sys::{Socket, TokioSocket};
 
@@ -65,6 +65,24 @@ pub(super) async fn request(
         }
     }
     Err(Error::new(op, Cause::Interrupted))
+}
+
+/// One change, acknowledged: `flags` (NLM_F_CREATE, NLM_F_REPLACE, ...)
+/// on top of NLM_F_REQUEST | NLM_F_ACK. The messages are those a
+/// [`super::Batch`] sends, so one change and many are the same request.
+pub(super) async fn change(
+    handle: &Handle,
+    op: &str,
+    msg: RouteNetlinkMessage,
+    flags: u16,
+) -> Result<()> {
+    let mut req = NetlinkMessage::from(msg);
+    req.header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
+    let mut replies = handle
+        .clone()
+        .request(req)
+        .map_err(|e| Error::rtnl(op, e))?;
+    read_replies(op, &mut replies).await.map(drop)
 }
 
 /// The inner messages of one request's replies, or None when the kernel

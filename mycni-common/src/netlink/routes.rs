@@ -14,6 +14,7 @@ use netlink_packet_route::route::{
 };
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use rtnetlink::RouteMessageBuilder;
+use rtnetlink::packet_core::{NLM_F_CREATE, NLM_F_REPLACE};
 
 use super::{Error, Netlink, Result, gone_is_ok};
 use crate::net::{Cidr, Family};
@@ -116,7 +117,7 @@ fn route_from<A: RouteFamily>(m: &RouteMessage) -> Option<Route<A>> {
 
 /// A route to add or replace: `dst [via gateway [onlink]] dev oif proto
 /// protocol`, scope link when there is no gateway.
-fn route_message<A: RouteFamily>(r: &Route<A>) -> RouteMessage {
+pub(super) fn route_message<A: RouteFamily>(r: &Route<A>) -> RouteMessage {
     let mut b = A::builder(r.dst, r.gateway).protocol(RouteProtocol::from(r.protocol));
     if let Some(i) = r.oif {
         b = b.output_interface(i);
@@ -184,33 +185,38 @@ impl Netlink {
     /// Adds a route to the main table, or replaces the one to the same
     /// destination.
     pub async fn replace_route<A: RouteFamily>(&self, route: Route<A>) -> Result<()> {
-        self.handle
-            .route()
-            .add(route_message(&route))
-            .replace()
-            .execute()
-            .await
-            .map_err(|e| Error::rtnl(format!("replacing route {}", route.dst), e))
+        self.change(
+            &format!("replacing route {}", route.dst),
+            RouteNetlinkMessage::NewRoute(route_message(&route)),
+            NLM_F_CREATE | NLM_F_REPLACE,
+        )
+        .await
     }
 
     /// Deletes the main table's route to `dst` installed with `protocol`,
     /// whatever its device (which may be gone); one already gone is
     /// success.
     pub async fn delete_route<A: RouteFamily>(&self, dst: Cidr<A>, protocol: u8) -> Result<()> {
-        let mut msg = A::builder(dst, None)
-            .protocol(RouteProtocol::from(protocol))
-            .build();
-        // RT_SCOPE_NOWHERE matches a route of any scope.
-        msg.header.scope = RouteScope::NoWhere;
         gone_is_ok(
-            self.handle
-                .route()
-                .del(msg)
-                .execute()
-                .await
-                .map_err(|e| Error::rtnl(format!("deleting route {dst}"), e)),
+            self.change(
+                &format!("deleting route {dst}"),
+                RouteNetlinkMessage::DelRoute(delete_route_message(dst, protocol)),
+                0,
+            )
+            .await,
         )
     }
+}
+
+/// The request that deletes the main table's route to `dst` installed
+/// with `protocol`, whatever its device and scope.
+pub(super) fn delete_route_message<A: RouteFamily>(dst: Cidr<A>, protocol: u8) -> RouteMessage {
+    let mut msg = A::builder(dst, None)
+        .protocol(RouteProtocol::from(protocol))
+        .build();
+    // RT_SCOPE_NOWHERE matches a route of any scope.
+    msg.header.scope = RouteScope::NoWhere;
+    msg
 }
 
 /// A route through a nexthop object: `dst nhid N proto P`. Its gateway and
@@ -274,18 +280,22 @@ impl Netlink {
     /// the one to the same destination, whether that one held its gateway
     /// itself or went through another nexthop.
     pub async fn replace_nexthop_route<A: RouteFamily>(&self, r: NexthopRoute<A>) -> Result<()> {
-        // Gateway, device and scope are the nexthop's: the kernel refuses a
-        // route that names both.
-        let mut msg = A::builder(r.dst, None)
-            .protocol(RouteProtocol::from(r.protocol))
-            .build();
-        msg.attributes.push(RouteAttribute::NhId(r.nhid));
-        self.handle
-            .route()
-            .add(msg)
-            .replace()
-            .execute()
-            .await
-            .map_err(|e| Error::rtnl(format!("replacing route {} nhid {}", r.dst, r.nhid), e))
+        self.change(
+            &format!("replacing route {} nhid {}", r.dst, r.nhid),
+            RouteNetlinkMessage::NewRoute(nexthop_route_message(&r)),
+            NLM_F_CREATE | NLM_F_REPLACE,
+        )
+        .await
     }
+}
+
+/// The request that adds (or replaces) the route through a nexthop `r`.
+pub(super) fn nexthop_route_message<A: RouteFamily>(r: &NexthopRoute<A>) -> RouteMessage {
+    // Gateway, device and scope are the nexthop's: the kernel refuses a
+    // route that names both.
+    let mut msg = A::builder(r.dst, None)
+        .protocol(RouteProtocol::from(r.protocol))
+        .build();
+    msg.attributes.push(RouteAttribute::NhId(r.nhid));
+    msg
 }

@@ -1,10 +1,20 @@
 //! Delegation to an IPAM plugin binary (e.g. `host-local`), in the highest
-//! CNI version both sides speak, as libcni talks to a plugin: the delegate
-//! is asked for its versions first, and a config or prevResult in a newer
-//! version than it speaks is converted down for it. Debian's host-local
+//! CNI version both sides speak: a config or prevResult in a newer version
+//! than the delegate speaks is converted down for it. Debian's host-local
 //! 1.1.x, for one, speaks up to 1.0.0: a 1.1.0 config handed on unchanged
 //! fails with "incompatible CNI versions".
+//!
+//! For ADD and DEL the delegate is handed the config's own version first,
+//! and asked for its versions (VERSION) only when it refuses that one
+//! (code 1): a plugin
+//! checks the version before it does anything (libcni's skel does, before
+//! the command), so a refused ADD has leased nothing and is sent again in
+//! the version negotiated. The common case, a delegate that speaks the
+//! config's version, costs one exec per verb instead of two; the version
+//! chosen is the same either way (the highest both speak, not above the
+//! config's, is the config's own when the delegate speaks it).
 
+use std::cell::Cell;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -21,15 +31,26 @@ use crate::version::{self, Version};
 #[derive(Debug)]
 pub struct Delegate {
     bin: PathBuf,
-    version: Version,
+    /// The version negotiated, once the delegate refused the config's.
+    negotiated: Cell<Option<Version>>,
 }
 
 impl Delegate {
-    /// Asks `bin` for its versions (the VERSION command) and picks the
-    /// highest one both speak that is not newer than the config's.
-    pub fn new(bin: PathBuf, conf: &NetConf) -> Result<Self> {
+    /// The delegate `bin`, spoken to in the config's version until it
+    /// refuses it.
+    pub fn new(bin: PathBuf) -> Self {
+        Self {
+            bin,
+            negotiated: Cell::new(None),
+        }
+    }
+
+    /// Asks the delegate for its versions (the VERSION command) and picks
+    /// the highest one both speak that is not newer than the config's.
+    fn negotiate(&self, conf: &NetConf) -> Result<Version> {
+        let bin = &self.bin;
         let ask = serde_json::json!({ "cniVersion": conf.cni_version.as_str() }).to_string();
-        let out = exec_plugin(&bin, "VERSION", ask.as_bytes())?;
+        let out = exec_plugin(bin, "VERSION", ask.as_bytes())?;
         let theirs = supported_versions(&out).ok_or_else(|| {
             CniError::new(
                 Code::Ipam,
@@ -52,7 +73,7 @@ impl Delegate {
                 ),
             )
         })?;
-        Ok(Self { bin, version })
+        Ok(version)
     }
 
     pub fn name(&self) -> String {
@@ -64,23 +85,47 @@ impl Delegate {
     /// 1.1.0): the delegate then has nothing to check or collect, as libcni
     /// skips such a plugin.
     pub fn exec(&self, command: &str, conf: &NetConf) -> Result<Option<Vec<u8>>> {
+        // Only ADD and DEL, which every version has, go out unasked: a
+        // delegate that lacks a newer verb (host-local 1.0.0 and GC) says
+        // "unknown command" rather than refusing the version, so those
+        // verbs (CHECK, STATUS, GC: the rare ones) negotiate first.
+        if !matches!(command, "ADD" | "DEL") && self.negotiated.get().is_none() {
+            self.negotiated.set(Some(self.negotiate(conf)?));
+        }
+        let tried = self.negotiated.get().unwrap_or(conf.cni_version);
+        match self.exec_in(command, conf, tried) {
+            Err(e) if e.code == Code::IncompatibleVersion && self.negotiated.get().is_none() => {
+                let version = self.negotiate(conf)?;
+                self.negotiated.set(Some(version));
+                if version == tried {
+                    // It lists the version it refused: its refusal stands.
+                    return Err(e);
+                }
+                self.exec_in(command, conf, version)
+            }
+            r => r,
+        }
+    }
+
+    /// [`Delegate::exec`] in `version`.
+    fn exec_in(&self, command: &str, conf: &NetConf, version: Version) -> Result<Option<Vec<u8>>> {
         let has = match command {
-            "CHECK" => self.version.has_check(),
-            "STATUS" | "GC" => self.version.has_status_gc(),
+            "CHECK" => version.has_check(),
+            "STATUS" | "GC" => version.has_status_gc(),
             _ => true,
         };
         if !has {
             log::info(&format!(
                 "IPAM plugin {} speaks CNI {} at most here: no {command} to delegate",
                 self.bin.display(),
-                self.version.as_str()
+                version.as_str()
             ));
             return Ok(None);
         }
-        let stdin = if self.version == conf.cni_version {
+        let stdin = if version == conf.cni_version {
             conf.raw.clone()
         } else {
-            downgrade(&conf.raw, self.version)?
+            downgrade(&conf.raw, version)?
         };
         exec_plugin(&self.bin, command, &stdin).map(Some)
     }
@@ -232,6 +277,84 @@ mod tests {
         // 0.3.1 results say the family on each IP.
         assert_eq!(out["prevResult"]["ips"][0]["version"], "4");
         assert_eq!(out["prevResult"]["cniVersion"], "0.3.1");
+    }
+
+    /// A delegate that speaks 0.4.0 and 1.0.0, refuses any other config
+    /// version with code 1 (before doing anything, as libcni's skel), and
+    /// logs each command it runs to `log`.
+    fn fake_delegate(dir: &Path) -> (PathBuf, PathBuf) {
+        use std::os::unix::fs::PermissionsExt;
+        let bin = dir.join("fake-ipam");
+        let log = dir.join("calls");
+        let script = format!(
+            r#"#!/bin/sh
+conf=$(cat)
+echo "$CNI_COMMAND" >> {log}
+if [ "$CNI_COMMAND" = VERSION ]; then
+  echo '{{"cniVersion":"1.0.0","supportedVersions":["0.4.0","1.0.0"]}}'; exit 0
+fi
+case "$conf" in
+  *'"cniVersion":"1.0.0"'*|*'"cniVersion":"0.4.0"'*) ;;
+  *) echo '{{"cniVersion":"1.0.0","code":1,"msg":"incompatible CNI versions"}}'; exit 1 ;;
+esac
+echo '{{"cniVersion":"1.0.0","ips":[{{"address":"10.1.0.2/24"}}]}}'
+"#,
+            log = log.display()
+        );
+        std::fs::write(&bin, script).unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        (bin, log)
+    }
+
+    fn calls(log: &Path) -> Vec<String> {
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn a_delegate_that_speaks_the_configs_version_is_run_once_per_verb() {
+        let dir = tempfile::tempdir().unwrap();
+        let (bin, log) = fake_delegate(dir.path());
+        let conf = NetConf::parse(
+            br#"{"cniVersion":"1.0.0","name":"n","type":"mycni","ipam":{"type":"fake-ipam"}}"#,
+        )
+        .unwrap();
+        let d = Delegate::new(bin);
+        let out = d.exec("ADD", &conf).unwrap().unwrap();
+        assert!(String::from_utf8_lossy(&out).contains("10.1.0.2/24"));
+        d.exec("DEL", &conf).unwrap();
+        assert_eq!(calls(&log), ["ADD", "DEL"]);
+    }
+
+    #[test]
+    fn a_refused_version_is_negotiated_once_and_the_verb_sent_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let (bin, log) = fake_delegate(dir.path());
+        let conf = NetConf::parse(
+            br#"{"cniVersion":"1.1.0","name":"n","type":"mycni","ipam":{"type":"fake-ipam"}}"#,
+        )
+        .unwrap();
+        let d = Delegate::new(bin.clone());
+        let out = d.exec("ADD", &conf).unwrap().unwrap();
+        assert!(String::from_utf8_lossy(&out).contains("10.1.0.2/24"));
+        // Negotiated once: 1.0.0 from then on.
+        d.exec("DEL", &conf).unwrap();
+        assert_eq!(calls(&log), ["ADD", "VERSION", "ADD", "DEL"]);
+        // A verb newer than the delegate's versions is asked after a
+        // negotiation, and skipped: GC is 1.1.0's.
+        let d = Delegate::new(bin.clone());
+        assert_eq!(d.exec("GC", &conf).unwrap(), None);
+        assert_eq!(calls(&log)[4..], ["VERSION"]);
+        // No version in common: the delegate's refusal, as before.
+        let old = NetConf::parse(
+            br#"{"cniVersion":"0.3.1","name":"n","type":"mycni","ipam":{"type":"fake-ipam"}}"#,
+        )
+        .unwrap();
+        let e = Delegate::new(bin).exec("ADD", &old).unwrap_err();
+        assert_eq!(e.code, Code::IncompatibleVersion, "{e:?}");
     }
 
     #[test]

@@ -185,10 +185,9 @@ impl Ipam {
             let ipam = conf.ipam.as_ref().ok_or_else(|| bad("no ipam section"))?;
             return Ok(Ipam::Builtin(Builtin::from_conf(ipam)?));
         }
-        Ok(Ipam::Delegate(Delegate::new(
-            delegate::find_plugin(&env.path, ty)?,
-            conf,
-        )?))
+        Ok(Ipam::Delegate(Delegate::new(delegate::find_plugin(
+            &env.path, ty,
+        )?)))
     }
 
     /// ADD: the pod's addresses, at most one per family, primary family first (the

@@ -38,6 +38,11 @@ enum Cli {
         /// The mycni plugin binary [default: `mycni` next to this binary].
         #[arg(long)]
         mycni: Option<PathBuf>,
+        /// Another mycni plugin binary (a base build) to run interleaved
+        /// with the first, in both of its variants: before/after ratios
+        /// from one run.
+        #[arg(long)]
+        base: Option<PathBuf>,
     },
     /// Node agent convergence with N peer Nodes in a 1-node lab: list
     /// complete -> routes, neighbours and FDB programmed, per-event latency,
@@ -70,12 +75,12 @@ fn own_dir() -> Result<PathBuf> {
 
 fn main() -> Result<()> {
     match Cli::parse() {
-        Cli::Plugin { runs, mycni } => {
+        Cli::Plugin { runs, mycni, base } => {
             let mycni = match mycni {
                 Some(m) => m,
                 None => own_dir()?.join("mycni"),
             };
-            plugin::bench(runs, &mycni)
+            plugin::bench(runs, &mycni, base.as_deref())
         }
         Cli::Agent {
             nodes,

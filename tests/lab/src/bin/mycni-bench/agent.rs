@@ -83,7 +83,9 @@ pub fn bench(bin_dir: &Path, n: usize, full: bool) -> Result<()> {
         refs.onlink.push(ip_batch_reference(n, false)?);
         refs.nexthop.push(ip_batch_reference(n, true)?);
     }
-    let prefix = unique("mycni-bench");
+    // `mycnib`: bench labs' own prefix, apart from `mycni-*` test labs
+    // that may run on the same machine and be cleaned up by name.
+    let prefix = unique("mycnib");
     let root = std::env::temp_dir().join(&prefix);
     eprintln!("mycni-bench: 1-node lab {prefix} under {}", root.display());
     let lab = Guard(Lab::up(Spec {

@@ -68,7 +68,7 @@ fn ms_at(v: &[Duration], p: u32) -> f64 {
     percentile_duration(v, p).unwrap_or_default().as_secs_f64() * 1e3
 }
 
-pub fn bench(runs: usize, mycni: &Path) -> Result<()> {
+pub fn bench(runs: usize, mycni: &Path, base: Option<&Path>) -> Result<()> {
     let node = NetNs::new("bench")?;
     let dir = tempfile::Builder::new().prefix("mycni-bench-").tempdir()?;
     // This process is the "runtime": it lives in the node namespace, so the
@@ -80,7 +80,7 @@ pub fn bench(runs: usize, mycni: &Path) -> Result<()> {
     }
     let d = dir.path();
     let log = d.join("plugin.log");
-    let mut variants = [
+    let mut variants = vec![
         Variant {
             label: "mycni + built-in IPAM",
             bin: mycni.to_path_buf(),
@@ -106,6 +106,27 @@ pub fn bench(runs: usize, mycni: &Path) -> Result<()> {
             del: vec![],
         },
     ];
+    // The reference stays third: the ratios below are against it.
+    if let Some(base) = base {
+        for (label, ipam) in [
+            (
+                "base mycni + built-in IPAM",
+                json!({"type": "mycni-ipam", "subnet": "10.204.0.0/16", "dataDir": d.join("d")}),
+            ),
+            (
+                "base mycni + host-local",
+                json!({"type": "host-local", "ranges": [[{"subnet": "10.205.0.0/16"}]], "dataDir": d.join("e")}),
+            ),
+        ] {
+            variants.push(Variant {
+                label,
+                bin: base.to_path_buf(),
+                conf: json!({"cniVersion": "1.0.0", "name": format!("bench{}", variants.len()), "type": "mycni", "logFile": log, "ipam": ipam}),
+                add: vec![],
+                del: vec![],
+            });
+        }
+    }
     // Warm caches (page cache of the binaries) before measuring.
     for i in 0..runs + 3 {
         for v in variants.iter_mut() {
@@ -121,6 +142,9 @@ pub fn bench(runs: usize, mycni: &Path) -> Result<()> {
         }
     }
     println!("CNI plugin ADD/DEL, {runs} interleaved runs each, sequential, 2-core machine");
+    if let Some(base) = base {
+        println!("base build: {}", base.display());
+    }
     println!("| variant | ADD median ms | ADD p90 ms | DEL median ms | DEL p90 ms |");
     println!("|---|---|---|---|---|");
     let mut med = Vec::new();
@@ -137,7 +161,7 @@ pub fn bench(runs: usize, mycni: &Path) -> Result<()> {
     let (ptp_add, ptp_del) = med[2];
     println!();
     println!("ratios against ptp + host-local (higher = mycni faster):");
-    for (i, v) in variants.iter().enumerate().take(2) {
+    for (i, v) in variants.iter().enumerate().filter(|(i, _)| *i != 2) {
         println!(
             "  {}: ADD {:.1}x, DEL {:.1}x",
             v.label,
