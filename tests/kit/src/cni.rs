@@ -157,7 +157,7 @@ impl Node {
     }
 
     /// Everything on the node a test compares before and after: links,
-    /// routes of both families, and lease files (IPv4 and IPv6).
+    /// routes of both families, lease files (IPv4 and IPv6) and pod records.
     pub fn snapshot(&self) -> Result<String> {
         let links = self.ns.exec("ip", &["-o", "link", "show"])?;
         let links: Vec<&str> = links
@@ -167,23 +167,8 @@ impl Node {
             .collect();
         let routes = self.ns.exec("ip", &["route", "show"])?;
         let routes6 = self.ns.exec("ip", &["-6", "route", "show"])?;
-        let mut leases: Vec<String> = match std::fs::read_dir(self.lease_dir().join("mycni0")) {
-            Ok(rd) => rd
-                .filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
-                .collect(),
-            Err(_) => Vec::new(),
-        };
-        leases.sort();
-        let mut records: Vec<String> = match std::fs::read_dir(self.records_dir()) {
-            Ok(rd) => rd
-                .filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect(),
-            Err(_) => Vec::new(),
-        };
-        records.sort();
+        let leases = self.leases();
+        let records = dir_names(&self.records_dir());
         Ok(format!(
             "links={links:?}\nroutes={routes}\nroutes6={routes6}\nleases={leases:?}\nrecords={records:?}"
         ))
@@ -191,19 +176,29 @@ impl Node {
 
     /// Number of leases (of both families) the built-in IPAM holds.
     pub fn lease_count(&self) -> usize {
-        std::fs::read_dir(self.lease_dir().join("mycni0"))
-            .map(|rd| {
-                rd.filter_map(|e| e.ok())
-                    .filter(|e| {
-                        e.file_name()
-                            .to_string_lossy()
-                            .parse::<std::net::IpAddr>()
-                            .is_ok()
-                    })
-                    .count()
-            })
-            .unwrap_or(0)
+        self.leases().len()
     }
+
+    /// The lease files' names (addresses of both families), sorted.
+    fn leases(&self) -> Vec<String> {
+        dir_names(&self.lease_dir().join("mycni0"))
+            .into_iter()
+            .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
+            .collect()
+    }
+}
+
+/// The names in `dir`, sorted; none when it does not exist.
+fn dir_names(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
 }
 
 /// `conf` with `prevResult` set, as a runtime builds it for CHECK/DEL.
