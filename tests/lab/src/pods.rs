@@ -160,8 +160,20 @@ impl Lab {
 /// addresses, with the default `bindv6only=0`), so one listener serves a
 /// dual-stack pod; where IPv6 is off, an IPv4 one.
 pub fn echo_server(port: u16) -> Result<()> {
-    let l = TcpListener::bind((Ipv6Addr::UNSPECIFIED, port))
-        .or_else(|_| TcpListener::bind(("0.0.0.0", port)))?;
+    echo_on(echo_listener(port)?);
+    Ok(())
+}
+
+/// The listener [`echo_server`] serves: `[::]:port`, or `0.0.0.0:port`
+/// where IPv6 is off.
+pub(crate) fn echo_listener(port: u16) -> std::io::Result<TcpListener> {
+    TcpListener::bind((Ipv6Addr::UNSPECIFIED, port))
+        .or_else(|_| TcpListener::bind(("0.0.0.0", port)))
+}
+
+/// Echoes every connection `l` accepts, each on a thread of its own,
+/// forever.
+pub(crate) fn echo_on(l: TcpListener) {
     for conn in l.incoming() {
         let Ok(mut c) = conn else { continue };
         // One small message in flight at a time (`tcp-rr`): no batching.
@@ -175,7 +187,6 @@ pub fn echo_server(port: u16) -> Result<()> {
             }
         });
     }
-    Ok(())
 }
 
 /// `mycni-lab tcp-probe`'s exit status when the round trip worked but the

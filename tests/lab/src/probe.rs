@@ -3,13 +3,14 @@
 //! (every target of one source at once, a short timeout each, JSON out).
 
 use std::io::{Read, Write};
-use std::net::{Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{Ipv6Addr, SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
 use crate::model::Proto;
+use crate::pods::{echo_listener, echo_on};
 
 /// `mycni-lab serve PORT/PROTO...`: an echo server per port, TCP and UDP,
 /// forever, over both families (one `[::]` socket takes IPv4 too, as
@@ -19,23 +20,8 @@ pub fn serve(ports: &[(u16, Proto)]) -> Result<()> {
     for &(port, proto) in ports {
         match proto {
             Proto::Tcp => {
-                let l = TcpListener::bind((Ipv6Addr::UNSPECIFIED, port))
-                    .or_else(|_| TcpListener::bind(("0.0.0.0", port)))
-                    .with_context(|| format!("tcp port {port}"))?;
-                threads.push(std::thread::spawn(move || {
-                    for conn in l.incoming() {
-                        let Ok(mut c) = conn else { continue };
-                        let _ = c.set_nodelay(true);
-                        std::thread::spawn(move || {
-                            let mut buf = [0u8; 65536];
-                            while let Ok(n) = c.read(&mut buf) {
-                                if n == 0 || c.write_all(&buf[..n]).is_err() {
-                                    break;
-                                }
-                            }
-                        });
-                    }
-                }));
+                let l = echo_listener(port).with_context(|| format!("tcp port {port}"))?;
+                threads.push(std::thread::spawn(move || echo_on(l)));
             }
             Proto::Udp => {
                 let s = UdpSocket::bind((Ipv6Addr::UNSPECIFIED, port))
@@ -233,6 +219,7 @@ pub fn parse_port_proto(s: &str) -> Result<(u16, Proto)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::TcpListener;
 
     #[test]
     fn probes_find_servers_and_time_out_on_silence() {
