@@ -70,6 +70,22 @@ fn iperf3(
     Ok((get("sum_sent")?, get("sum_received")?))
 }
 
+/// The most a finished iperf3 test can leave uncounted at its receiver:
+/// what the client's send buffer and the server's receive buffer can hold
+/// (iperf3 stops reading when the client says it is done, so its
+/// `sum_received` lags `sum_sent` by up to both; 32 MB receive buffers
+/// made that 9 MB of 200 MB on a loaded 2-core run).
+fn unread_bound(server: &Pod, client: &Pod) -> Result<u64> {
+    let max = |ns: &str, which: &str| -> Result<u64> {
+        let v = ns_sh(ns, "cat", &[&format!("/proc/sys/net/ipv4/tcp_{which}")])?;
+        v.split_whitespace()
+            .nth(2)
+            .and_then(|m| m.parse().ok())
+            .with_context(|| format!("tcp_{which} in {ns}: {v:?}"))
+    };
+    Ok(max(&client.ns, "wmem")? + max(&server.ns, "rmem")?)
+}
+
 fn pods_by_node(l: &Lab) -> Result<(Pod, Pod, Pod)> {
     let pods = l.pods()?;
     let on = |n: usize, j: usize| {
@@ -219,9 +235,10 @@ fn fast_path_forwards_established_flows_and_leaves_control_and_nat_to_the_kernel
                 + delta(&after, &before, "fast_decap"),
         );
         assert!(sent >= 300 << 20, "{what}: only {sent} bytes sent");
+        let unread = unread_bound(backend, &a)?;
         assert!(
-            moved >= sent / 100 * 95,
-            "{what}: {moved} of {sent} bytes arrived"
+            moved + unread >= sent,
+            "{what}: {moved} of {sent} bytes arrived (up to {unread} may be unread)"
         );
         // The backend's replies meet the client node's NATed conntrack entry
         // and are left to the kernel to un-NAT.
@@ -631,9 +648,10 @@ fn ipv6_services_keep_working_with_their_flows_on_the_kernel_path() -> Result<()
         let nat = delta(&after, &before, "kernel_nat");
         eprintln!("IPv6 Service {vip} ({what}): {moved} bytes; node1 kernel_nat +{nat}");
         assert!(sent >= 200 << 20, "{what}: only {sent} bytes sent");
+        let unread = unread_bound(backend, &a)?;
         assert!(
-            moved >= sent / 100 * 95,
-            "{what}: {moved} of {sent} bytes arrived"
+            moved + unread >= sent,
+            "{what}: {moved} of {sent} bytes arrived (up to {unread} may be unread)"
         );
         assert!(
             nat >= 100,
