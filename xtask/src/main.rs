@@ -287,7 +287,14 @@ fn bench(args: &[String]) -> Result<()> {
         .toolchain(HOST_TOOLCHAIN)
         .cwd(&root)
         .run()?;
+    // Each report (and its chart beside it) lands in target/, as `lab
+    // bench`'s does.
     Cmd::new(&root.join("target/release/mycni-bench").to_string_lossy())
         .args(args)
+        .env(
+            "MYCNI_BENCH_PLUGIN_OUT",
+            root.join("target/bench-plugin.md"),
+        )
+        .env("MYCNI_BENCH_AGENT_OUT", root.join("target/bench-agent.md"))
         .run_interruptible()
 }
