@@ -334,11 +334,34 @@ pub fn svg_path(report: &Path) -> std::path::PathBuf {
 
 /// Writes the chart beside the report at `report` and says where.
 pub fn write_beside(report: &Path, chart: &Chart) -> Result<()> {
-    let path = svg_path(report);
+    write(&svg_path(report), chart)
+}
+
+/// Writes the chart to `path` and says where.
+pub fn write(path: &Path, chart: &Chart) -> Result<()> {
     let text = svg(chart)?;
-    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
     eprintln!("bench: wrote {}", path.display());
     Ok(())
+}
+
+/// Writes `docs/benchmarks/<name>.svg`, a chart the docs show: what the
+/// `published_charts` tests run by hand (`docs/benchmarks.md` says how).
+pub fn write_published(name: &str, chart: &Chart) -> Result<()> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/benchmarks");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    write(&dir.join(format!("{name}.svg")), chart)
+}
+
+/// Which of `wanted` the chart, as drawn, shows no text for: the benches'
+/// tests check their charts' labels and figures with it.
+pub fn missing_texts<'a>(chart: &Chart, wanted: &[&'a str]) -> Result<Vec<&'a str>> {
+    let texts = drawn_texts(chart)?;
+    Ok(wanted
+        .iter()
+        .copied()
+        .filter(|w| !texts.iter().any(|t| t == w))
+        .collect())
 }
 
 /// The machine a bench ran on, for the chart's caption: CPUs, their
