@@ -4,6 +4,7 @@
 //! the pinned ones), and runs every other cargo command with an explicit
 //! `RUSTUP_TOOLCHAIN`, so a fresh machine needs nothing but `cargo xtask ...`.
 
+mod docs;
 mod fuzz;
 mod lab;
 mod setup;
@@ -14,7 +15,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
-use clap::{Parser, Subcommand};
+use std::collections::BTreeSet;
+
+use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::util::{Cmd, workspace_root};
 
@@ -53,7 +56,7 @@ enum Command {
         #[arg(long)]
         release: bool,
     },
-    /// The README's test command: setup, build-ebpf, fmt check, clippy
+    /// The README's test command: setup, shape, docs, build-ebpf, fmt check, clippy
     /// (host crates, and the eBPF crate on its own target), then every test,
     /// including the privileged network-namespace tests, then every fuzz
     /// target for 15 s (skipped when `args` are given).
@@ -66,6 +69,12 @@ enum Command {
     /// 800 lines, no import cycle between sibling modules, the agent's
     /// `metrics` a sink. `test` runs it first.
     Shape,
+    /// The pages' checks: every relative link in README.md, ARCHITECTURE.md
+    /// and docs/*.md resolves (file and #anchor), every `cargo xtask`
+    /// command they name exists, the README's test command is the one
+    /// .ci/run runs, and the README stays under 250 lines. `test` runs it
+    /// after `shape`.
+    Docs,
     /// Runs the cargo-fuzz targets in fuzz/ (config, prevResult, CNI_ARGS,
     /// peer Node parsers), each for a fixed time from its committed seed
     /// corpus in fuzz/corpus/<target>, which it never writes. Fails on any
@@ -120,6 +129,7 @@ fn main() -> ExitCode {
         Command::BuildEbpf { release } => build_ebpf(release).map(|_| ()),
         Command::Test { args } => test(&args),
         Command::Shape => shape::run(),
+        Command::Docs => docs::run(),
         Command::Fuzz {
             seconds,
             asan,
@@ -137,6 +147,15 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The names of xtask's commands, for the pages' check that every
+/// `cargo xtask <command>` they show exists.
+pub fn subcommands() -> BTreeSet<String> {
+    Cli::command()
+        .get_subcommands()
+        .map(|c| c.get_name().to_string())
+        .collect()
 }
 
 /// Builds the eBPF object and checks that it carries BTF for the map types,
@@ -189,6 +208,7 @@ fn test(extra: &[String]) -> Result<()> {
     let root = workspace_root();
     setup::run()?;
     shape::run()?;
+    docs::run()?;
     build_ebpf(true)?;
     eprintln!("xtask: cargo fmt --check");
     Cmd::new("cargo")
@@ -287,7 +307,14 @@ fn bench(args: &[String]) -> Result<()> {
         .toolchain(HOST_TOOLCHAIN)
         .cwd(&root)
         .run()?;
+    // Each report (and its chart beside it) lands in target/, as `lab
+    // bench`'s does.
     Cmd::new(&root.join("target/release/mycni-bench").to_string_lossy())
         .args(args)
+        .env(
+            "MYCNI_BENCH_PLUGIN_OUT",
+            root.join("target/bench-plugin.md"),
+        )
+        .env("MYCNI_BENCH_AGENT_OUT", root.join("target/bench-agent.md"))
         .run_interruptible()
 }

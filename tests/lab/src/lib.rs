@@ -7,7 +7,8 @@
 //! (the plugin as the runtime runs it, and the pods' echo server),
 //! `matrix` (the connectivity matrix), `datapath` (the agents' datapath,
 //! their counters and the fast share), `daemon` (processes in namespaces),
-//! `stats` (the one percentile every bench and the soak report).
+//! `stats` (the one percentile every bench and the soak report), `chart`
+//! (the benches' figures drawn as SVG).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
@@ -17,6 +18,7 @@ use anyhow::{Result, bail};
 
 use mycni_apiserver::ApiServer;
 
+pub mod chart;
 mod daemon;
 mod datapath;
 mod forward;

@@ -7,6 +7,9 @@
 //! from the initial list to all routes, neighbours and FDB entries
 //! programmed, per-event latency, peak RSS) against `ip -batch` programming
 //! the same entries. Run through `cargo xtask bench agent`.
+//!
+//! Each prints its report and, with `--out` (which `cargo xtask bench`
+//! sets), writes it there with its figures as an SVG chart beside it.
 
 // A binary's root resolves modules next to itself; these live in a
 // directory of their own so the bin directory keeps one file per binary.
@@ -43,6 +46,10 @@ enum Cli {
         /// from one run.
         #[arg(long)]
         base: Option<PathBuf>,
+        /// Also write the markdown report here, and its chart beside it as
+        /// SVG (`cargo xtask bench` sets target/bench-plugin.md).
+        #[arg(long, env = "MYCNI_BENCH_PLUGIN_OUT")]
+        out: Option<PathBuf>,
     },
     /// Node agent convergence with N peer Nodes in a 1-node lab: list
     /// complete -> routes, neighbours and FDB programmed, per-event latency,
@@ -58,6 +65,10 @@ enum Cli {
         /// Create every Node with all fields a kubelet sets (slower API).
         #[arg(long)]
         full_nodes: bool,
+        /// Also write the markdown report here, and its chart beside it as
+        /// SVG (`cargo xtask bench` sets target/bench-agent.md).
+        #[arg(long, env = "MYCNI_BENCH_AGENT_OUT")]
+        out: Option<PathBuf>,
     },
     /// The datapath side by side in a 2-node lab: `mycni-lab bench` (see
     /// `cargo xtask bench datapath --help`).
@@ -75,23 +86,29 @@ fn own_dir() -> Result<PathBuf> {
 
 fn main() -> Result<()> {
     match Cli::parse() {
-        Cli::Plugin { runs, mycni, base } => {
+        Cli::Plugin {
+            runs,
+            mycni,
+            base,
+            out,
+        } => {
             let mycni = match mycni {
                 Some(m) => m,
                 None => own_dir()?.join("mycni"),
             };
-            plugin::bench(runs, &mycni, base.as_deref())
+            plugin::bench(runs, &mycni, base.as_deref(), out.as_deref())
         }
         Cli::Agent {
             nodes,
             bin_dir,
             full_nodes,
+            out,
         } => {
             let dir = match bin_dir {
                 Some(d) => d,
                 None => own_dir()?,
             };
-            agent::bench(&dir, nodes, full_nodes)
+            agent::bench(&dir, nodes, full_nodes, out.as_deref())
         }
         Cli::Datapath { args } => {
             let status = Command::new(own_dir()?.join("mycni-lab"))

@@ -133,8 +133,9 @@ enum Cmd {
         /// datapath, and a placement left to the scheduler differs by run.
         #[arg(long, default_value = "1")]
         pin_cpu: String,
-        /// Also write the markdown report here (`cargo xtask` sets
-        /// target/lab-bench.md).
+        /// Also write the markdown report here, and its chart beside it
+        /// as SVG (`cargo xtask` sets target/lab-bench.md, so
+        /// target/lab-bench.svg).
         #[arg(long, env = "MYCNI_LAB_BENCH_OUT")]
         out: Option<PathBuf>,
     },

@@ -53,7 +53,8 @@
 //! that a column takes its path), `rulesets` (pure functions of their size,
 //! tested without root, and their installation), `measure` (sockperf and
 //! iperf3 in the namespaces), `progs` (the programs' own run time over a
-//! measure), `report` (the table; its figures in `report/figures.rs`).
+//! measure), `report` (the table; its figures in `report/figures.rs`, the
+//! SVG chart written beside it in `report/chart.rs`).
 
 mod measure;
 mod progs;
@@ -75,7 +76,7 @@ use crate::{
 };
 use measure::{Pair, Sample, measure};
 use progs::watch_programs;
-use report::render;
+use report::{chart_caption, headline_chart, render};
 use rulesets::Installed;
 pub use rulesets::{Rules, cluster_ip, kube_proxy_ruleset, rule_count, synthetic_ruleset};
 use variants::{Agents, DirectVeth, Variant, check_route, first_inet, switch, vtep_address};
@@ -217,6 +218,8 @@ pub fn run(bins: Bins, o: &Options) -> Result<()> {
         }
         std::fs::write(out, &report).with_context(|| format!("writing {}", out.display()))?;
         eprintln!("bench: wrote {}", out.display());
+        let chart = headline_chart(&results, chart_caption(o.runs, o.seconds));
+        crate::chart::write_beside(out, &chart)?;
     }
     eprintln!(
         "bench: {} runs of {} s measures took {:.0} s in all",

@@ -1,7 +1,8 @@
 //! The bench's report: the table of medians with their spread, the ratios
 //! against the targets, the floors, the rulesets, every run's
 //! figures and the counters. The figures and their formats are in
-//! `figures`, the tests in `tests`.
+//! `figures`, the headline as an SVG chart in `chart`, the tests in `tests`
+//! (and in `published`, the charts `docs/benchmarks.md` shows).
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -13,9 +14,14 @@ use super::{Options, Results, UDP_OMIT};
 use crate::PathShare;
 use crate::stats::median;
 
+mod chart;
 mod figures;
 #[cfg(test)]
+mod published;
+#[cfg(test)]
 mod tests;
+
+pub(super) use chart::{chart_caption, headline_chart};
 
 use figures::{
     Measure, direct_floor, floors, pct, prog_rows, ratio_runs, short, spread, spread_by,

@@ -1,5 +1,6 @@
 //! `mycni-bench agent`.
 
+use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
@@ -33,10 +34,13 @@ mod peers;
 mod probe;
 #[path = "agent/reference.rs"]
 mod reference;
+#[path = "agent/report.rs"]
+mod report;
 
 use peers::{Peer, peer, peer_node};
 use probe::{LogLine, agent_log, cpu, field, metrics, ms, proc_status, secs_between, strip_ansi};
 use reference::{References, ip_batch_reference, median, refs_fmt};
+use report::Figures;
 
 /// Tears the lab down however the bench ends.
 struct Guard(Lab);
@@ -58,7 +62,7 @@ fn counts(s: &Overlay, vx: u32) -> Result<Option<(usize, usize, usize)>> {
     })
 }
 
-pub fn bench(bin_dir: &Path, n: usize, full: bool) -> Result<()> {
+pub fn bench(bin_dir: &Path, n: usize, full: bool, out: Option<&Path>) -> Result<()> {
     ensure!(
         (1..=38_000).contains(&n),
         "nodes must be 1..=38000 (podCIDRs stay below 10.244.0.0/16, host IPs in 192.168.100-251)"
@@ -107,6 +111,14 @@ pub fn bench(bin_dir: &Path, n: usize, full: bool) -> Result<()> {
         model: false,
     })?);
     let r = run(&lab.0, n, full, &refs);
+    if let Ok((text, figures)) = &r {
+        print!("{text}");
+        if let Some(out) = out {
+            std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))?;
+            eprintln!("bench: wrote {}", out.display());
+            mycni_lab::chart::write_beside(out, &figures.chart(report::caption(full)))?;
+        }
+    }
     if r.is_err() {
         let log = lab.0.spec.node_dir(1).join("agent.log");
         if let Ok(s) = std::fs::read_to_string(&log) {
@@ -117,7 +129,7 @@ pub fn bench(bin_dir: &Path, n: usize, full: bool) -> Result<()> {
             );
         }
     }
-    r
+    r.map(|_| ())
 }
 
 /// Changes `name`'s host-IP annotation.
@@ -183,7 +195,7 @@ fn direct_host_ip_changes(lab: &Lab, sock: &Overlay, full: bool) -> Result<(Vec<
     Ok((took, same_id))
 }
 
-fn run(lab: &Lab, n: usize, full: bool, refs: &References) -> Result<()> {
+fn run(lab: &Lab, n: usize, full: bool, refs: &References) -> Result<(String, Figures)> {
     let ref_nh = median(&refs.nexthop)?;
     let ref_onlink = median(&refs.onlink)?;
     let reference = ref_nh.took;
@@ -389,9 +401,12 @@ fn run(lab: &Lab, n: usize, full: bool, refs: &References) -> Result<()> {
     let scale = n as f64 / 5000.0;
     let conv_target = TARGET_CONVERGE_S * scale;
 
-    println!();
+    let mut text = String::new();
+    let w = &mut text;
+    let _ = writeln!(w);
     let node_bytes = serde_json::to_vec(&api.get_node(&peers[0].name))?.len();
-    println!(
+    let _ = writeln!(
+        w,
         "mycni-agent convergence, {n} peer Nodes ({}, {node_bytes} B of JSON each), 1-node lab, in-process API fixture, {} CPUs; peer routes {route_kind} ({nexthops} nexthops of protocol {PROTO})",
         if full {
             "kubelet-like: status, labels, managedFields"
@@ -400,29 +415,34 @@ fn run(lab: &Lab, n: usize, full: bool, refs: &References) -> Result<()> {
         },
         std::thread::available_parallelism().map_or(0, |p| p.get())
     );
-    println!(
+    let _ = writeln!(
+        w,
         "| measure | mycni-agent | target | agent/target | ip -batch, nexthops | agent/ip -batch |"
     );
-    println!("|---|---|---|---|---|---|");
-    println!("| nodes | {n} | | | | |");
-    println!(
+    let _ = writeln!(w, "|---|---|---|---|---|---|");
+    let _ = writeln!(w, "| nodes | {n} | | | | |");
+    let _ = writeln!(
+        w,
         "| list-complete -> programmed (s) | {list_to_programmed:.3} | {conv_target:.2} | {:.2} | {:.3} | {:.2} |",
         list_to_programmed / conv_target,
         reference.as_secs_f64(),
         list_to_programmed / reference.as_secs_f64()
     );
-    println!(
+    let _ = writeln!(
+        w,
         "| start -> programmed (s) | {:.3} | | | {:.3} | {:.2} |",
         converged.as_secs_f64(),
         reference.as_secs_f64(),
         converged.as_secs_f64() / reference.as_secs_f64()
     );
-    println!(
+    let _ = writeln!(
+        w,
         "| ip -batch, routes via … onlink (s) | | | | {:.3} | {:.2} (nexthops/onlink) |",
         ref_onlink.took.as_secs_f64(),
         reference.as_secs_f64() / ref_onlink.took.as_secs_f64()
     );
-    println!(
+    let _ = writeln!(
+        w,
         "| host-IP change, vxlan.1 peer (FDB entry), median / p90 (ms, {UPDATES} runs) | {:.1} / {:.1} | {TARGET_HOST_IP_MS:.0} | {:.2} | | |",
         ms(hip_med),
         ms(hip_p90),
@@ -430,7 +450,8 @@ fn run(lab: &Lab, n: usize, full: bool, refs: &References) -> Result<()> {
     );
     if let Some((d, _)) = &direct {
         let (med, p90) = (at(d, 50), at(d, 90));
-        println!(
+        let _ = writeln!(
+            w,
             "| host-IP change, direct peer (its nexthop), median / p90 (ms, {} runs) | {:.1} / {:.1} | {TARGET_HOST_IP_MS:.0} | {:.2} | | |",
             d.len(),
             ms(med),
@@ -438,43 +459,51 @@ fn run(lab: &Lab, n: usize, full: bool, refs: &References) -> Result<()> {
             ms(med) / TARGET_HOST_IP_MS
         );
     }
-    println!(
+    let _ = writeln!(
+        w,
         "| VTEP MAC change median / p90 (ms, {UPDATES} runs) | {:.1} / {:.1} | | | | |",
         ms(upd_med),
         ms(upd_p90)
     );
-    println!("| delete latency (ms) | {:.1} | | | | |", ms(delete));
-    println!(
+    let _ = writeln!(w, "| delete latency (ms) | {:.1} | | | | |", ms(delete));
+    let _ = writeln!(
+        w,
         "| idle CPU over {} s (%) | {:.2} | | | | |",
         IDLE.as_secs(),
         idle_cpu * 100.0
     );
-    println!(
+    let _ = writeln!(
+        w,
         "| peak RSS, VmHWM (MB) | {rss_peak:.1} | {TARGET_RSS_MB:.0} | {:.2} | | |",
         rss_peak / TARGET_RSS_MB
     );
-    println!();
-    println!("details:");
-    println!(
+    let _ = writeln!(w);
+    let _ = writeln!(w, "details:");
+    let _ = writeln!(
+        w,
         "  convergence polled every {} ms ({polls} polls); the agent logged its list complete with nodes={listed_nodes}, {:.3} s after start",
         POLL.as_millis(),
         secs_between(started_wall, listed.at)
     );
     for p in passes.iter().take(8) {
         let text = p.text.split("reconciled overlay").nth(1).unwrap_or("");
-        println!(
+        let _ = writeln!(
+            w,
             "  pass logged at list+{:.3} s:{text}",
             secs_between(listed.at, p.at)
         );
     }
-    println!(
+    let _ = writeln!(
+        w,
         "  agent CPU until converged: {cpu_user:.2} s user + {cpu_sys:.2} s system (wall {:.2} s)",
         converged.as_secs_f64()
     );
-    println!(
+    let _ = writeln!(
+        w,
         "  RSS: VmHWM {hwm_converged:.1} MB / VmRSS {rss_converged:.1} MB at convergence; VmHWM {hwm_end:.1} MB / VmRSS {rss_end:.1} MB after updates and delete"
     );
-    println!(
+    let _ = writeln!(
+        w,
         "  idle at {n} peers: {runs:.0} reconcile passes in {} s, {:.1} ms each on average, agent CPU {:.2} %",
         IDLE.as_secs(),
         if runs > 0.0 {
@@ -492,23 +521,29 @@ fn run(lab: &Lab, n: usize, full: bool, refs: &References) -> Result<()> {
             .collect::<Vec<_>>()
             .join(" ")
     };
-    println!("  VTEP MAC change latencies (ms): {}", sorted(&updates));
-    println!(
+    let _ = writeln!(w, "  VTEP MAC change latencies (ms): {}", sorted(&updates));
+    let _ = writeln!(
+        w,
         "  host-IP change latencies, vxlan.1 peers (ms): {}",
         sorted(&host_ip_changes)
     );
-    match &direct {
-        Some((d, same_id)) => println!(
+    let _ = match &direct {
+        Some((d, same_id)) => writeln!(
+            w,
             "  host-IP change latencies, direct peer (ms): {}; its nexthop kept its ID throughout: {same_id}",
             sorted(d)
         ),
-        None => println!("  no direct-peer host-IP changes: the agent made no nexthops"),
-    }
+        None => writeln!(
+            w,
+            "  no direct-peer host-IP changes: the agent made no nexthops"
+        ),
+    };
     for (what, v, mid) in [
         ("nexthops", &refs.nexthop, ref_nh),
         ("routes via … onlink", &refs.onlink, ref_onlink),
     ] {
-        println!(
+        let _ = writeln!(
+            w,
             "  ip -batch reference, {what}, runs (s): {}; median run by file: {}",
             refs_fmt(v),
             mid.phases
@@ -518,6 +553,16 @@ fn run(lab: &Lab, n: usize, full: bool, refs: &References) -> Result<()> {
                 .join(", ")
         );
     }
-    println!("  agent log kept at {}", kept.display());
-    Ok(())
+    let _ = writeln!(w, "  agent log kept at {}", kept.display());
+    let figures = Figures {
+        nodes: n,
+        list_to_programmed_s: list_to_programmed,
+        ip_batch_s: reference.as_secs_f64(),
+        ip_batch_onlink_s: ref_onlink.took.as_secs_f64(),
+        update_ms: ms(upd_med),
+        host_ip_ms: ms(hip_med),
+        delete_ms: ms(delete),
+        rss_mb: rss_peak,
+    };
+    Ok((text, figures))
 }

@@ -2,12 +2,14 @@
 //! IPAM, and host-local delegation) against the reference ptp + host-local,
 //! interleaved run by run so machine noise hits all alike.
 
+use std::fmt::Write as _;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+use mycni_lab::chart::{Bar, Chart, Kind, Panel, Reference};
 use mycni_lab::stats::percentile_duration;
 use mycni_testkit::NetNs;
 use mycni_testkit::cni::REFERENCE_PLUGINS;
@@ -68,7 +70,7 @@ fn ms_at(v: &[Duration], p: u32) -> f64 {
     percentile_duration(v, p).unwrap_or_default().as_secs_f64() * 1e3
 }
 
-pub fn bench(runs: usize, mycni: &Path, base: Option<&Path>) -> Result<()> {
+pub fn bench(runs: usize, mycni: &Path, base: Option<&Path>, out: Option<&Path>) -> Result<()> {
     let node = NetNs::new("bench")?;
     let dir = tempfile::Builder::new().prefix("mycni-bench-").tempdir()?;
     // This process is the "runtime": it lives in the node namespace, so the
@@ -106,7 +108,7 @@ pub fn bench(runs: usize, mycni: &Path, base: Option<&Path>) -> Result<()> {
             del: vec![],
         },
     ];
-    // The reference stays third: the ratios below are against it.
+    // The reference stays third: the report's ratios are against it.
     if let Some(base) = base {
         for (label, ipam) in [
             (
@@ -141,33 +143,221 @@ pub fn bench(runs: usize, mycni: &Path, base: Option<&Path>) -> Result<()> {
             }
         }
     }
-    println!("CNI plugin ADD/DEL, {runs} interleaved runs each, sequential, 2-core machine");
-    if let Some(base) = base {
-        println!("base build: {}", base.display());
-    }
-    println!("| variant | ADD median ms | ADD p90 ms | DEL median ms | DEL p90 ms |");
-    println!("|---|---|---|---|---|");
-    let mut med = Vec::new();
-    for v in &variants {
-        let (am, ap, dm, dp) = (
-            ms_at(&v.add, 50),
-            ms_at(&v.add, 90),
-            ms_at(&v.del, 50),
-            ms_at(&v.del, 90),
-        );
-        println!("| {} | {am:.2} | {ap:.2} | {dm:.2} | {dp:.2} |", v.label);
-        med.push((am, dm));
-    }
-    let (ptp_add, ptp_del) = med[2];
-    println!();
-    println!("ratios against ptp + host-local (higher = mycni faster):");
-    for (i, v) in variants.iter().enumerate().filter(|(i, _)| *i != 2) {
-        println!(
-            "  {}: ADD {:.1}x, DEL {:.1}x",
-            v.label,
-            ptp_add / med[i].0,
-            ptp_del / med[i].1
-        );
+    let report = Report {
+        runs,
+        base: base.map(|b| b.display().to_string()),
+        rows: variants
+            .iter()
+            .map(|v| Row {
+                label: v.label.into(),
+                add_ms: ms_at(&v.add, 50),
+                add_p90_ms: ms_at(&v.add, 90),
+                del_ms: ms_at(&v.del, 50),
+                del_p90_ms: ms_at(&v.del, 90),
+            })
+            .collect(),
+    };
+    let text = report.text();
+    print!("{text}");
+    if let Some(out) = out {
+        std::fs::write(out, &text).with_context(|| format!("writing {}", out.display()))?;
+        eprintln!("bench: wrote {}", out.display());
+        let caption = vec![
+            format!(
+                "cargo xtask bench plugin: medians of {runs} interleaved ADD/DEL runs per variant; \
+                 blue: mycni, grey: the reference."
+            ),
+            format!(
+                "Measured {} on {}.",
+                mycni_lab::chart::today(),
+                mycni_lab::chart::machine()
+            ),
+        ];
+        mycni_lab::chart::write_beside(out, &report.chart(caption))?;
     }
     Ok(())
+}
+
+/// One variant's figures, in ms.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    pub label: String,
+    pub add_ms: f64,
+    pub add_p90_ms: f64,
+    pub del_ms: f64,
+    pub del_p90_ms: f64,
+}
+
+/// The bench's report: every variant's figures, the reference third.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    pub runs: usize,
+    /// The base build's path, when one ran interleaved.
+    pub base: Option<String>,
+    pub rows: Vec<Row>,
+}
+
+/// The reference's place in [`Report::rows`].
+const REFERENCE: usize = 2;
+
+impl Report {
+    fn reference(&self) -> Option<&Row> {
+        self.rows.get(REFERENCE)
+    }
+
+    /// The markdown table and the ratios against the reference.
+    pub fn text(&self) -> String {
+        let mut w = String::new();
+        let _ = writeln!(
+            w,
+            "CNI plugin ADD/DEL, {} interleaved runs each, sequential, 2-core machine",
+            self.runs
+        );
+        if let Some(base) = &self.base {
+            let _ = writeln!(w, "base build: {base}");
+        }
+        let _ = writeln!(
+            w,
+            "| variant | ADD median ms | ADD p90 ms | DEL median ms | DEL p90 ms |"
+        );
+        let _ = writeln!(w, "|---|---|---|---|---|");
+        for r in &self.rows {
+            let _ = writeln!(
+                w,
+                "| {} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                r.label, r.add_ms, r.add_p90_ms, r.del_ms, r.del_p90_ms
+            );
+        }
+        let Some(reference) = self.reference() else {
+            return w;
+        };
+        let _ = writeln!(w);
+        let _ = writeln!(
+            w,
+            "ratios against {} (higher = mycni faster):",
+            reference.label
+        );
+        for (_, r) in self
+            .rows
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != REFERENCE)
+        {
+            let _ = writeln!(
+                w,
+                "  {}: ADD {:.1}x, DEL {:.1}x",
+                r.label,
+                reference.add_ms / r.add_ms,
+                reference.del_ms / r.del_ms
+            );
+        }
+        w
+    }
+
+    /// ADD and DEL medians as bars, the reference's as the line.
+    pub fn chart(&self, caption: Vec<String>) -> Chart {
+        let panel = |title: &str, get: fn(&Row) -> f64| Panel {
+            title: title.into(),
+            bars: self
+                .rows
+                .iter()
+                .enumerate()
+                .map(|(i, r)| Bar {
+                    label: r.label.clone(),
+                    value: get(r),
+                    range: None,
+                    kind: if i == REFERENCE {
+                        Kind::Baseline
+                    } else {
+                        Kind::Mycni
+                    },
+                })
+                .collect(),
+            reference: self.reference().map(|r| Reference {
+                label: r.label.clone(),
+                value: get(r),
+            }),
+        };
+        Chart {
+            title: "CNI plugin: ADD and DEL latency against ptp + host-local".into(),
+            caption,
+            panels: vec![
+                panel("ADD median (ms): lower is better", |r| r.add_ms),
+                panel("DEL median (ms): lower is better", |r| r.del_ms),
+            ],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The figures of the README's plugin bench (2026-11-21, 200 runs):
+    /// ADD 3.8 ms against ptp's 12.5, DEL 24.8 against 38.5; host-local
+    /// delegated 11.0 against 10.7 (a 3-run check; DEL not published).
+    pub(crate) fn published() -> Report {
+        let row = |label: &str, add_ms, del_ms| Row {
+            label: label.into(),
+            add_ms,
+            add_p90_ms: f64::NAN,
+            del_ms,
+            del_p90_ms: f64::NAN,
+        };
+        Report {
+            runs: 200,
+            base: None,
+            rows: vec![
+                row("mycni + built-in IPAM", 3.8, 24.8),
+                row("mycni + host-local", 11.0, f64::NAN),
+                row("ptp + host-local (reference)", 12.5, 38.5),
+            ],
+        }
+    }
+
+    fn caption() -> Vec<String> {
+        vec![
+            "cargo xtask bench plugin, 2026-11-21: medians of 200 interleaved ADD/DEL runs \
+             (mycni + host-local: 10.7 ms for the reference in a 3-run check of its own, DEL \
+             not published); blue: mycni, grey: the reference."
+                .into(),
+            "Measured on this project's VM: 2 vCPUs (AMD EPYC), Linux 6.18, Debian 12.".into(),
+        ]
+    }
+
+    #[test]
+    fn the_text_has_every_variant_and_the_ratios() {
+        let text = published().text();
+        assert!(text.contains("| mycni + built-in IPAM | 3.80 |"), "{text}");
+        assert!(text.contains("ratios against ptp + host-local (reference)"));
+        assert!(
+            text.contains("mycni + built-in IPAM: ADD 3.3x, DEL 1.6x"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_chart_has_both_verbs_and_the_reference_line() {
+        let wanted = [
+            "ADD median (ms): lower is better",
+            "DEL median (ms): lower is better",
+            "mycni + built-in IPAM",
+            "ptp + host-local (reference) 12.5",
+            "3.8",
+        ];
+        match mycni_lab::chart::missing_texts(&published().chart(caption()), &wanted) {
+            Ok(m) => assert!(m.is_empty(), "not in the chart: {m:?}"),
+            Err(e) => panic!("{e:#}"),
+        }
+    }
+
+    /// Writes the chart `docs/benchmarks.md` shows (see
+    /// `labbench/report/published.rs` for the command).
+    #[test]
+    #[ignore = "writes docs/benchmarks/plugin.svg"]
+    fn published_charts_plugin() {
+        if let Err(e) = mycni_lab::chart::write_published("plugin", &published().chart(caption())) {
+            panic!("{e:#}");
+        }
+    }
 }
