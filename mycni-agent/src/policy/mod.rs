@@ -24,6 +24,7 @@
 
 pub mod compile;
 pub mod convert;
+pub mod counters;
 pub mod eval;
 pub mod metrics;
 pub mod model;
