@@ -26,6 +26,7 @@ pub mod compile;
 pub mod convert;
 pub mod counters;
 pub mod eval;
+pub mod inspect;
 pub mod metrics;
 pub mod model;
 pub mod nft;
