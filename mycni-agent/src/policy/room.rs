@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Result;
+use futures::StreamExt;
 use mycni_common::contract::{POD_RECORDS_DIR, PodRecord};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -42,8 +43,9 @@ use mycni_common::POLICY_EPOCH_MAX;
 /// Events closer together than this share a pass: `kubectl apply` of a
 /// few objects, a pod's create then status.
 const DEBOUNCE: Duration = Duration::from_millis(10);
-/// How often the pod records' directory is looked at: a stat, so that a
-/// pod ADD made gets its rules within this, not at the kubelet's status.
+/// How often the pod records' directory is looked at besides its inotify
+/// watch (which wakes the room at once): a stat, so that a record is read
+/// within this even where the watch failed or missed it.
 const RECORDS_POLL: Duration = Duration::from_millis(100);
 const RETRY_MIN: Duration = Duration::from_millis(200);
 const RETRY_MAX: Duration = Duration::from_secs(10);
@@ -167,6 +169,7 @@ impl Room {
             wake.clone(),
         ));
         let _relay = AbortOnDrop(relay);
+        let mut records_events = watch_records(&self.records);
         loop {
             let woke = Instant::now();
             // Taken before the caches are read: every event stamped by
@@ -210,6 +213,20 @@ impl Room {
             loop {
                 tokio::select! {
                     () = wake.notified() => tokio::time::sleep(DEBOUNCE).await,
+                    event = async {
+                        match records_events.as_mut() {
+                            Some(s) => s.next().await,
+                            None => std::future::pending().await,
+                        }
+                    } => {
+                        if !matches!(event, Some(Ok(_))) {
+                            tracing::warn!("the pod records' watch ended: looking every {RECORDS_POLL:?}");
+                            records_events = None;
+                        }
+                        // The plugin's write and rename come as a burst.
+                        tokio::time::sleep(DEBOUNCE).await;
+                        records_seen = dir_stamp(&self.records);
+                    }
                     _ = records.tick() => {
                         let stamp = dir_stamp(&self.records);
                         if stamp == records_seen {
@@ -405,6 +422,38 @@ async fn table_exists() -> bool {
         .unwrap_or(false)
 }
 
+/// Events of the records directory, so that a pod's record (a rename into
+/// it) is read at once: a pod under a default deny may talk to what it is
+/// allowed within 100 ms of its ADD. The directory is made as the plugin
+/// makes it, should no pod have been added yet. None where inotify is
+/// unavailable; the stat poll covers that and anything missed.
+fn watch_records(dir: &Path) -> Option<inotify::EventStream<Vec<u8>>> {
+    use inotify::{Inotify, WatchMask};
+    use std::os::unix::fs::DirBuilderExt;
+    let made = std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir);
+    let watch = made.and_then(|()| {
+        let ino = Inotify::init()?;
+        ino.watches().add(
+            dir,
+            WatchMask::MOVED_TO
+                | WatchMask::MOVED_FROM
+                | WatchMask::DELETE
+                | WatchMask::CLOSE_WRITE,
+        )?;
+        ino.into_event_stream(vec![0u8; 4096])
+    });
+    match watch {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot watch the pod records: looking every {RECORDS_POLL:?}");
+            None
+        }
+    }
+}
+
 /// The records directory's modification time (and inode, should it be
 /// made anew): a record written, renamed in or removed changes it.
 fn dir_stamp(dir: &Path) -> Option<(std::time::SystemTime, u64)> {
@@ -444,4 +493,32 @@ fn problem_label(p: &Problem) -> String {
         .next()
         .unwrap_or_default()
         .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The plugin publishes a record by renaming it into the directory:
+    /// the watch must wake on that, not at the next poll.
+    #[tokio::test]
+    async fn a_record_renamed_in_wakes_the_watch() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let records = dir.path().join("pods");
+        let mut events = watch_records(&records).ok_or_else(|| anyhow::anyhow!("no watch"))?;
+        std::fs::write(records.join(".tmp-mycni0"), b"{}")?;
+        std::fs::rename(records.join(".tmp-mycni0"), records.join("mycni0"))?;
+        let woke = tokio::time::timeout(Duration::from_secs(1), async {
+            loop {
+                match events.next().await {
+                    Some(Ok(e)) if e.mask.contains(inotify::EventMask::MOVED_TO) => return true,
+                    Some(Ok(_)) => continue,
+                    _ => return false,
+                }
+            }
+        })
+        .await;
+        anyhow::ensure!(woke == Ok(true), "no MOVED_TO event: {woke:?}");
+        Ok(())
+    }
 }

@@ -156,6 +156,17 @@ impl ApiServer {
         self.create_as(Kind::NetworkPolicy, &np)
     }
 
+    /// Stores a NetworkPolicy defaulted but not validated, as an older or
+    /// broken API server would: how garbage (a bad CIDR, protocol, port
+    /// name or selector) reaches an agent. Its JSON may hold what the real
+    /// server refuses, as long as it decodes.
+    pub fn create_unchecked_network_policy(&self, np: serde_json::Value) -> Result<NetworkPolicy> {
+        let stored = self
+            .shared
+            .with_state(|st| st.create(Kind::NetworkPolicy, None, np, Target::Unchecked, false))?;
+        decoded(&stored)
+    }
+
     /// Changes a NetworkPolicy; the result is defaulted and validated again.
     pub fn update_network_policy(
         &self,

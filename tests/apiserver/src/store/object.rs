@@ -166,12 +166,22 @@ pub(crate) struct Event {
 
 /// Who writes: the main resource ignores status, the status subresource
 /// ignores spec (and takes metadata and status, as the real status
-/// strategies do), and the fixture's own methods may change anything.
+/// strategies do), and the fixture's own methods may change anything;
+/// `Unchecked` is the fixture's own write that also skips the kind's
+/// validation, as an older or broken API server would store the object.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Target {
     Main,
     Status,
     Direct,
+    Unchecked,
+}
+
+impl Target {
+    /// The fixture's own write, checked or not.
+    pub(crate) fn direct(self) -> bool {
+        matches!(self, Target::Direct | Target::Unchecked)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]

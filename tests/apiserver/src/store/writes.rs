@@ -98,7 +98,7 @@ impl State {
             .get("resourceVersion")
             .and_then(Value::as_str)
             .is_some_and(|s| !s.is_empty());
-        if rv_set && target != Target::Direct {
+        if rv_set && !target.direct() {
             return Err(ApiError::internal(
                 "resourceVersion should not be set on objects to be created",
             ));
@@ -154,7 +154,7 @@ impl State {
                 "the name of the object ({n}) does not match the name on the URL ({name})"
             )));
         }
-        if target != Target::Direct
+        if !target.direct()
             && let Some(rv) = meta.get("resourceVersion").and_then(Value::as_str)
             && !rv.is_empty()
         {

@@ -143,8 +143,10 @@ enum Cmd {
     /// with SIGKILLed plugins, agent SIGKILLs, the agent away, a 60 s API
     /// outage, kernel state removed, a host IP moved, an upgrade with a
     /// changed map layout, a node re-added with a new podCIDR; long-lived TCP
-    /// and UDP flows across nodes throughout. Prints the table; fails on any
-    /// leak or broken flow.
+    /// and UDP flows across nodes throughout; and NetworkPolicy on a model
+    /// lab under agent SIGKILLs, an upgrade, an API outage and garbage
+    /// policies, probed every 25 ms. Prints the table; fails on any leak,
+    /// broken flow or wrong allow.
     Soak {
         /// Also write the markdown table here (`cargo xtask` sets
         /// target/soak.md).

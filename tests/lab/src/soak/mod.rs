@@ -9,6 +9,7 @@ use std::time::Duration;
 pub mod churn;
 pub mod faults;
 pub mod flows;
+pub mod policy;
 
 /// One row of the soak table.
 #[derive(Debug, Clone, Default)]
@@ -91,6 +92,18 @@ fn soak_lab(
     nodes: usize,
     pods: usize,
 ) -> anyhow::Result<SoakLab> {
+    soak_lab_of(bins, root, nodes, pods, false)
+}
+
+/// [`soak_lab`], or with `model` the upstream NetworkPolicy model (3 x 3
+/// pods in namespaces x, y, z, both families, Pod objects).
+fn soak_lab_of(
+    bins: &crate::Bins,
+    root: &std::path::Path,
+    nodes: usize,
+    pods: usize,
+    model: bool,
+) -> anyhow::Result<SoakLab> {
     let spec = crate::Spec {
         prefix: "mycnis".into(),
         nodes,
@@ -102,9 +115,14 @@ fn soak_lab(
         // notification, as in a cluster.
         agent_args: vec![],
         in_process_api: true,
-        // Its cases count IPv4 state (routes, map entries, leases).
-        stack: crate::Stack::Ipv4Only,
-        model: false,
+        // Its cases count IPv4 state (routes, map entries, leases); the
+        // model's pods have both families.
+        stack: if model {
+            crate::Stack::Dual
+        } else {
+            crate::Stack::Ipv4Only
+        },
+        model,
     };
     // A soak that crashed earlier leaves its lab behind: clear it first.
     crate::Lab::attach(spec.clone()).down();
@@ -176,6 +194,17 @@ pub fn run_all(
                 }
             }
             Err(e) => record("fault lab", Err(e)),
+        }
+    }
+    if wanted("policy") {
+        eprintln!("soak: policy under agent and API faults");
+        match soak_lab_of(bins, root, 3, 3, true) {
+            Ok(l) => {
+                for (case, r) in policy::policy_faults(&l.0, scale) {
+                    record(&case, r);
+                }
+            }
+            Err(e) => record("policy lab", Err(e)),
         }
     }
     // Three nodes: node 2's pods lose their range, node 1 <-> 3 must not notice.
