@@ -153,6 +153,22 @@ impl Lab {
             serde_json::from_slice(&std::fs::read(self.spec.pods_file()).context("no lab is up")?)?;
         v.iter().map(crate::kubelet::pod_from_json).collect()
     }
+
+    /// The pods `labels` name (`<namespace>/<name>`, as the model's `x/a`),
+    /// in that order.
+    pub fn pods_named<const N: usize>(&self, labels: [&str; N]) -> Result<[Pod; N]> {
+        let pods = self.pods()?;
+        let mut out = Vec::with_capacity(N);
+        for label in labels {
+            let p = pods
+                .iter()
+                .find(|p| p.kube.as_ref().is_some_and(|k| k.label() == label))
+                .with_context(|| format!("no pod {label} in the lab"))?;
+            out.push(p.clone());
+        }
+        out.try_into()
+            .map_err(|_| anyhow::anyhow!("pods_named: {N} labels, another count of pods"))
+    }
 }
 
 /// `mycni-lab echo-server PORT`: echoes every connection, forever, over

@@ -39,14 +39,7 @@ pub fn run(tag: &str, datapath: &str) -> Result<()> {
     let fast = datapath == "ebpf";
     l.check_datapath(datapath)?;
     let api = l.api.as_ref().context("the model lab's API fixture")?;
-    let pods = l.pods()?;
-    let by = |label: &str| -> Result<Pod> {
-        pods.iter()
-            .find(|p| p.kube.as_ref().is_some_and(|k| k.label() == label))
-            .cloned()
-            .with_context(|| format!("no pod {label}"))
-    };
-    let (a, b, ya) = (by("x/a")?, by("x/b")?, by("y/a")?);
+    let [a, b, ya] = l.pods_named(["x/a", "x/b", "y/a"])?;
     ensure!(a.node != b.node, "x/a and x/b on one node: {a:?} {b:?}");
     live_flows(l, api, fast, &a, &b)?;
     relabelled_peer(api, &a, &b)?;

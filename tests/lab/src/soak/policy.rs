@@ -146,14 +146,7 @@ fn policies_and_pairs(lab: &Lab) -> Result<Vec<Pair>> {
         "deny-c",
         spec(json!({"podSelector": {"matchLabels": {"pod": "c"}}}))?,
     ))?;
-    let pods = lab.pods()?;
-    let by = |label: &str| -> Result<Pod> {
-        pods.iter()
-            .find(|p| p.kube.as_ref().is_some_and(|k| k.label() == label))
-            .cloned()
-            .with_context(|| format!("no pod {label}"))
-    };
-    let (xa, xb, xc, ya) = (by("x/a")?, by("x/b")?, by("x/c")?, by("y/a")?);
+    let [xa, xb, xc, ya] = lab.pods_named(["x/a", "x/b", "x/c", "y/a"])?;
     let pair = |from: &Pod, to: &Pod, port: u16, allowed: bool| Pair {
         from: from.clone(),
         to: SocketAddr::from((to.ip, port)),
