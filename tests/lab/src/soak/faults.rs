@@ -100,13 +100,24 @@ pub fn wait_whole(lab: &Lab, timeout: Duration) -> Result<Duration> {
         let mut wrong = None;
         for i in 1..=lab.spec.nodes {
             if let Some(w) = whole(lab, i)? {
-                wrong = Some(format!("node {i}: {w}"));
+                wrong = Some((i, format!("node {i}: {w}")));
                 break;
             }
         }
         match wrong {
             None => return Ok(t0.elapsed()),
-            Some(w) if t0.elapsed() > timeout => bail!("not whole after {timeout:?}: {w}"),
+            Some((i, w)) if t0.elapsed() > timeout => {
+                // The agent's last words say why far more often than the
+                // state does.
+                let log = std::fs::read_to_string(lab.spec.node_dir(i).join("agent.log"))
+                    .unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(20).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                bail!(
+                    "not whole after {timeout:?}: {w}; node {i}'s agent log ends:\n{}",
+                    tail.join("\n")
+                )
+            }
             Some(_) => std::thread::sleep(Duration::from_millis(50)),
         }
     }
