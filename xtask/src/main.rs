@@ -91,12 +91,13 @@ enum Command {
         target: Option<String>,
     },
     /// Benchmarks that print figures side by side with the reference:
-    /// `bench plugin`, `bench agent`, `bench datapath` (= `lab bench`).
+    /// `bench plugin`, `bench agent`, `bench datapath` (= `lab bench`),
+    /// `bench policy`.
     /// Builds what the benchmark runs, then hands every argument to the
     /// bench binary: `cargo xtask bench --help` lists them.
     #[command(disable_help_flag = true)]
     Bench {
-        /// `plugin|agent|datapath [FLAGS]`, see `cargo xtask bench --help`.
+        /// `plugin|agent|datapath|policy [FLAGS]`, see `cargo xtask bench --help`.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
@@ -277,7 +278,8 @@ fn test(extra: &[String]) -> Result<()> {
 
 /// `cargo xtask bench ARGS`: builds what the named benchmark runs (all of
 /// the lab's binaries and the eBPF object for `datapath`, which is `lab
-/// bench`), then runs `mycni-bench ARGS`, which owns the flags.
+/// bench`, and for `policy`), then runs `mycni-bench ARGS`, which owns the
+/// flags.
 fn bench(args: &[String]) -> Result<()> {
     let root = workspace_root();
     let which = args
@@ -290,6 +292,12 @@ fn bench(args: &[String]) -> Result<()> {
         return lab::run(&lab_args);
     }
     setup::run()?;
+    if which == Some("policy") && !args.iter().any(|a| a == "--help" || a == "-h") {
+        // A lab of its own on the fast path: the agent embeds the eBPF
+        // object at build time, and every lab binary runs.
+        build_ebpf(true)?;
+        lab::build_release()?;
+    }
     let what: &[&str] = match which {
         Some("plugin") => &["--package", "mycni-plugin", "--bins"],
         Some("agent") => &[
@@ -316,5 +324,9 @@ fn bench(args: &[String]) -> Result<()> {
             root.join("target/bench-plugin.md"),
         )
         .env("MYCNI_BENCH_AGENT_OUT", root.join("target/bench-agent.md"))
+        .env(
+            "MYCNI_BENCH_POLICY_OUT",
+            root.join("target/bench-policy.md"),
+        )
         .run_interruptible()
 }
