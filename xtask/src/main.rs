@@ -292,12 +292,35 @@ fn bench(args: &[String]) -> Result<()> {
         return lab::run(&lab_args);
     }
     setup::run()?;
-    if which == Some("policy") && !args.iter().any(|a| a == "--help" || a == "-h") {
+    let help = args.iter().any(|a| a == "--help" || a == "-h");
+    if which == Some("policy") && !help {
         // A lab of its own on the fast path: the agent embeds the eBPF
-        // object at build time, and every lab binary runs.
+        // object at build time, and every lab binary runs. The lab's build
+        // has mycni-bench too; building it again alone would unify other
+        // features and recompile half the dependencies.
         build_ebpf(true)?;
         lab::build_release()?;
+    } else {
+        build_bench(which, &root)?;
     }
+    // Each report (and its chart beside it) lands in target/, as `lab
+    // bench`'s does.
+    Cmd::new(&root.join("target/release/mycni-bench").to_string_lossy())
+        .args(args)
+        .env(
+            "MYCNI_BENCH_PLUGIN_OUT",
+            root.join("target/bench-plugin.md"),
+        )
+        .env("MYCNI_BENCH_AGENT_OUT", root.join("target/bench-agent.md"))
+        .env(
+            "MYCNI_BENCH_POLICY_OUT",
+            root.join("target/bench-policy.md"),
+        )
+        .run_interruptible()
+}
+
+/// `mycni-bench` and what the `plugin` or `agent` bench runs.
+fn build_bench(which: Option<&str>, root: &std::path::Path) -> Result<()> {
     let what: &[&str] = match which {
         Some("plugin") => &["--package", "mycni-plugin", "--bins"],
         Some("agent") => &[
@@ -313,20 +336,6 @@ fn bench(args: &[String]) -> Result<()> {
         .args(["build", "--release", "--locked", "--package", "mycni-lab"])
         .args(what)
         .toolchain(HOST_TOOLCHAIN)
-        .cwd(&root)
-        .run()?;
-    // Each report (and its chart beside it) lands in target/, as `lab
-    // bench`'s does.
-    Cmd::new(&root.join("target/release/mycni-bench").to_string_lossy())
-        .args(args)
-        .env(
-            "MYCNI_BENCH_PLUGIN_OUT",
-            root.join("target/bench-plugin.md"),
-        )
-        .env("MYCNI_BENCH_AGENT_OUT", root.join("target/bench-agent.md"))
-        .env(
-            "MYCNI_BENCH_POLICY_OUT",
-            root.join("target/bench-policy.md"),
-        )
-        .run_interruptible()
+        .cwd(root)
+        .run()
 }
