@@ -41,8 +41,11 @@ enum Cmd {
         dst_dir: PathBuf,
     },
     /// Print the fast path's pinned state: attachments, peers, local
-    /// endpoints and counters (works while the agent is down).
+    /// endpoints and counters (works while the agent is down); or, with
+    /// `policy`, what NetworkPolicy enforces for one pod.
     Inspect {
+        #[command(subcommand)]
+        what: Option<InspectWhat>,
         /// bpffs mount; the state lives under <bpffs>/mycni. Without it,
         /// the state is found from the programs attached to the VXLAN
         /// device of this network namespace (else /sys/fs/bpf/mycni).
@@ -58,6 +61,25 @@ enum Cmd {
     /// fills) as `run` would, print it, and exit: a bad value fails here
     /// with the setting's name, before a rollout.
     CheckConfig(RunArgs),
+}
+
+#[derive(Subcommand)]
+enum InspectWhat {
+    /// The rules in force for a pod of this node, both directions: open or
+    /// isolated and by which policies, each allow rule with its peers and
+    /// ports as the agent compiled them, the policies selecting it, and
+    /// the table's counters. Asks the agent running on this node.
+    Policy {
+        /// <namespace>/<pod>
+        pod: String,
+        /// The agent's metrics address (a wildcard one is asked on
+        /// loopback).
+        #[arg(long, env = "MYCNI_METRICS_ADDR", default_value = "127.0.0.1:9971")]
+        agent: String,
+        /// Print the agent's JSON report instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Args, Clone)]
@@ -419,6 +441,20 @@ fn main() -> Result<()> {
     match cli.cmd {
         Some(Cmd::InstallCni { src, dst_dir }) => install_cni(&src, &dst_dir),
         Some(Cmd::Inspect {
+            what: Some(InspectWhat::Policy { pod, agent, json }),
+            ..
+        }) => {
+            use mycni_agent::policy::inspect;
+            let report = inspect::fetch(inspect::agent_address(&agent)?, &pod)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", inspect::render(&report));
+            }
+            Ok(())
+        }
+        Some(Cmd::Inspect {
+            what: None,
             bpffs,
             vxlan_device,
         }) => {

@@ -86,7 +86,14 @@ pub struct Metrics {
     pub liveness: Liveness,
     /// The subsystems' collectors, in the order they were first asked for.
     collectors: Mutex<Vec<Registered>>,
+    /// What `/inspect/<room>/<what>` asks, by room.
+    inspectors: Mutex<BTreeMap<&'static str, Inspector>>,
 }
+
+/// A room's answer to `/inspect/<room>/<what>`: JSON, or why there is
+/// none (not found). It may block (run `nft`): the server calls it off
+/// the async workers.
+pub type Inspector = Arc<dyn Fn(&str) -> Result<String, String> + Send + Sync>;
 
 /// A subsystem's collector: typed for the subsystem that owns it (which
 /// finds it again by its type), untyped for the scrape.
@@ -129,6 +136,7 @@ impl Default for Metrics {
             pending_event: Arc::default(),
             liveness: Liveness::default(),
             collectors: Mutex::default(),
+            inspectors: Mutex::default(),
         }
     }
 }
@@ -253,6 +261,19 @@ impl Metrics {
             collector: c.clone(),
         });
         c
+    }
+
+    /// Serves `/inspect/<room>/<what>` with `f` from now on.
+    pub fn register_inspector(&self, room: &'static str, f: Inspector) {
+        if let Ok(mut i) = self.inspectors.lock() {
+            i.insert(room, f);
+        }
+    }
+
+    /// `room`'s answer about `what`; None when no such room answers.
+    pub fn inspect(&self, room: &str, what: &str) -> Option<Result<String, String>> {
+        let f = self.inspectors.lock().ok()?.get(room).cloned()?;
+        Some(f(what))
     }
 
     /// The exposition in `format`, for one scrape.

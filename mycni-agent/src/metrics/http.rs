@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -60,6 +60,7 @@ pub fn router(metrics: Arc<Metrics>) -> Router {
         .route("/metrics", get(scrape))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/inspect/{room}/{*what}", get(inspect))
         .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
         .with_state(metrics)
 }
@@ -77,6 +78,21 @@ async fn scrape(State(m): State<Arc<Metrics>>, headers: HeaderMap) -> Response {
             format!("encoding the metrics failed: {e}\n"),
         )
             .into_response(),
+    }
+}
+
+/// A room's view of one object (`/inspect/policy/<ns>/<pod>`), in JSON:
+/// what `mycni-agent inspect` prints.
+async fn inspect(
+    State(m): State<Arc<Metrics>>,
+    Path((room, what)): Path<(String, String)>,
+) -> Response {
+    let answer = tokio::task::spawn_blocking(move || m.inspect(&room, &what)).await;
+    match answer {
+        Ok(Some(Ok(json))) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
+        Ok(Some(Err(why))) => (StatusCode::NOT_FOUND, format!("{why}\n")).into_response(),
+        Ok(None) => (StatusCode::NOT_FOUND, "no such room answers here\n").into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
     }
 }
 

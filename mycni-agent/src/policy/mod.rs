@@ -24,7 +24,9 @@
 
 pub mod compile;
 pub mod convert;
+pub mod counters;
 pub mod eval;
+pub mod inspect;
 pub mod metrics;
 pub mod model;
 pub mod nft;

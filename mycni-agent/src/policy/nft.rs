@@ -47,12 +47,23 @@
 //! neighbour discovery. Packets without a connection (conntrack's invalid
 //! or untracked) to or from an isolated pod are dropped: there is no tuple
 //! to judge them on.
+//!
+//! What it counts (`counters.rs`): the maps that admit return a named
+//! counter with the same lookup that admits (`counter name <key> map
+//! @eg_allow4 return`: found, it counts and returns; not found, the rule
+//! does not match and the next one is tried, as with `@set`), so the
+//! admitting path costs what it did, a lookup per map, plus a per-CPU
+//! counter add, and does not grow with the number of policies or rules.
+//! Only the dropping path has one more lookup (the pod's denial counter).
+//! Every drop counts under a fixed counter by direction and reason.
 
 use std::fmt::Write as _;
 
 use mycni_common::contract::HOST_VETH_PREFIX;
 use mycni_common::{POLICY_MARK_MASK, POLICY_MARK_SHIFT};
 
+use super::counters::{Reason, drop_counter, drop_counters};
+use super::model::Direction;
 use super::sets::{Desired, SetKind, SetName};
 
 pub const TABLE: &str = "mycni_policy";
@@ -64,11 +75,22 @@ fn set_type(kind: SetKind, v6: bool) -> String {
         SetKind::EgIso | SetKind::InIso => format!("type {a};"),
         SetKind::Known => format!("type {a}; flags interval;"),
         SetKind::SelfPair => format!("type {a} . {a};"),
-        SetKind::EgAny | SetKind::InAny => format!("type {a} . {a}; flags interval;"),
+        SetKind::EgAny | SetKind::InAny => format!("type {a} . {a} : counter; flags interval;"),
         SetKind::EgAllow | SetKind::InAllow => {
-            format!("type {a} . {a} . inet_proto . inet_service; flags interval;")
+            format!("type {a} . {a} . inet_proto . inet_service : counter; flags interval;")
         }
+        SetKind::EgDeny | SetKind::InDeny => format!("type {a} : counter;"),
     }
+}
+
+/// `add counter` of one named counter, with its comment. The name goes
+/// bare (nft takes no quoted one here): every name is a letter and hex
+/// digits, or one of the fixed words of `counters.rs`, none a keyword.
+fn add_counter(s: &mut String, name: &str, comment: &str) {
+    let _ = writeln!(
+        s,
+        "add counter {FAMILY} {TABLE} {name} {{ comment \"{comment}\"; }}"
+    );
 }
 
 /// One family's judging chains: `judge4`/`judge6`, `egress*`, `ingress*`.
@@ -76,25 +98,35 @@ fn chains(v6: bool) -> String {
     let (n, ip) = if v6 { (6, "ip6") } else { (4, "ip") };
     let t = format!("{FAMILY} {TABLE}");
     let veths = format!("{HOST_VETH_PREFIX}*");
+    let c = |d, r| drop_counter(d, r);
+    let (eg, ing) = (Direction::Egress, Direction::Ingress);
     format!(
         "add chain {t} judge{n}\n\
          add chain {t} egress{n}\n\
          add chain {t} ingress{n}\n\
-         add rule {t} judge{n} iifname \"{veths}\" {ip} saddr != @known{n} counter drop comment \"mycni: from a pod not judged yet (fail closed)\"\n\
-         add rule {t} judge{n} oifname \"{veths}\" {ip} daddr != @known{n} counter drop comment \"mycni: to a pod not judged yet (fail closed)\"\n\
-         add rule {t} judge{n} ct state {{ invalid, untracked }} {ip} saddr @eg_iso{n} counter drop comment \"mycni: packet without a connection from an isolated pod\"\n\
-         add rule {t} judge{n} ct state {{ invalid, untracked }} {ip} daddr @in_iso{n} counter drop comment \"mycni: packet without a connection to an isolated pod\"\n\
+         add rule {t} judge{n} iifname \"{veths}\" {ip} saddr != @known{n} counter name \"{}\" drop comment \"mycni: from a pod not judged yet (fail closed)\"\n\
+         add rule {t} judge{n} oifname \"{veths}\" {ip} daddr != @known{n} counter name \"{}\" drop comment \"mycni: to a pod not judged yet (fail closed)\"\n\
+         add rule {t} judge{n} ct state {{ invalid, untracked }} {ip} saddr @eg_iso{n} counter name \"{}\" drop comment \"mycni: packet without a connection from an isolated pod\"\n\
+         add rule {t} judge{n} ct state {{ invalid, untracked }} {ip} daddr @in_iso{n} counter name \"{}\" drop comment \"mycni: packet without a connection to an isolated pod\"\n\
          add rule {t} judge{n} ct original {ip} saddr . ct reply {ip} saddr @self{n} accept comment \"mycni: a pod to itself, through its Service too\"\n\
          add rule {t} judge{n} ct original {ip} saddr @eg_iso{n} jump egress{n}\n\
          add rule {t} judge{n} ct reply {ip} saddr @in_iso{n} jump ingress{n}\n\
-         add rule {t} egress{n} ct direction original ct original {ip} saddr . ct reply {ip} saddr . meta l4proto . th dport @eg_allow{n} return\n\
-         add rule {t} egress{n} ct direction reply ct original {ip} saddr . ct reply {ip} saddr . meta l4proto . th sport @eg_allow{n} return\n\
-         add rule {t} egress{n} ct original {ip} saddr . ct reply {ip} saddr @eg_any{n} return\n\
-         add rule {t} egress{n} counter drop comment \"mycni: egress no NetworkPolicy allows\"\n\
-         add rule {t} ingress{n} ct direction original ct reply {ip} saddr . ct original {ip} saddr . meta l4proto . th dport @in_allow{n} return\n\
-         add rule {t} ingress{n} ct direction reply ct reply {ip} saddr . ct original {ip} saddr . meta l4proto . th sport @in_allow{n} return\n\
-         add rule {t} ingress{n} ct reply {ip} saddr . ct original {ip} saddr @in_any{n} return\n\
-         add rule {t} ingress{n} counter drop comment \"mycni: ingress no NetworkPolicy allows\"\n"
+         add rule {t} egress{n} ct direction original counter name ct original {ip} saddr . ct reply {ip} saddr . meta l4proto . th dport map @eg_allow{n} return\n\
+         add rule {t} egress{n} ct direction reply counter name ct original {ip} saddr . ct reply {ip} saddr . meta l4proto . th sport map @eg_allow{n} return\n\
+         add rule {t} egress{n} counter name ct original {ip} saddr . ct reply {ip} saddr map @eg_any{n} return\n\
+         add rule {t} egress{n} counter name ct original {ip} saddr map @eg_deny{n}\n\
+         add rule {t} egress{n} counter name \"{}\" drop comment \"mycni: egress no NetworkPolicy allows\"\n\
+         add rule {t} ingress{n} ct direction original counter name ct reply {ip} saddr . ct original {ip} saddr . meta l4proto . th dport map @in_allow{n} return\n\
+         add rule {t} ingress{n} ct direction reply counter name ct reply {ip} saddr . ct original {ip} saddr . meta l4proto . th sport map @in_allow{n} return\n\
+         add rule {t} ingress{n} counter name ct reply {ip} saddr . ct original {ip} saddr map @in_any{n} return\n\
+         add rule {t} ingress{n} counter name ct reply {ip} saddr map @in_deny{n}\n\
+         add rule {t} ingress{n} counter name \"{}\" drop comment \"mycni: ingress no NetworkPolicy allows\"\n",
+        c(eg, Reason::NotJudged),
+        c(ing, Reason::NotJudged),
+        c(eg, Reason::Invalid),
+        c(ing, Reason::Invalid),
+        c(eg, Reason::Denied),
+        c(ing, Reason::Denied),
     )
 }
 
@@ -131,10 +163,17 @@ fn elements(s: &mut String, verb: &str, name: SetName, members: &[&String]) {
 pub fn full_script(d: &Desired, epoch: u32) -> String {
     let t = format!("{FAMILY} {TABLE}");
     let mut s = format!("add table {t}\ndelete table {t}\nadd table {t}\n");
+    for (name, _) in drop_counters() {
+        add_counter(&mut s, &name, &format!("mycni: {name} drops"));
+    }
+    for (name, c) in &d.counters {
+        add_counter(&mut s, name, &c.comment);
+    }
     for v6 in [false, true] {
         for kind in SetKind::ALL {
             let name = SetName { kind, v6 };
-            let _ = writeln!(s, "add set {t} {name} {{ {} }}", set_type(kind, v6));
+            let what = if kind.counts() { "map" } else { "set" };
+            let _ = writeln!(s, "add {what} {t} {name} {{ {} }}", set_type(kind, v6));
         }
     }
     let _ = writeln!(
@@ -162,17 +201,25 @@ pub fn full_script(d: &Desired, epoch: u32) -> String {
 
 /// The members that changed from `old` to `new`: deletions first, so a
 /// member that moved (a narrower prefix replacing a wider one) never
-/// overlaps its old self; and the stamp of the new `epoch`, in the same
-/// transaction. None when nothing changed.
+/// overlaps its old self; counters made before the members that point at
+/// them and removed after the last one that did; and the stamp of the new
+/// `epoch`, in the same transaction. None when nothing changed.
 pub fn diff_script(old: &Desired, new: &Desired, epoch: u32) -> Option<String> {
     let gone = old.minus(new);
     let came = new.minus(old);
     if gone.is_empty() && came.is_empty() {
         return None;
     }
+    let t = format!("{FAMILY} {TABLE}");
     let mut s = String::new();
     for (name, members) in &gone {
         elements(&mut s, "delete", *name, members);
+    }
+    for (name, _) in old.counters_minus(new) {
+        let _ = writeln!(s, "delete counter {t} {name}");
+    }
+    for (name, c) in new.counters_minus(old) {
+        add_counter(&mut s, name, &c.comment);
     }
     for (name, members) in &came {
         elements(&mut s, "add", *name, members);

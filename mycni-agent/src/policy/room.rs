@@ -12,21 +12,24 @@
 //! three lists are complete: a policy seen before the pods it allows would
 //! cut them off.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Result;
 use futures::StreamExt;
 use mycni_common::contract::{POD_RECORDS_DIR, PodRecord};
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::convert::{Problem, namespace_from_k8s, pod_from_k8s, policy_from_k8s};
-use super::metrics::PolicyMetrics;
+use super::counters::drop_counters;
+use super::inspect::View;
+use super::metrics::{PolicyMetrics, read_counters};
 use super::model::Key;
 use super::nft::{FAMILY, TABLE, diff_script, full_script, remove_script};
 use super::sets::{self, Desired};
@@ -62,6 +65,29 @@ pub struct Room {
     /// Problems already logged and counted, so a bad object is reported
     /// once, not at every pass.
     reported: BTreeSet<String>,
+    /// Problems this pass found, by kind of object.
+    found: BTreeMap<&'static str, u64>,
+    /// What `inspect policy` answers from: the pods as last written.
+    view: Arc<Mutex<View>>,
+    /// The view of the pass being written, shown once it is.
+    next_view: View,
+}
+
+/// The oldest watch event no write has enforced yet (one stamp: a pass
+/// enforces all of them at once, and the oldest is the latency).
+type Pending = Arc<Mutex<Option<std::time::Instant>>>;
+
+/// Stamps each watch event as it arrives, then wakes the room: the room
+/// may be busy writing when one arrives, and a `Notify` permit keeps no
+/// time.
+async fn relay_events(changed: Arc<Notify>, pending: Pending, wake: Arc<Notify>) {
+    loop {
+        changed.notified().await;
+        if let Ok(mut p) = pending.lock() {
+            p.get_or_insert_with(std::time::Instant::now);
+        }
+        wake.notify_one();
+    }
 }
 
 /// Starts the room; it writes nothing until the lists have synced.
@@ -82,6 +108,20 @@ pub fn spawn(
     // Registered now, so its series (enforcing 0) are there while the
     // lists sync.
     let collector = metrics.collector::<PolicyMetrics>();
+    let view: Arc<Mutex<View>> = Arc::default();
+    let shown = view.clone();
+    metrics.register_inspector(
+        "policy",
+        Arc::new(move |pod: &str| {
+            // Read before the view is locked: nft is a process.
+            let counters = read_counters().unwrap_or_default();
+            let report = shown
+                .lock()
+                .map_err(|_| "the policy room's view is poisoned".to_string())?
+                .report(pod, &counters)?;
+            serde_json::to_string(&report).map_err(|e| e.to_string())
+        }),
+    );
     tokio::spawn(async move {
         let watch = PolicyWatch::start(client, &metrics).await;
         let mut room = Room {
@@ -92,6 +132,9 @@ pub fn spawn(
             metrics: collector,
             applied: None,
             reported: BTreeSet::new(),
+            found: BTreeMap::new(),
+            view,
+            next_view: View::default(),
         };
         room.run(watch, resync).await;
     })
@@ -118,22 +161,45 @@ impl Room {
         let mut records = tokio::time::interval(RECORDS_POLL);
         records.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut records_seen = dir_stamp(&self.records);
+        let pending: Pending = Arc::default();
+        let wake = Arc::new(Notify::new());
+        let relay = tokio::spawn(relay_events(
+            watch.changed.clone(),
+            pending.clone(),
+            wake.clone(),
+        ));
+        let _relay = AbortOnDrop(relay);
         let mut records_events = watch_records(&self.records);
         loop {
             let woke = Instant::now();
+            // Taken before the caches are read: every event stamped by
+            // now is in what this pass reads.
+            let events = pending.lock().ok().and_then(|mut p| p.take());
             let snap = watch.snapshot();
             let want = self.desire(&snap);
             let ok = match self.apply(want).await {
-                Ok(()) => {
+                Ok(wrote) => {
                     let us = u64::try_from(woke.elapsed().as_micros()).unwrap_or(u64::MAX);
                     self.metrics.last_apply_us.store(us, Ordering::Relaxed);
                     self.metrics.enforcing.store(true, Ordering::Relaxed);
+                    if wrote && let Some(t) = events {
+                        self.metrics
+                            .event_to_enforced
+                            .observe(t.elapsed().as_secs_f64());
+                    }
+                    if let Ok(mut v) = self.view.lock() {
+                        *v = std::mem::take(&mut self.next_view);
+                    }
                     true
                 }
                 Err(e) => {
                     self.metrics.apply_errors.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(error = %e, "cannot write the NetworkPolicy table; retrying");
                     self.applied = None;
+                    // Not enforced yet: they wait for the write that is.
+                    if let (Some(t), Ok(mut p)) = (events, pending.lock()) {
+                        *p = Some(p.map_or(t, |q| q.min(t)));
+                    }
                     false
                 }
             };
@@ -146,7 +212,7 @@ impl Room {
             // written or removed, a retry, or the check of the table.
             loop {
                 tokio::select! {
-                    () = watch.changed.notified() => tokio::time::sleep(DEBOUNCE).await,
+                    () = wake.notified() => tokio::time::sleep(DEBOUNCE).await,
                     event = async {
                         match records_events.as_mut() {
                             Some(s) => s.next().await,
@@ -228,7 +294,30 @@ impl Room {
         }
         self.add_records(&mut cluster);
         let fail_closed = !cluster.policies.is_empty();
-        let want = sets::desired(&compile_node(&cluster, &self.node), fail_closed);
+        let compiled = compile_node(&cluster, &self.node);
+        let want = sets::desired(&compiled, fail_closed);
+        let mut selected: BTreeMap<Key, u64> = BTreeMap::new();
+        let mut view = View::default();
+        for (key, pod) in compiled {
+            let by: Vec<Key> = cluster
+                .pods
+                .get(&key)
+                .into_iter()
+                .flat_map(|p| cluster.policies_selecting(p))
+                .map(|p| p.key.clone())
+                .collect();
+            for p in &by {
+                *selected.entry(p.clone()).or_default() += 1;
+            }
+            view.pods.insert(key, (pod, by));
+        }
+        self.next_view = view;
+        if let Ok(mut s) = self.metrics.selected.lock() {
+            *s = selected;
+        }
+        if let Ok(mut p) = self.metrics.problems.lock() {
+            *p = std::mem::take(&mut self.found);
+        }
         self.metrics
             .policies
             .store(cluster.policies.len() as u64, Ordering::Relaxed);
@@ -254,7 +343,8 @@ impl Room {
         }
     }
 
-    fn report(&mut self, kind: &str, name: &Option<String>, p: &Problem, effect: &str) {
+    fn report(&mut self, kind: &'static str, name: &Option<String>, p: &Problem, effect: &str) {
+        *self.found.entry(kind).or_default() += 1;
         let name = name.as_deref().unwrap_or("<unnamed>");
         if self.reported.insert(format!("{kind}/{name}: {p}")) {
             tracing::warn!(kind, name, problem = %p, effect, "cannot read part of an object");
@@ -266,11 +356,12 @@ impl Room {
     /// Writes the difference from what the table holds, or the whole
     /// table (the first time, after a failure, when it went missing); an
     /// incremental write the kernel refuses is retried whole at once.
-    async fn apply(&mut self, want: Desired) -> Result<()> {
+    /// Whether anything was written.
+    async fn apply(&mut self, want: Desired) -> Result<bool> {
         let epoch = next_epoch(self.epoch);
         let script = match &self.applied {
             Some(old) => match diff_script(old, &want, epoch) {
-                None => return Ok(()),
+                None => return Ok(false),
                 Some(s) => s,
             },
             None => full_script(&want, epoch),
@@ -297,8 +388,26 @@ impl Room {
         self.metrics
             .set_elements
             .store(want.len() as u64, Ordering::Relaxed);
+        let mut targets: HashMap<String, Vec<_>> = want
+            .counters
+            .iter()
+            .map(|(name, c)| (name.clone(), c.series.clone()))
+            .collect();
+        targets.extend(drop_counters().into_iter().map(|(n, s)| (n, vec![s])));
+        if let Ok(mut t) = self.metrics.tally.lock() {
+            t.set_targets(targets);
+        }
         self.applied = Some(want);
-        Ok(())
+        Ok(true)
+    }
+}
+
+/// The relay ends with the room.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

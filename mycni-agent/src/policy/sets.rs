@@ -9,9 +9,13 @@
 //!   ingress (some policy selecting the pod has that direction);
 //! - `eg_allow` / `in_allow`: (local address, remote prefix, protocol,
 //!   port range) of the other end's port: for egress the server's, for
-//!   ingress the local pod's own, after DNAT;
+//!   ingress the local pod's own, after DNAT; maps, each element to the
+//!   counter of the first rule admitting it (`counters.rs`);
 //! - `eg_any` / `in_any`: (local address, remote prefix) admitted on every
-//!   protocol and port (a rule without `ports`: ICMP echo too);
+//!   protocol and port (a rule without `ports`: ICMP echo too); maps to
+//!   counters likewise;
+//! - `eg_deny` / `in_deny`: each isolated local address to its pod's
+//!   counter of what no rule admits;
 //! - `self`: (address, address) of every local pod, its own connections
 //!   through its Service (the hairpin) pass as connections to its own IP do;
 //! - `known`: the local pod addresses the room knows the Pod of. Once any
@@ -23,14 +27,18 @@
 //! Interval sets of concatenations must not hold overlapping elements (the
 //! kernel refuses an insert that overlaps another), while rules overlap
 //! freely (a /32 inside an allowed /16, port 80 inside 53-90, the same
-//! peer allowed by two policies): elements are made disjoint here, by
-//! giving each address region the union of the ports of every prefix
-//! covering it.
+//! peer allowed by two policies): elements are made disjoint in `split`,
+//! by giving each address region the union of the ports of every prefix
+//! covering it, cut where the first rule admitting them changes.
+
+mod split;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use super::compile::{CompiledPod, DirectionRules, PeerSet, PortSet};
+use super::compile::{Allow, CompiledPod, DirectionRules, PeerSet, PortSet};
+use super::counters::{Series, comment, direction_label, pod_counter, rule_counter, rule_name};
+use super::eval::RuleRef;
 use super::model::{Cidr, Direction, IpBlock, Key, Protocol};
 
 /// One set of the table, as its name in nftables reads (`eg_allow4`).
@@ -50,10 +58,12 @@ pub enum SetKind {
     InAny,
     SelfPair,
     Known,
+    EgDeny,
+    InDeny,
 }
 
 impl SetKind {
-    pub const ALL: [SetKind; 8] = [
+    pub const ALL: [SetKind; 10] = [
         SetKind::EgIso,
         SetKind::InIso,
         SetKind::EgAllow,
@@ -62,7 +72,22 @@ impl SetKind {
         SetKind::InAny,
         SetKind::SelfPair,
         SetKind::Known,
+        SetKind::EgDeny,
+        SetKind::InDeny,
     ];
+
+    /// Its members map to a named counter (`key : "name"`).
+    pub fn counts(self) -> bool {
+        matches!(
+            self,
+            SetKind::EgAllow
+                | SetKind::InAllow
+                | SetKind::EgAny
+                | SetKind::InAny
+                | SetKind::EgDeny
+                | SetKind::InDeny
+        )
+    }
 
     fn stem(self) -> &'static str {
         match self {
@@ -74,6 +99,15 @@ impl SetKind {
             SetKind::InAny => "in_any",
             SetKind::SelfPair => "self",
             SetKind::Known => "known",
+            SetKind::EgDeny => "eg_deny",
+            SetKind::InDeny => "in_deny",
+        }
+    }
+
+    fn deny(d: Direction) -> SetKind {
+        match d {
+            Direction::Egress => SetKind::EgDeny,
+            Direction::Ingress => SetKind::InDeny,
         }
     }
 
@@ -106,13 +140,24 @@ impl std::fmt::Display for SetName {
 }
 
 /// Every set's members, as nftables element text (`10.244.1.5 .
-/// 10.244.0.0/16 . tcp . 80-81`): canonical, so two desired states compare
-/// and diff as plain string sets.
+/// 10.244.0.0/16 . tcp . 80-81 : "r…"`): canonical, so two desired states
+/// compare and diff as plain string sets.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Desired {
     pub sets: BTreeMap<SetName, BTreeSet<String>>,
     /// Local pods isolated in some direction, for the metrics and the log.
     pub isolated: BTreeSet<Key>,
+    /// The named counters the maps' members point at, by name.
+    pub counters: BTreeMap<String, Counter>,
+}
+
+/// A named counter of the table (`counters.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Counter {
+    /// Its nft comment: whose and what, readable in `nft list`.
+    pub comment: String,
+    /// What its packets count for in the metrics.
+    pub series: Vec<Series>,
 }
 
 impl Desired {
@@ -133,6 +178,14 @@ impl Desired {
             .entry(SetName { kind, v6 })
             .or_default()
             .insert(element);
+    }
+
+    /// Counters of `self` not in `other`.
+    pub fn counters_minus<'a>(&'a self, other: &Desired) -> Vec<(&'a String, &'a Counter)> {
+        self.counters
+            .iter()
+            .filter(|(name, _)| !other.counters.contains_key(*name))
+            .collect()
     }
 
     /// Members of `self` not in `other`, per set.
@@ -186,10 +239,12 @@ pub fn desired(compiled: &BTreeMap<Key, CompiledPod>, fail_closed: bool) -> Desi
                 out.add(SetKind::Known, v6, Cidr::host(*ip).to_string());
             }
             for d in [Direction::Egress, Direction::Ingress] {
-                if let DirectionRules::Isolated { allows, .. } = pod.rules(d) {
+                if let DirectionRules::Isolated { by, allows } = pod.rules(d) {
                     out.isolated.insert(pod.pod.clone());
                     out.add(SetKind::iso(d), v6, ip.to_string());
-                    direction(&mut out, d, *ip, allows);
+                    let denied = out.pod_counter(&pod.pod, d, by);
+                    out.add(SetKind::deny(d), v6, format!("{ip} : \"{denied}\""));
+                    direction(&mut out, d, &pod.pod, *ip, allows);
                 }
             }
         }
@@ -197,10 +252,46 @@ pub fn desired(compiled: &BTreeMap<Key, CompiledPod>, fail_closed: bool) -> Desi
     out
 }
 
-fn direction(out: &mut Desired, d: Direction, local: IpAddr, allows: &[super::compile::Allow]) {
+impl Desired {
+    /// The counter of what `rule` admits for `pod`, made on first use.
+    fn rule_counter(&mut self, pod: &Key, rule: &RuleRef) -> String {
+        let name = rule_counter(pod, rule);
+        self.counters
+            .entry(name.clone())
+            .or_insert_with(|| Counter {
+                comment: comment(&format!("{pod}: {}", rule_name(rule))),
+                series: vec![Series::Rule {
+                    policy: rule.policy.clone(),
+                    direction: rule.direction,
+                    index: rule.index,
+                }],
+            });
+        name
+    }
+
+    /// The counter of what no rule of `by` admits for `pod` in `d`.
+    fn pod_counter(&mut self, pod: &Key, d: Direction, by: &[Key]) -> String {
+        let name = pod_counter(pod, d);
+        self.counters
+            .entry(name.clone())
+            .or_insert_with(|| Counter {
+                comment: comment(&format!("{pod}: {} denied", direction_label(d))),
+                series: by
+                    .iter()
+                    .map(|policy| Series::Denied {
+                        policy: policy.clone(),
+                        direction: d,
+                    })
+                    .collect(),
+            });
+        name
+    }
+}
+
+fn direction(out: &mut Desired, d: Direction, pod: &Key, local: IpAddr, allows: &[Allow]) {
     let v6 = local.is_ipv6();
-    let mut any: Vec<Cidr> = Vec::new();
-    let mut ported: BTreeMap<Protocol, Vec<(Cidr, u16, u16)>> = BTreeMap::new();
+    let mut any: Vec<(Cidr, &RuleRef)> = Vec::new();
+    let mut ported: Vec<split::Ported> = Vec::new();
     for allow in allows {
         let prefixes: Vec<Cidr> = match &allow.peers {
             PeerSet::All => vec![default_route(v6)],
@@ -212,83 +303,34 @@ fn direction(out: &mut Desired, d: Direction, local: IpAddr, allows: &[super::co
                 .collect(),
         };
         match &allow.ports {
-            PortSet::All => any.extend(prefixes),
+            PortSet::All => any.extend(prefixes.iter().map(|p| (*p, &allow.rule))),
             PortSet::Some(ranges) => {
                 for r in ranges {
-                    let list = ported.entry(r.protocol).or_default();
-                    list.extend(prefixes.iter().map(|p| (*p, r.start, r.end)));
+                    ported.extend(
+                        prefixes
+                            .iter()
+                            .map(|p| (*p, r.protocol, r.start, r.end, &allow.rule)),
+                    );
                 }
             }
         }
     }
-    for prefix in outermost(&any) {
-        out.add(SetKind::any(d), v6, format!("{local} . {prefix}"));
+    let elements = split::split(&any, &ported);
+    for (prefix, rule) in elements.any {
+        let c = out.rule_counter(pod, rule);
+        out.add(SetKind::any(d), v6, format!("{local} . {prefix} : \"{c}\""));
     }
-    for (proto, rects) in ported {
-        for (prefix, start, end) in disjoint(&rects) {
-            out.add(
-                SetKind::allow(d),
-                v6,
-                format!("{local} . {prefix} . {} . {start}-{end}", proto_name(proto)),
-            );
-        }
+    for (prefix, proto, start, end, rule) in elements.ported {
+        let c = out.rule_counter(pod, rule);
+        out.add(
+            SetKind::allow(d),
+            v6,
+            format!(
+                "{local} . {prefix} . {} . {start}-{end} : \"{c}\"",
+                proto_name(proto)
+            ),
+        );
     }
-}
-
-/// The prefixes not inside another one of `prefixes`: their union, as
-/// disjoint prefixes.
-fn outermost(prefixes: &[Cidr]) -> BTreeSet<Cidr> {
-    let all: BTreeSet<Cidr> = prefixes.iter().copied().collect();
-    all.iter()
-        .filter(|c| !all.iter().any(|o| o.strictly_contains(c)))
-        .copied()
-        .collect()
-}
-
-/// (prefix, port range) rectangles as disjoint ones covering the same
-/// (address, port) pairs: each prefix's region outside the prefixes nested
-/// in it gets the merged ports of every prefix covering it.
-fn disjoint(rects: &[(Cidr, u16, u16)]) -> Vec<(Cidr, u16, u16)> {
-    let mut by_prefix: BTreeMap<Cidr, Vec<(u16, u16)>> = BTreeMap::new();
-    for (c, s, e) in rects {
-        by_prefix.entry(*c).or_default().push((*s, *e));
-    }
-    let prefixes: Vec<Cidr> = by_prefix.keys().copied().collect();
-    let mut out = Vec::new();
-    for q in &prefixes {
-        let nested: Vec<Cidr> = prefixes
-            .iter()
-            .filter(|p| q.strictly_contains(p))
-            .copied()
-            .collect();
-        let mut ports: Vec<(u16, u16)> = prefixes
-            .iter()
-            .filter(|p| *p == q || p.strictly_contains(q))
-            .flat_map(|p| by_prefix[p].iter().copied())
-            .collect();
-        ports = merge(ports);
-        let region = IpBlock {
-            cidr: *q,
-            except: nested,
-        };
-        for piece in region.prefixes() {
-            out.extend(ports.iter().map(|(s, e)| (piece, *s, *e)));
-        }
-    }
-    out
-}
-
-/// Inclusive ranges merged where they overlap or touch, in order.
-fn merge(mut ranges: Vec<(u16, u16)>) -> Vec<(u16, u16)> {
-    ranges.sort_unstable();
-    let mut out: Vec<(u16, u16)> = Vec::new();
-    for (s, e) in ranges {
-        match out.last_mut() {
-            Some(last) if u32::from(s) <= u32::from(last.1) + 1 => last.1 = last.1.max(e),
-            _ => out.push((s, e)),
-        }
-    }
-    out
 }
 
 #[cfg(test)]

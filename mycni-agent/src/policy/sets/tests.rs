@@ -1,5 +1,4 @@
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr};
 
 use serde_json::json;
 
@@ -7,88 +6,12 @@ use super::*;
 use crate::policy::compile_node;
 use crate::policy::tests::fixture::{model, np, pod_ip};
 
-fn cidr(s: &str) -> Cidr {
-    let (a, p) = s.split_once('/').unwrap_or((s, "32"));
-    Cidr::new(
-        a.parse().unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
-        p.parse().unwrap_or(32),
-    )
-    .unwrap_or_else(|| Cidr::host(IpAddr::V4(Ipv4Addr::UNSPECIFIED)))
-}
-
-fn covers(rects: &[(Cidr, u16, u16)], ip: IpAddr, port: u16) -> usize {
-    rects
-        .iter()
-        .filter(|(c, s, e)| c.contains(ip) && (*s..=*e).contains(&port))
-        .count()
-}
-
-/// A tiny deterministic generator: the property needs variety, not
-/// cryptographic randomness.
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % n
+fn rule(policy: &str, direction: Direction, index: usize) -> RuleRef {
+    RuleRef {
+        policy: Key::new("x", policy),
+        direction,
+        index,
     }
-}
-
-/// The disjoint form covers exactly the (address, port) pairs of the
-/// overlapping input, and no pair twice (which the kernel would refuse).
-#[test]
-fn disjoint_rectangles_cover_the_same_pairs_once() {
-    let mut rng = Lcg(7);
-    for _ in 0..300 {
-        let n = 1 + rng.next(6) as usize;
-        let rects: Vec<(Cidr, u16, u16)> = (0..n)
-            .map(|_| {
-                let len = [8u8, 16, 24, 28, 30, 32][rng.next(6) as usize];
-                let a = Ipv4Addr::new(10, rng.next(2) as u8, rng.next(4) as u8, rng.next(16) as u8);
-                let c = Cidr::new(a.into(), len).unwrap_or_else(|| Cidr::host(a.into()));
-                let s = rng.next(100) as u16;
-                (c, s, s + rng.next(20) as u16)
-            })
-            .collect();
-        let out = disjoint(&rects);
-        for _ in 0..400 {
-            let ip: IpAddr =
-                Ipv4Addr::new(10, rng.next(2) as u8, rng.next(4) as u8, rng.next(16) as u8).into();
-            let port = rng.next(130) as u16;
-            let want = covers(&rects, ip, port) > 0;
-            let got = covers(&out, ip, port);
-            assert!(
-                got <= 1,
-                "{ip}:{port} covered {got} times by {out:?} from {rects:?}"
-            );
-            assert_eq!(got == 1, want, "{ip}:{port}: {out:?} from {rects:?}");
-        }
-    }
-}
-
-#[test]
-fn ports_merge_where_they_touch_or_overlap() {
-    assert_eq!(
-        merge(vec![(81, 81), (80, 80), (90, 95), (94, 99)]),
-        vec![(80, 81), (90, 99)]
-    );
-    assert_eq!(merge(vec![(0, 65535), (80, 80)]), vec![(0, 65535)]);
-}
-
-#[test]
-fn outermost_keeps_the_covering_prefixes() {
-    let got = outermost(&[
-        cidr("10.0.0.0/8"),
-        cidr("10.1.0.0/16"),
-        cidr("192.168.1.1/32"),
-        cidr("10.0.0.0/8"),
-    ]);
-    assert_eq!(
-        got,
-        BTreeSet::from([cidr("10.0.0.0/8"), cidr("192.168.1.1/32")])
-    );
 }
 
 fn on_node(policies: &[(&str, &str, serde_json::Value)], node: &str) -> Desired {
@@ -137,18 +60,36 @@ fn an_allow_from_one_pod_on_one_port() {
         "n1",
     );
     let (xa, xb) = (pod_ip("x", "a", false), pod_ip("x", "b", false));
+    let a = Key::new("x", "a");
+    let c = rule_counter(&a, &rule("a-from-b-81", Direction::Ingress, 0));
     assert_eq!(set(&d, SetKind::InIso, false), vec![xa.to_string()]);
     assert_eq!(
         set(&d, SetKind::InAllow, false),
-        vec![format!("{xa} . {xb}/32 . tcp . 81-81")]
+        vec![format!("{xa} . {xb}/32 . tcp . 81-81 : \"{c}\"")]
     );
     assert!(set(&d, SetKind::InAny, false).is_empty());
     assert!(set(&d, SetKind::EgIso, false).is_empty());
     let (xa6, xb6) = (pod_ip("x", "a", true), pod_ip("x", "b", true));
     assert_eq!(
         set(&d, SetKind::InAllow, true),
-        vec![format!("{xa6} . {xb6}/128 . tcp . 81-81")]
+        vec![format!("{xa6} . {xb6}/128 . tcp . 81-81 : \"{c}\"")]
     );
+    // What no rule admits counts under x/a's own counter, charged to the
+    // policy isolating it.
+    let denied = pod_counter(&a, Direction::Ingress);
+    assert_eq!(
+        set(&d, SetKind::InDeny, false),
+        vec![format!("{xa} : \"{denied}\"")]
+    );
+    assert_eq!(
+        d.counters[&denied].series,
+        vec![Series::Denied {
+            policy: Key::new("x", "a-from-b-81"),
+            direction: Direction::Ingress
+        }]
+    );
+    assert_eq!(d.counters[&c].comment, "x/a: x/a-from-b-81 ingress[0]");
+    assert_eq!(d.counters.len(), 2);
 }
 
 #[test]
@@ -176,9 +117,10 @@ fn allow_all_ingress_is_the_default_route_of_each_family() {
         "n1",
     );
     let xa = pod_ip("x", "a", false);
-    assert!(set(&d, SetKind::InAny, false).contains(&format!("{xa} . 0.0.0.0/0")));
+    let c = rule_counter(&Key::new("x", "a"), &rule("all", Direction::Ingress, 0));
+    assert!(set(&d, SetKind::InAny, false).contains(&format!("{xa} . 0.0.0.0/0 : \"{c}\"")));
     let xa6 = pod_ip("x", "a", true);
-    assert!(set(&d, SetKind::InAny, true).contains(&format!("{xa6} . ::/0")));
+    assert!(set(&d, SetKind::InAny, true).contains(&format!("{xa6} . ::/0 : \"{c}\"")));
 }
 
 #[test]
@@ -204,10 +146,20 @@ fn overlapping_rules_become_disjoint_members() {
         "n1",
     );
     let members = set(&d, SetKind::InAllow, false);
-    // x/b's address gets 80-81 once; the rest of 10/8 gets 80 alone.
+    // x/b's address gets 80-81 once, counted under x/narrow (before
+    // x/wide); the rest of 10/8 gets 80 alone, under x/wide.
     let xa = pod_ip("x", "a", false);
+    let a = Key::new("x", "a");
+    let narrow = rule_counter(&a, &rule("narrow", Direction::Ingress, 0));
+    let wide = rule_counter(&a, &rule("wide", Direction::Ingress, 0));
     assert!(
-        members.contains(&format!("{xa} . {xb}/32 . tcp . 80-81")),
+        members.contains(&format!("{xa} . {xb}/32 . tcp . 80-81 : \"{narrow}\"")),
+        "{members:?}"
+    );
+    assert!(
+        members
+            .iter()
+            .any(|m| m.ends_with(&format!("tcp . 80-80 : \"{wide}\""))),
         "{members:?}"
     );
     assert!(
@@ -235,8 +187,11 @@ fn minus_is_per_set() {
     let a = on_node(&[("x", "deny", json!({"podSelector": {}}))], "n1");
     let b = on_node(&[], "n1");
     let gone = a.minus(&b);
-    // in_iso and known of both families.
-    assert_eq!(gone.len(), 4, "{gone:?}");
+    // in_iso, in_deny and known of both families.
+    assert_eq!(gone.len(), 6, "{gone:?}");
+    // The denial counters of x's three pods.
+    assert_eq!(a.counters_minus(&b).len(), 3);
+    assert!(b.counters_minus(&a).is_empty());
     // known: the default routes of the open node.
     assert_eq!(b.minus(&a).len(), 2);
 }
