@@ -152,8 +152,9 @@ pub(super) fn spread(f: Fig, runs: &[f64]) -> String {
     }
     let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    if v.len() == 1 {
-        f.fmt(v[0])
+    // One run, or runs that agree to the figure's precision: one number.
+    if f.fmt(lo) == f.fmt(hi) {
+        f.fmt(median(&v))
     } else {
         format!("{} ({}–{})", f.fmt(median(&v)), f.fmt(lo), f.fmt(hi))
     }
