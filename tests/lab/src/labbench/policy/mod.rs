@@ -110,8 +110,9 @@ struct Results {
     /// `mycni_policy_set_elements` of node1 and node2 when the column was
     /// last measured: what the policies became in the kernel.
     elements: BTreeMap<(Datapath, State), Vec<u64>>,
-    /// From the first policy object written to both agents settled, for
-    /// every change of state that wrote any.
+    /// From the first policy object written to both agents reporting the
+    /// column's policies (their metrics, not probes), for every change of
+    /// state that wrote any without restarting the agents.
     settled: BTreeMap<State, Vec<Duration>>,
 }
 
@@ -227,15 +228,17 @@ fn measure_all(mut lab: BenchLab, o: &Options, shape: &Shape, logs: &Path) -> Re
                 let want = st.policies(shape);
                 let t0 = Instant::now();
                 let wrote = apply_policies(lab, &mut have, &want)?;
-                if agents != Some((dp, st.enforcing())) {
+                let restart = agents != Some((dp, st.enforcing()));
+                if restart {
                     switch(lab, dp, st.enforcing())?;
                     agents = Some((dp, st.enforcing()));
                 }
-                let elements = settle(lab, &pods, st, shape)?;
-                if wrote {
-                    r.settled.entry(st).or_default().push(t0.elapsed());
+                let settled = settle(lab, &pods, st, shape)?;
+                if wrote && !restart && st.enforcing() {
+                    let took = settled.reported.saturating_duration_since(t0);
+                    r.settled.entry(st).or_default().push(took);
                 }
-                r.elements.insert((dp, st), elements);
+                r.elements.insert((dp, st), settled.elements);
                 if st.established() {
                     let progs = match dp {
                         Datapath::Ebpf => watch_programs(&pins)?,
@@ -354,9 +357,8 @@ fn metric(text: &str, name: &str) -> Option<f64> {
 
 /// Waits until both agents enforce `policies` policies with their bench pod
 /// isolated (when there are any), the pair connects, and, with policies in
-/// force, a port none opens is refused; then for quiet agents. Returns each
-/// node's policy set elements.
-fn settle(lab: &Lab, pods: &Pods, st: State, shape: &Shape) -> Result<Vec<u64>> {
+/// force, a port none opens is refused; then for quiet agents.
+fn settle(lab: &Lab, pods: &Pods, st: State, shape: &Shape) -> Result<Settled> {
     let policies = st.policies(shape).len();
     let nodes = 1..=lab.spec.nodes;
     if st.enforcing() {
@@ -375,6 +377,7 @@ fn settle(lab: &Lab, pods: &Pods, st: State, shape: &Shape) -> Result<Vec<u64>> 
             },
         )?;
     }
+    let reported = Instant::now();
     let probe = |port: u16| {
         let target = SocketAddr::from((pods.pair.ip, port)).to_string();
         sh(
@@ -402,14 +405,23 @@ fn settle(lab: &Lab, pods: &Pods, st: State, shape: &Shape) -> Result<Vec<u64>> 
         );
     }
     wait_agents_idle(lab);
-    Ok(nodes
+    let elements = nodes
         .map(|i| {
             lab.metrics(i)
                 .ok()
                 .and_then(|m| metric(&m, "mycni_policy_set_elements"))
                 .map_or(0, |v| v as u64)
         })
-        .collect())
+        .collect();
+    Ok(Settled { elements, reported })
+}
+
+/// What [`settle`] saw.
+struct Settled {
+    /// Each node's policy set elements.
+    elements: Vec<u64>,
+    /// When both agents reported the column's policies.
+    reported: Instant,
 }
 
 /// `mycni-lab tcp-crr` from the client to the server's echo port, pinned

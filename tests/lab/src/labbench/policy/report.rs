@@ -281,7 +281,11 @@ pub(super) fn render(
             .get(&st)
             .map(|v| {
                 let ms: Vec<f64> = v.iter().map(|d| d.as_secs_f64() * 1e3).collect();
-                format!("; written and settled in {:.0} ms (median)", median(&ms))
+                format!(
+                    "; written through the API and reported by both agents in {:.0} ms \
+                     (median; the agents' metrics, not probes)",
+                    median(&ms)
+                )
             })
             .unwrap_or_default();
         let _ = writeln!(
