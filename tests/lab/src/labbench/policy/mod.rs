@@ -229,6 +229,13 @@ fn measure_all(mut lab: BenchLab, o: &Options, shape: &Shape, logs: &Path) -> Re
                 let t0 = Instant::now();
                 let wrote = apply_policies(lab, &mut have, &want)?;
                 let restart = agents != Some((dp, st.enforcing()));
+                if restart && wrote && agents.is_some_and(|(_, enforcing)| enforcing) {
+                    // Restarted in the middle of writing a large change,
+                    // an agent left its successor unready for over 30 s
+                    // (after the 10,000-prefix column): restart from a
+                    // table the agents have finished writing.
+                    wait_reported(lab, want.len())?;
+                }
                 if restart {
                     switch(lab, dp, st.enforcing())?;
                     agents = Some((dp, st.enforcing()));
@@ -362,20 +369,7 @@ fn settle(lab: &Lab, pods: &Pods, st: State, shape: &Shape) -> Result<Settled> {
     let policies = st.policies(shape).len();
     let nodes = 1..=lab.spec.nodes;
     if st.enforcing() {
-        let isolated = u64::from(policies > 0) as f64;
-        wait_for(
-            &format!("both agents to read {policies} policies and isolate their bench pod"),
-            Duration::from_secs(120),
-            || {
-                nodes.clone().all(|i| {
-                    lab.metrics(i).is_ok_and(|m| {
-                        metric(&m, "mycni_policy_enforcing") == Some(1.0)
-                            && metric(&m, "mycni_policy_policies") == Some(policies as f64)
-                            && metric(&m, "mycni_policy_isolated_pods") == Some(isolated)
-                    })
-                })
-            },
-        )?;
+        wait_reported(lab, policies)?;
     }
     let reported = Instant::now();
     let probe = |port: u16| {
@@ -414,6 +408,25 @@ fn settle(lab: &Lab, pods: &Pods, st: State, shape: &Shape) -> Result<Settled> {
         })
         .collect();
     Ok(Settled { elements, reported })
+}
+
+/// Waits until both agents enforce `policies` policies, with their bench
+/// pod isolated when there are any.
+fn wait_reported(lab: &Lab, policies: usize) -> Result<()> {
+    let isolated = u64::from(policies > 0) as f64;
+    wait_for(
+        &format!("both agents to read {policies} policies and isolate their bench pod"),
+        Duration::from_secs(120),
+        || {
+            (1..=lab.spec.nodes).all(|i| {
+                lab.metrics(i).is_ok_and(|m| {
+                    metric(&m, "mycni_policy_enforcing") == Some(1.0)
+                        && metric(&m, "mycni_policy_policies") == Some(policies as f64)
+                        && metric(&m, "mycni_policy_isolated_pods") == Some(isolated)
+                })
+            })
+        },
+    )
 }
 
 /// What [`settle`] saw.
