@@ -91,12 +91,13 @@ enum Command {
         target: Option<String>,
     },
     /// Benchmarks that print figures side by side with the reference:
-    /// `bench plugin`, `bench agent`, `bench datapath` (= `lab bench`).
+    /// `bench plugin`, `bench agent`, `bench datapath` (= `lab bench`),
+    /// `bench policy`.
     /// Builds what the benchmark runs, then hands every argument to the
     /// bench binary: `cargo xtask bench --help` lists them.
     #[command(disable_help_flag = true)]
     Bench {
-        /// `plugin|agent|datapath [FLAGS]`, see `cargo xtask bench --help`.
+        /// `plugin|agent|datapath|policy [FLAGS]`, see `cargo xtask bench --help`.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
@@ -277,7 +278,8 @@ fn test(extra: &[String]) -> Result<()> {
 
 /// `cargo xtask bench ARGS`: builds what the named benchmark runs (all of
 /// the lab's binaries and the eBPF object for `datapath`, which is `lab
-/// bench`), then runs `mycni-bench ARGS`, which owns the flags.
+/// bench`, and for `policy`), then runs `mycni-bench ARGS`, which owns the
+/// flags.
 fn bench(args: &[String]) -> Result<()> {
     let root = workspace_root();
     let which = args
@@ -290,6 +292,35 @@ fn bench(args: &[String]) -> Result<()> {
         return lab::run(&lab_args);
     }
     setup::run()?;
+    let help = args.iter().any(|a| a == "--help" || a == "-h");
+    if which == Some("policy") && !help {
+        // A lab of its own on the fast path: the agent embeds the eBPF
+        // object at build time, and every lab binary runs. The lab's build
+        // has mycni-bench too; building it again alone would unify other
+        // features and recompile half the dependencies.
+        build_ebpf(true)?;
+        lab::build_release()?;
+    } else {
+        build_bench(which, &root)?;
+    }
+    // Each report (and its chart beside it) lands in target/, as `lab
+    // bench`'s does.
+    Cmd::new(&root.join("target/release/mycni-bench").to_string_lossy())
+        .args(args)
+        .env(
+            "MYCNI_BENCH_PLUGIN_OUT",
+            root.join("target/bench-plugin.md"),
+        )
+        .env("MYCNI_BENCH_AGENT_OUT", root.join("target/bench-agent.md"))
+        .env(
+            "MYCNI_BENCH_POLICY_OUT",
+            root.join("target/bench-policy.md"),
+        )
+        .run_interruptible()
+}
+
+/// `mycni-bench` and what the `plugin` or `agent` bench runs.
+fn build_bench(which: Option<&str>, root: &std::path::Path) -> Result<()> {
     let what: &[&str] = match which {
         Some("plugin") => &["--package", "mycni-plugin", "--bins"],
         Some("agent") => &[
@@ -305,16 +336,6 @@ fn bench(args: &[String]) -> Result<()> {
         .args(["build", "--release", "--locked", "--package", "mycni-lab"])
         .args(what)
         .toolchain(HOST_TOOLCHAIN)
-        .cwd(&root)
-        .run()?;
-    // Each report (and its chart beside it) lands in target/, as `lab
-    // bench`'s does.
-    Cmd::new(&root.join("target/release/mycni-bench").to_string_lossy())
-        .args(args)
-        .env(
-            "MYCNI_BENCH_PLUGIN_OUT",
-            root.join("target/bench-plugin.md"),
-        )
-        .env("MYCNI_BENCH_AGENT_OUT", root.join("target/bench-agent.md"))
-        .run_interruptible()
+        .cwd(root)
+        .run()
 }

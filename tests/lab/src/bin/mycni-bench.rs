@@ -8,6 +8,11 @@
 //! programmed, per-event latency, peak RSS) against `ip -batch` programming
 //! the same entries. Run through `cargo xtask bench agent`.
 //!
+//! `mycni-bench policy`: what NetworkPolicy costs the datapath, as ratios
+//! to no policy in one run (established flows, new connections, the first
+//! packet, the programs' own time), in a 2-node lab of its own. Run
+//! through `cargo xtask bench policy`.
+//!
 //! Each prints its report and, with `--out` (which `cargo xtask bench`
 //! sets), writes it there with its figures as an SVG chart beside it.
 
@@ -25,6 +30,8 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
+use mycni_lab::Bins;
+use mycni_lab::labbench::policy;
 
 /// Benchmarks that print figures side by side with the reference. Run
 /// through `cargo xtask bench …`, which builds what each one runs first;
@@ -70,6 +77,41 @@ enum Cli {
         #[arg(long, env = "MYCNI_BENCH_AGENT_OUT")]
         out: Option<PathBuf>,
     },
+    /// NetworkPolicy's cost on the datapath, as ratios to no policy from
+    /// one run, in a 2-node lab of its own (mycnipb-*,
+    /// /run/mycni-policy-bench-lab): latency, one stream and 64-byte UDP
+    /// per CPU-second with 1 and N policies, new connections per second
+    /// and connect() time with 0, 1, 10, N policies and a K-prefix
+    /// ipBlock, the programs' ns per packet with the generation check off
+    /// (`--network-policy=false`) and on; eBPF (tc encap) and kernel
+    /// datapaths. Every policy column selects both pods and allows the
+    /// pair (checked before it is measured).
+    Policy {
+        /// Interleaved runs of every column.
+        #[arg(long, default_value_t = policy::DEFAULT_RUNS)]
+        runs: usize,
+        /// Seconds per measure.
+        #[arg(long, default_value_t = policy::DEFAULT_SECONDS)]
+        seconds: u64,
+        /// One run of 1 s measures: the report's shape, not figures to
+        /// quote (overrides --runs and --seconds).
+        #[arg(long)]
+        quick: bool,
+        /// Policies in the many-policies column (one allows the pair, the
+        /// rest are decoys).
+        #[arg(long, default_value_t = policy::DEFAULT_POLICIES)]
+        policies: usize,
+        /// Prefixes in the ipBlock column's policy.
+        #[arg(long, default_value_t = policy::DEFAULT_PREFIXES)]
+        prefixes: usize,
+        /// CPU both ends of every measure run on, or `none`.
+        #[arg(long, default_value = "1")]
+        pin_cpu: String,
+        /// Also write the markdown report here, and its chart beside it as
+        /// SVG (`cargo xtask bench` sets target/bench-policy.md).
+        #[arg(long, env = "MYCNI_BENCH_POLICY_OUT")]
+        out: Option<PathBuf>,
+    },
     /// The datapath side by side in a 2-node lab: `mycni-lab bench` (see
     /// `cargo xtask bench datapath --help`).
     #[command(disable_help_flag = true)]
@@ -109,6 +151,47 @@ fn main() -> Result<()> {
                 None => own_dir()?,
             };
             agent::bench(&dir, nodes, full_nodes, out.as_deref())
+        }
+        Cli::Policy {
+            runs,
+            seconds,
+            quick,
+            policies,
+            prefixes,
+            pin_cpu,
+            out,
+        } => {
+            let dir = own_dir()?;
+            let bins = Bins {
+                agent: dir.join("mycni-agent"),
+                plugin: dir.join("mycni"),
+                apiserver: dir.join("mycni-apiserver"),
+                lab: dir.join("mycni-lab"),
+            };
+            for b in [&bins.agent, &bins.plugin, &bins.apiserver, &bins.lab] {
+                if !b.exists() {
+                    bail!(
+                        "{} is missing: run through `cargo xtask bench policy`",
+                        b.display()
+                    );
+                }
+            }
+            let pin_cpu = match pin_cpu.as_str() {
+                "none" => None,
+                c => Some(c.parse().context("--pin-cpu: a CPU number or `none`")?),
+            };
+            let (runs, seconds) = if quick { (1, 1) } else { (runs, seconds) };
+            policy::run(
+                bins,
+                &policy::Options {
+                    runs,
+                    seconds,
+                    policies,
+                    prefixes,
+                    pin_cpu,
+                    out,
+                },
+            )
         }
         Cli::Datapath { args } => {
             let status = Command::new(own_dir()?.join("mycni-lab"))

@@ -216,6 +216,15 @@ enum Cmd {
     },
     #[command(hide = true)]
     HttpGet { addr: String, path: String },
+    /// New connections per second against an echo server (connect, one
+    /// byte echoed, close) and connect() p50/p99: the policy bench's
+    /// connect loop.
+    #[command(hide = true)]
+    TcpCrr {
+        addr: String,
+        #[arg(long, default_value_t = 3)]
+        seconds: u64,
+    },
     /// TCP request/response latency against an echo server (the bench's
     /// IPv6 latency).
     #[command(hide = true)]
@@ -692,6 +701,11 @@ fn main() -> Result<()> {
         }) => {
             let (p50, p99, n) = lab::tcp_rr(addr, *seconds, *size)?;
             println!("{}", lab::format_tcp_rr(p50, p99, n));
+            Ok(())
+        }
+        Some(Cmd::TcpCrr { addr, seconds }) => {
+            let c = labbench::policy::tcp_crr(addr, *seconds)?;
+            println!("{}", labbench::policy::format_crr(&c));
             Ok(())
         }
         Some(Cmd::HttpGet { addr, path }) => {

@@ -172,7 +172,7 @@ pub(super) fn iperf_json(out: &str) -> Result<Value> {
 }
 
 /// `taskset -c CPU`, or nothing.
-fn pin_prefix(o: &Options) -> Vec<String> {
+pub(super) fn pin_prefix(o: &Options) -> Vec<String> {
     match o.pin_cpu {
         Some(c) => vec!["taskset".into(), "-c".into(), c.to_string()],
         None => vec![],

@@ -55,8 +55,12 @@
 //! iperf3 in the namespaces), `progs` (the programs' own run time over a
 //! measure), `report` (the table; its figures in `report/figures.rs`, the
 //! SVG chart written beside it in `report/chart.rs`).
+//!
+//! `policy` is `cargo xtask bench policy`: the same measures in a lab of
+//! its own, with NetworkPolicies in force against none.
 
 mod measure;
+pub mod policy;
 mod progs;
 mod report;
 mod rulesets;

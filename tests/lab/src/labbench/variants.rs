@@ -338,7 +338,7 @@ fn cpu_ticks(pid: &str) -> Option<u64> {
 /// second: a restarted agent lists Nodes, reconciles, loads and attaches
 /// programs and fills maps, and on a 2-CPU machine that work landing in
 /// the next column's first measure would be read as that datapath's cost.
-fn wait_agents_idle(lab: &Lab) {
+pub(super) fn wait_agents_idle(lab: &Lab) {
     let pids: Vec<String> = (1..=lab.spec.nodes)
         .filter_map(|i| std::fs::read_to_string(lab.spec.node_dir(i).join("agent.pid")).ok())
         .map(|p| p.trim().to_string())
