@@ -66,6 +66,23 @@ pub struct Bins {
     pub lab: PathBuf,
 }
 
+impl Bins {
+    /// The binaries as the workspace builds them into one directory; each
+    /// missing one is an error that ends with `hint` (how to build it).
+    pub fn in_dir(dir: &std::path::Path, hint: &str) -> anyhow::Result<Bins> {
+        let bins = Bins {
+            agent: dir.join("mycni-agent"),
+            plugin: dir.join("mycni"),
+            apiserver: dir.join("mycni-apiserver"),
+            lab: dir.join("mycni-lab"),
+        };
+        for b in [&bins.agent, &bins.plugin, &bins.apiserver, &bins.lab] {
+            anyhow::ensure!(b.exists(), "{} is missing: {hint}", b.display());
+        }
+        Ok(bins)
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Spec {
     /// Namespace names start with this: `mycni` for the CLI lab, unique in tests.

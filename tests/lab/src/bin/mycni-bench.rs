@@ -161,21 +161,7 @@ fn main() -> Result<()> {
             pin_cpu,
             out,
         } => {
-            let dir = own_dir()?;
-            let bins = Bins {
-                agent: dir.join("mycni-agent"),
-                plugin: dir.join("mycni"),
-                apiserver: dir.join("mycni-apiserver"),
-                lab: dir.join("mycni-lab"),
-            };
-            for b in [&bins.agent, &bins.plugin, &bins.apiserver, &bins.lab] {
-                if !b.exists() {
-                    bail!(
-                        "{} is missing: run through `cargo xtask bench policy`",
-                        b.display()
-                    );
-                }
-            }
+            let bins = Bins::in_dir(&own_dir()?, "run through `cargo xtask bench policy`")?;
             let pin_cpu = match pin_cpu.as_str() {
                 "none" => None,
                 c => Some(c.parse().context("--pin-cpu: a CPU number or `none`")?),

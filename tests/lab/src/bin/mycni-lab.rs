@@ -366,18 +366,7 @@ fn bins(cli: &Cli) -> Result<Bins> {
             .context("exe dir")?
             .to_path_buf(),
     };
-    let bins = Bins {
-        agent: bin_dir.join("mycni-agent"),
-        plugin: bin_dir.join("mycni"),
-        apiserver: bin_dir.join("mycni-apiserver"),
-        lab: bin_dir.join("mycni-lab"),
-    };
-    for b in [&bins.agent, &bins.plugin, &bins.apiserver, &bins.lab] {
-        if !b.exists() {
-            bail!("{} is missing: build with `cargo xtask lab`", b.display());
-        }
-    }
-    Ok(bins)
+    Bins::in_dir(&bin_dir, "build with `cargo xtask lab`")
 }
 
 /// The soak's lab state (its labs are `mycnis-*`, see soak::soak_lab).

@@ -67,15 +67,7 @@ pub fn bench(bin_dir: &Path, n: usize, full: bool, out: Option<&Path>) -> Result
         (1..=38_000).contains(&n),
         "nodes must be 1..=38000 (podCIDRs stay below 10.244.0.0/16, host IPs in 192.168.100-251)"
     );
-    let bins = Bins {
-        agent: bin_dir.join("mycni-agent"),
-        plugin: bin_dir.join("mycni"),
-        apiserver: bin_dir.join("mycni-apiserver"),
-        lab: bin_dir.join("mycni-lab"),
-    };
-    for b in [&bins.agent, &bins.apiserver, &bins.lab] {
-        ensure!(b.exists(), "{} is not built", b.display());
-    }
+    let bins = Bins::in_dir(bin_dir, "run through `cargo xtask bench agent`")?;
 
     eprintln!(
         "mycni-bench: ip -batch references, 3 runs each of {} entries (routes via … onlink) and {} (a nexthop per peer)",
