@@ -29,6 +29,7 @@
 pub mod agent;
 pub mod caps;
 pub mod datapath;
+pub mod flows;
 mod kernel;
 pub mod metrics;
 pub mod overlay;

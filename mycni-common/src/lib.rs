@@ -16,6 +16,7 @@ extern crate std;
 
 #[cfg(feature = "std")]
 pub mod contract;
+pub mod flow;
 #[cfg(feature = "std")]
 pub mod net;
 #[cfg(feature = "netlink")]
@@ -61,6 +62,8 @@ pub const VXLAN_OVERHEAD: u32 = 50;
 pub const CFG_TC_ENCAP: u8 = 1;
 /// `DpConfig::flags`: decapsulate VXLAN from known peers at the underlay's tc ingress.
 pub const CFG_TC_DECAP: u8 = 2;
+/// `DpConfig::flags`: emit flow events into `mycni_flows` (see [`flow`]).
+pub const CFG_FLOW_EVENTS: u8 = 4;
 
 /// Every packet a mycni program sees is counted exactly once, under the path it
 /// took or the reason it was left to the kernel (cf. Cilium's drop reasons).

@@ -5,9 +5,10 @@
 //! upgrade that changes one must say so (see ARCHITECTURE.md).
 
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, LpmTrie, PerCpuArray},
+    btf_maps::{Array, HashMap, LpmTrie, PerCpuArray, RingBuf},
     macros::btf_map,
 };
+use mycni_common::flow::{FLOW_STATS_LEN, FLOWS_RING_BYTES, FlowEvent};
 use mycni_common::{
     COUNTERS_LEN, DpConfig, LOCAL_MAX, LocalEndpoint, PEERS_MAX, PathCounter, PeerNode, REMOTE_MAX,
     RemoteNode,
@@ -17,6 +18,15 @@ use mycni_common::{
 #[btf_map(name = "mycni_counters")]
 pub(crate) static COUNTERS: PerCpuArray<PathCounter, { COUNTERS_LEN as usize }> =
     PerCpuArray::new();
+
+/// Flow events for the agent (`mycni_common::flow`): written by `flow`
+/// only (and the `kfree_skb` tracepoint), never waited on.
+#[btf_map(name = "mycni_flows")]
+pub(crate) static FLOWS: RingBuf<FlowEvent, { FLOWS_RING_BYTES as usize }> = RingBuf::new();
+
+/// Per-CPU `u64`s by `FLOW_STAT_*`: events emitted, lost, suppressed.
+#[btf_map(name = "mycni_flow_stats")]
+pub(crate) static FLOW_STATS: PerCpuArray<u64, { FLOW_STATS_LEN as usize }> = PerCpuArray::new();
 
 #[btf_map(name = "mycni_config")]
 pub(crate) static CONFIG: Array<DpConfig, 1> = Array::new();

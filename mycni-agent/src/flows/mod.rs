@@ -1,0 +1,108 @@
+//! The flows room: every connection and drop the node sees, with its pods,
+//! policy and reason, kept in a bounded history and served live.
+//!
+//! Sources only observe and send; they never block the datapath or the
+//! loop:
+//! - the tc programs and the `kfree_skb` tracepoint write [`FlowEvent`]s
+//!   into the ring `mycni_flows`, read by `ring.rs`;
+//! - nftables logs its verdicts (policy allow and drop, the underlay
+//!   filter) to an NFLOG group, read by `nflog.rs`.
+//!
+//! Each sends [`Observation`]s into one bounded channel ([`Sink`]); a full
+//! channel drops the observation and counts it (`lost`), as a full ring
+//! does in the kernel. The room enriches them (`enrich.rs`: addresses to
+//! pods, nodes or the world; a policy verdict to the policies and rule that
+//! decided it), keeps the last ones (`store.rs`) and serves them
+//! (`/flows` on the metrics server; `mycni-agent flows`).
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::SystemTime;
+
+use mycni_common::flow::FlowEvent;
+use tokio::sync::mpsc;
+
+use crate::policy::Direction;
+use crate::policy::counters::Reason;
+
+/// What a source saw, before enrichment.
+#[derive(Debug, Clone)]
+pub enum Observation {
+    /// An event of the ring, with its kernel timestamp turned to wall time.
+    Datapath { at: SystemTime, event: FlowEvent },
+    /// A verdict nftables logged.
+    Nft(NftLog),
+}
+
+/// One packet nftables logged to the agent's NFLOG group: the rule's
+/// meaning (from its prefix) and the packet's headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NftLog {
+    pub at: SystemTime,
+    pub verdict: NftVerdict,
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    /// Host byte order; 0 without ports.
+    pub sport: u16,
+    pub dport: u16,
+    /// IP protocol number.
+    pub proto: u8,
+    pub tcp_flags: u8,
+    /// 0 when the hook has none.
+    pub in_ifindex: u32,
+    pub out_ifindex: u32,
+    /// Packets this log stands for (1 unless the rule folds repeats).
+    pub count: u32,
+}
+
+/// What an nftables rule that logs decided, named by its NFLOG prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NftVerdict {
+    /// A new connection of an isolated pod, admitted by a policy rule in
+    /// `direction` (which rule: the flows room finds it).
+    PolicyAllow { direction: Direction },
+    /// The policy table dropped it, in `direction`, for `reason`.
+    PolicyDrop {
+        direction: Direction,
+        reason: Reason,
+    },
+    /// The underlay filter dropped VXLAN from a host that is not a peer.
+    UnderlayDrop,
+}
+
+/// Where sources send what they saw.
+#[derive(Clone)]
+pub struct Sink {
+    tx: mpsc::Sender<Observation>,
+    lost: Arc<AtomicU64>,
+}
+
+/// The channel's capacity: a second's worth at a high event rate, so a
+/// slow pass of the room loses nothing.
+pub const SINK_CAPACITY: usize = 65_536;
+
+impl Sink {
+    /// A sink and the receiving end the room reads.
+    pub fn new(capacity: usize) -> (Self, mpsc::Receiver<Observation>) {
+        let (tx, rx) = mpsc::channel(capacity);
+        let sink = Sink {
+            tx,
+            lost: Arc::default(),
+        };
+        (sink, rx)
+    }
+
+    /// Hands `o` to the room; never waits. A full or closed channel counts
+    /// it as lost.
+    pub fn send(&self, o: Observation) {
+        if self.tx.try_send(o).is_err() {
+            self.lost.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Observations dropped because the room was behind.
+    pub fn lost(&self) -> u64 {
+        self.lost.load(Ordering::Relaxed)
+    }
+}

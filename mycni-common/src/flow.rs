@@ -1,0 +1,97 @@
+//! Flow events: what the programs tell the agent about connections and
+//! drops, through one BPF ring buffer (`mycni_flows`).
+//!
+//! Bounded by design: a program emits an event for the first packet of a
+//! connection it sees, when the path of a connection changes, and for a
+//! drop at most once a second per flow and reason (`count` says how many
+//! packets it stands for); never one per packet. A full ring is counted
+//! (`FLOW_STAT_LOST`), never waited on.
+
+/// Name (and pin name) of the flow-event ring buffer.
+pub const FLOWS_MAP: &str = "mycni_flows";
+/// The ring's default size in bytes: a power of two and a multiple of the
+/// page size; ~16,000 events, a third of a second at 50,000 events a second.
+pub const FLOWS_RING_BYTES: u32 = 1 << 20;
+
+/// Name (and pin name) of the per-CPU event statistics (`u64` per slot).
+pub const FLOW_STATS_MAP: &str = "mycni_flow_stats";
+/// `mycni_flow_stats` slots: events written to the ring,
+pub const FLOW_STAT_EMITTED: u32 = 0;
+/// events the ring had no room for,
+pub const FLOW_STAT_LOST: u32 = 1;
+/// packets folded into a later event by the once-a-second limit.
+pub const FLOW_STAT_SUPPRESSED: u32 = 2;
+pub const FLOW_STATS_LEN: u32 = 3;
+
+/// `FlowEvent::kind`: the first packet of a connection this program saw.
+pub const FLOW_NEW: u8 = 0;
+/// A connection this program saw before took another path (for example,
+/// left to the kernel while conntrack confirmed it, then fast).
+pub const FLOW_PATH: u8 = 1;
+/// A drop (`reason` is then a kernel drop reason when `source` is
+/// `FlowSource::KernelDrop`).
+pub const FLOW_DROP: u8 = 2;
+
+/// `FlowEvent::source`: who saw the packet.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlowSource {
+    /// `mycni_from_pod`, on a pod's host veth.
+    Pod = 0,
+    /// `mycni_from_vxlan`, on `vxlan.1` / `vxlan6.1`.
+    Vxlan = 1,
+    /// `mycni_from_underlay`, on the underlay device (the inner packet).
+    Underlay = 2,
+    /// The kernel freed the packet (`kfree_skb`) on a pod or overlay device.
+    KernelDrop = 3,
+}
+
+impl FlowSource {
+    pub fn from_u8(v: u8) -> Option<Self> {
+        Some(match v {
+            0 => Self::Pod,
+            1 => Self::Vxlan,
+            2 => Self::Underlay,
+            3 => Self::KernelDrop,
+            _ => return None,
+        })
+    }
+}
+
+/// One event, 64 bytes, as the ring holds it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlowEvent {
+    /// `bpf_ktime_get_ns`: CLOCK_MONOTONIC, nanoseconds.
+    pub ts_ns: u64,
+    /// Network byte order; an IPv4 address in the first 4 bytes, the rest 0.
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    /// Host byte order; 0 for protocols without ports.
+    pub sport: u16,
+    pub dport: u16,
+    /// The device the packet arrived on (for a kernel drop, the skb's device).
+    pub ifindex: u32,
+    /// Packets this event stands for (1, or a drop's repeats folded in).
+    pub count: u32,
+    /// `DpPath` for the tc programs; the kernel's `skb_drop_reason` for
+    /// `FlowSource::KernelDrop`.
+    pub reason: u16,
+    /// IP protocol number (6 TCP, 17 UDP, 132 SCTP, 1/58 ICMP).
+    pub proto: u8,
+    /// 4 or 6.
+    pub family: u8,
+    /// The TCP flags byte (FIN 0x01 ... CWR 0x80); 0 otherwise.
+    pub tcp_flags: u8,
+    /// `FlowSource`.
+    pub source: u8,
+    /// `FLOW_NEW`, `FLOW_PATH` or `FLOW_DROP`.
+    pub kind: u8,
+    pub _pad: [u8; 5],
+}
+
+#[cfg(feature = "user")]
+// SAFETY: plain old data, every bit pattern valid.
+unsafe impl aya::Pod for FlowEvent {}
+
+const _: () = assert!(core::mem::size_of::<FlowEvent>() == 64);
