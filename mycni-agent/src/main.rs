@@ -55,6 +55,10 @@ enum Cmd {
         #[arg(long, default_value = DEFAULT_VXLAN_DEVICE)]
         vxlan_device: String,
     },
+    /// The flows of this node (every connection and drop the datapath and
+    /// nftables reported, with pods, policies and reasons), from the
+    /// agent running here; with a kubeconfig, every node's.
+    Flows(FlowsArgs),
     /// Remove the conflist, ready marker, masquerade rules, the fast path and the VXLAN device.
     Uninstall(RunArgs),
     /// Check the configuration (flags, and the environment the ConfigMap
@@ -80,6 +84,50 @@ enum InspectWhat {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Args)]
+struct FlowsArgs {
+    /// Keep printing new flows as they come.
+    #[arg(short, long)]
+    follow: bool,
+    /// Flows from or to this pod: <namespace>/<pod>, or a pod name.
+    #[arg(long)]
+    pod: Option<String>,
+    /// Flows from or to a pod of this namespace.
+    #[arg(short, long)]
+    namespace: Option<String>,
+    /// FORWARDED or DROPPED.
+    #[arg(long)]
+    verdict: Option<String>,
+    /// A drop reason (POLICY_DENIED, IP_RPFILTER, ...) or a path's reason
+    /// (kernel_tcp_control, ...).
+    #[arg(long)]
+    reason: Option<String>,
+    /// Flows a policy allowed or denied: <namespace>/<name>, or a name.
+    #[arg(long)]
+    policy: Option<String>,
+    /// Either end's port.
+    #[arg(long)]
+    port: Option<u16>,
+    /// tcp, udp, sctp, icmpv4, icmpv6.
+    #[arg(long)]
+    protocol: Option<String>,
+    /// Only the last this many of the flows held (per query).
+    #[arg(long, default_value_t = 20)]
+    last: usize,
+    #[arg(short, long, value_enum, default_value = "human")]
+    output: mycni_agent::flows::cli::Output,
+    /// The local agent's metrics address (a wildcard one is asked on
+    /// loopback).
+    #[arg(long, env = "MYCNI_METRICS_ADDR", default_value = "127.0.0.1:9971")]
+    agent: String,
+    /// Ask every node's agent, found through the Node objects.
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// The agents' metrics port, with --kubeconfig.
+    #[arg(long, default_value_t = 9971)]
+    agent_port: u16,
 }
 
 #[derive(Args, Clone)]
@@ -173,6 +221,14 @@ struct RunArgs {
     /// nftables table `inet mycni_policy`; false removes the table.
     #[arg(long, env = "MYCNI_NETWORK_POLICY", default_value_t = true, action = clap::ArgAction::Set, value_parser = parse_network_policy)]
     network_policy: bool,
+    /// Flow records the agent holds for `/flows` and `mycni-agent flows`
+    /// (the oldest goes first).
+    #[arg(long, env = "MYCNI_FLOW_HISTORY", default_value_t = mycni_agent::flows::store::DEFAULT_HISTORY)]
+    flow_history: usize,
+    /// Local pods with series of their own in `mycni_flow_pod_drops_total`
+    /// (the rest count under pod="_other"): the metric's cardinality bound.
+    #[arg(long, env = "MYCNI_FLOW_POD_SERIES", default_value_t = 100)]
+    flow_pod_series: usize,
     /// bpffs mount; pinned maps and links live under <bpffs>/mycni.
     #[arg(long, env = "MYCNI_BPFFS", default_value = "/sys/fs/bpf")]
     bpffs: PathBuf,
@@ -400,6 +456,8 @@ impl RunArgs {
             resync: self.resync,
             masquerade: self.masquerade,
             network_policy: self.network_policy,
+            flow_history: self.flow_history,
+            flow_pod_series: self.flow_pod_series,
             ipam_data_dir: self.ipam_data_dir,
             plugin_log_file: self.plugin_log_file,
             datapath: self.datapath,
@@ -468,6 +526,28 @@ fn main() -> Result<()> {
             };
             print!("{out}");
             Ok(())
+        }
+        Some(Cmd::Flows(a)) => {
+            use mycni_agent::flows::{cli, store::Filter};
+            let filter = Filter {
+                pod: a.pod,
+                namespace: a.namespace,
+                verdict: a.verdict,
+                reason: a.reason,
+                policy: a.policy,
+                port: a.port,
+                protocol: a.protocol,
+                last: Some(a.last),
+                follow: a.follow,
+            };
+            let agents = match a.kubeconfig {
+                Some(kubeconfig) => cli::Agents::Cluster {
+                    kubeconfig,
+                    port: a.agent_port,
+                },
+                None => cli::Agents::One(mycni_agent::policy::inspect::agent_address(&a.agent)?),
+            };
+            rt.block_on(cli::run(agents, filter, a.output))
         }
         Some(Cmd::Uninstall(args)) => rt.block_on(agent::uninstall(&args.config()?)),
         Some(Cmd::CheckConfig(args)) => {

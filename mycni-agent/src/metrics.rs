@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use futures::stream::BoxStream;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, prometheus_text, text};
 use prometheus_client::metrics::MetricType;
@@ -88,6 +89,17 @@ pub struct Metrics {
     collectors: Mutex<Vec<Registered>>,
     /// What `/inspect/<room>/<what>` asks, by room.
     inspectors: Mutex<BTreeMap<&'static str, Inspector>>,
+    /// What `/flows` reads, once the flows room runs.
+    feed: Mutex<Option<Arc<dyn Feed>>>,
+}
+
+/// A room's newline-delimited JSON at `/flows` (and what the page there
+/// draws).
+pub trait Feed: Send + Sync {
+    /// The lines held that match `query` (a URL query: the room's
+    /// filters), and if it asks to follow, the stream of new ones; or why
+    /// the query is wrong.
+    fn open(&self, query: &str) -> Result<(String, Option<BoxStream<'static, String>>), String>;
 }
 
 /// A room's answer to `/inspect/<room>/<what>`: JSON, or why there is
@@ -137,6 +149,7 @@ impl Default for Metrics {
             liveness: Liveness::default(),
             collectors: Mutex::default(),
             inspectors: Mutex::default(),
+            feed: Mutex::default(),
         }
     }
 }
@@ -268,6 +281,17 @@ impl Metrics {
         if let Ok(mut i) = self.inspectors.lock() {
             i.insert(room, f);
         }
+    }
+
+    /// Serves `/flows` from `feed` from now on.
+    pub fn register_feed(&self, feed: Arc<dyn Feed>) {
+        if let Ok(mut f) = self.feed.lock() {
+            *f = Some(feed);
+        }
+    }
+
+    pub fn feed(&self) -> Option<Arc<dyn Feed>> {
+        self.feed.lock().ok()?.clone()
     }
 
     /// `room`'s answer about `what`; None when no such room answers.

@@ -43,6 +43,10 @@ pub struct Config {
     pub masquerade: bool,
     /// Run the policy room (NetworkPolicy in `inet mycni_policy`).
     pub network_policy: bool,
+    /// Flow records held for `/flows`.
+    pub flow_history: usize,
+    /// Local pods with drop series of their own.
+    pub flow_pod_series: usize,
     /// Written into the conflist for the plugin: where its built-in IPAM
     /// keeps leases, and its log file (None: the plugin's defaults).
     pub ipam_data_dir: Option<PathBuf>,

@@ -205,6 +205,7 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
         fast,
     } = started;
     // Its own task and watch: policy events never wake the overlay's pass.
+    let (cluster_tx, cluster_rx) = tokio::sync::watch::channel(Arc::default());
     let _policy = cfg.network_policy.then(|| {
         crate::policy::room::spawn(
             client.clone(),
@@ -213,8 +214,10 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
             &cfg.pin_dir,
             &metrics,
             cfg.resync,
+            cluster_tx,
         )
     });
+    let _flows = crate::flows::start(cfg, &node_name, &metrics, cluster_rx);
     let api = ApiWatch::start(client, &metrics).await;
 
     // Subscribed before the first (full) pass reads the kernel, so no pod

@@ -15,6 +15,15 @@
 //! decided it), keeps the last ones (`store.rs`) and serves them
 //! (`/flows` on the metrics server; `mycni-agent flows`).
 
+pub mod cli;
+pub mod enrich;
+mod host;
+pub mod record;
+pub mod room;
+pub mod store;
+#[cfg(test)]
+mod tests;
+
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -105,4 +114,22 @@ impl Sink {
     pub fn lost(&self) -> u64 {
         self.lost.load(Ordering::Relaxed)
     }
+}
+
+/// Starts the flows room for the agent: the store, `/flows`, its metrics,
+/// and the sources this node has.
+pub fn start(
+    cfg: &crate::agent::Config,
+    node: &str,
+    metrics: &Arc<crate::metrics::Metrics>,
+    cluster: tokio::sync::watch::Receiver<Arc<crate::policy::Cluster>>,
+) -> tokio::task::JoinHandle<()> {
+    let settings = room::Settings {
+        node: node.to_string(),
+        history: cfg.flow_history,
+        pod_series: cfg.flow_pod_series,
+    };
+    let names = Arc::new(room::KernelNames::new(Default::default()));
+    let (_sink, _store, task) = room::spawn(settings, metrics, cluster, host::addresses(), names);
+    task
 }

@@ -5,10 +5,14 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use axum::Router;
-use axum::extract::{Path, State};
+use std::convert::Infallible;
+
+use axum::body::Body;
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use futures::StreamExt;
 use prometheus_client::encoding::prometheus_text;
 use tokio::net::TcpListener;
 
@@ -61,6 +65,7 @@ pub fn router(metrics: Arc<Metrics>) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/inspect/{room}/{*what}", get(inspect))
+        .route("/flows", get(flows))
         .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
         .with_state(metrics)
 }
@@ -93,6 +98,29 @@ async fn inspect(
         Ok(Some(Err(why))) => (StatusCode::NOT_FOUND, format!("{why}\n")).into_response(),
         Ok(None) => (StatusCode::NOT_FOUND, "no such room answers here\n").into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
+    }
+}
+
+/// `/flows?<filters>`: newline-delimited JSON, the held flows that
+/// match, then (with `follow=true`) new ones as they come.
+async fn flows(State(m): State<Arc<Metrics>>, RawQuery(q): RawQuery) -> Response {
+    let Some(feed) = m.feed() else {
+        return (
+            StatusCode::NOT_FOUND,
+            "no flows here: the flows room is off\n",
+        )
+            .into_response();
+    };
+    match feed.open(q.as_deref().unwrap_or("")) {
+        Ok((held, live)) => {
+            let head = futures::stream::once(async move { held });
+            let body = match live {
+                Some(live) => Body::from_stream(head.chain(live).map(Ok::<_, Infallible>)),
+                None => Body::from_stream(head.map(Ok::<_, Infallible>)),
+            };
+            ([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response()
+        }
+        Err(why) => (StatusCode::BAD_REQUEST, format!("{why}\n")).into_response(),
     }
 }
 

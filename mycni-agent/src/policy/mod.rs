@@ -34,7 +34,7 @@ pub mod room;
 pub mod sets;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;

@@ -22,7 +22,7 @@ use std::time::Duration;
 use anyhow::Result;
 use futures::StreamExt;
 use mycni_common::contract::{POD_RECORDS_DIR, PodRecord};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -71,6 +71,8 @@ pub struct Room {
     view: Arc<Mutex<View>>,
     /// The view of the pass being written, shown once it is.
     next_view: View,
+    /// The cluster each pass read, for the flows room's attributions.
+    published: watch::Sender<Arc<Cluster>>,
 }
 
 /// The oldest watch event no write has enforced yet (one stamp: a pass
@@ -98,6 +100,7 @@ pub fn spawn(
     pin_dir: &Path,
     metrics: &Arc<Metrics>,
     resync: Duration,
+    published: watch::Sender<Arc<Cluster>>,
 ) -> JoinHandle<()> {
     let pin_dir = pin_dir.to_path_buf();
     // Past whatever epoch an earlier agent left: every flow stamped under
@@ -135,6 +138,7 @@ pub fn spawn(
             found: BTreeMap::new(),
             view,
             next_view: View::default(),
+            published,
         };
         room.run(watch, resync).await;
     })
@@ -324,6 +328,7 @@ impl Room {
         self.metrics
             .isolated_pods
             .store(want.isolated.len() as u64, Ordering::Relaxed);
+        self.published.send_replace(Arc::new(cluster));
         want
     }
 

@@ -39,6 +39,8 @@ fn config(ipam_data_dir: Option<&str>, plugin_log_file: Option<&str>) -> Config 
         resync: Duration::from_secs(2),
         masquerade: false,
         network_policy: false,
+        flow_history: 16,
+        flow_pod_series: 4,
         ipam_data_dir: ipam_data_dir.map(PathBuf::from),
         plugin_log_file: plugin_log_file.map(PathBuf::from),
         datapath: Mode::Kernel,

@@ -1,0 +1,191 @@
+//! `mycni-agent flows`: the flows of this node's agent, or with a
+//! kubeconfig every node's (found through the Node objects), filtered,
+//! as one line each or as the agents' JSON.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, ListParams};
+use tokio::sync::mpsc;
+
+use super::record::Line;
+use super::store::Filter;
+use mycni_common::contract::{ANNOTATION_HOST_IP, ANNOTATION_HOST_IP6};
+
+/// How lines are printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    /// One line a flow: time, node, ends, protocol, flags, verdict, why.
+    Human,
+    /// The agents' JSON, a line each (Hubble's field names).
+    Json,
+}
+
+/// Where to ask.
+pub enum Agents {
+    /// One agent (this node's).
+    One(SocketAddr),
+    /// Every node's agent, on `port` of its host IP.
+    Cluster {
+        kubeconfig: std::path::PathBuf,
+        port: u16,
+    },
+}
+
+/// Prints what the agents hold that matches `filter`, then, with
+/// `filter.follow`, new flows until interrupted.
+pub async fn run(agents: Agents, filter: Filter, output: Output) -> Result<()> {
+    let targets = match agents {
+        Agents::One(a) => vec![a],
+        Agents::Cluster { kubeconfig, port } => node_agents(&kubeconfig, port).await?,
+    };
+    let query = format!("/flows?{}", filter.to_query());
+    let (tx, mut rx) = mpsc::channel::<(SocketAddr, Result<String>)>(1024);
+    for a in &targets {
+        let (tx, q, a) = (tx.clone(), query.clone(), *a);
+        tokio::spawn(async move {
+            if let Err(e) = stream(a, &q, &tx).await {
+                let _ = tx.send((a, Err(e))).await;
+            }
+        });
+    }
+    drop(tx);
+    let print = |text: &str| -> Result<()> {
+        match output {
+            Output::Json => println!("{text}"),
+            Output::Human => match serde_json::from_str::<Line>(text) {
+                Ok(l) => println!("{}", l.human()),
+                // `{"lost_events":N}` and whatever a newer agent adds.
+                Err(_) => println!("{text}"),
+            },
+        }
+        Ok(())
+    };
+    let mut failed = 0;
+    if filter.follow || targets.len() == 1 {
+        while let Some((a, line)) = rx.recv().await {
+            match line {
+                Ok(text) => print(&text)?,
+                Err(e) => {
+                    failed += 1;
+                    eprintln!("mycni-agent flows: {a}: {e:#}");
+                }
+            }
+        }
+    } else {
+        // Several nodes' histories: merged by time, then cut to `last`.
+        let mut lines = Vec::new();
+        while let Some((a, line)) = rx.recv().await {
+            match line {
+                Ok(text) => {
+                    let time = serde_json::from_str::<Line>(&text)
+                        .map(|l| l.time)
+                        .unwrap_or_default();
+                    lines.push((time, text));
+                }
+                Err(e) => {
+                    failed += 1;
+                    eprintln!("mycni-agent flows: {a}: {e:#}");
+                }
+            }
+        }
+        lines.sort();
+        let skip = filter.last.map_or(0, |n| lines.len().saturating_sub(n));
+        for (_, text) in lines.into_iter().skip(skip) {
+            print(&text)?;
+        }
+    }
+    if failed == targets.len() {
+        bail!("no agent answered");
+    }
+    Ok(())
+}
+
+/// Each Node's agent: its mycni host IP (the agents listen there in the
+/// DaemonSet, which runs on the host's network), else its InternalIP.
+async fn node_agents(kubeconfig: &Path, port: u16) -> Result<Vec<SocketAddr>> {
+    let client = crate::agent::kube_client(Some(kubeconfig)).await?;
+    let nodes: Api<Node> = Api::all(client);
+    let list = nodes
+        .list(&ListParams::default())
+        .await
+        .context("listing the Nodes")?;
+    let mut out = Vec::new();
+    for n in list.items {
+        let ann = n.metadata.annotations.unwrap_or_default();
+        let internal = n
+            .status
+            .and_then(|s| s.addresses)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|a| a.type_ == "InternalIP")
+            .map(|a| a.address);
+        let ip = [
+            ann.get(ANNOTATION_HOST_IP).cloned(),
+            ann.get(ANNOTATION_HOST_IP6).cloned(),
+            internal,
+        ]
+        .into_iter()
+        .flatten()
+        .find_map(|s| s.parse::<IpAddr>().ok());
+        match ip {
+            Some(ip) => out.push(SocketAddr::new(ip, port)),
+            None => eprintln!(
+                "mycni-agent flows: node {} has no address to reach its agent at",
+                n.metadata.name.unwrap_or_default()
+            ),
+        }
+    }
+    if out.is_empty() {
+        bail!("no Node with an address");
+    }
+    Ok(out)
+}
+
+/// GETs `path` from the agent at `a` and sends each line of the body as
+/// it arrives (a follow's body never ends).
+async fn stream(
+    a: SocketAddr,
+    path: &str,
+    tx: &mpsc::Sender<(SocketAddr, Result<String>)>,
+) -> Result<()> {
+    let tcp = tokio::time::timeout(Duration::from_secs(3), tokio::net::TcpStream::connect(a))
+        .await
+        .with_context(|| format!("connecting to the agent at {a} timed out"))?
+        .with_context(|| format!("connecting to the agent at {a} (is it running? --agent)"))?;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
+    tokio::spawn(conn);
+    let req = hyper::Request::get(path)
+        .header(hyper::header::HOST, a.to_string())
+        .body(Empty::<Bytes>::new())?;
+    let mut res = send.send_request(req).await?;
+    let status = res.status();
+    if !status.is_success() {
+        let body = res.into_body().collect().await?.to_bytes();
+        bail!(
+            "the agent answered {status}: {}",
+            String::from_utf8_lossy(&body).trim()
+        );
+    }
+    let mut buf: Vec<u8> = Vec::new();
+    while let Some(frame) = res.body_mut().frame().await {
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        buf.extend_from_slice(&data);
+        while let Some(end) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=end).collect();
+            let text = String::from_utf8_lossy(&line).trim().to_string();
+            if !text.is_empty() && tx.send((a, Ok(text))).await.is_err() {
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
+}

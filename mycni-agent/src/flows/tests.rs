@@ -1,0 +1,307 @@
+//! The room's pure parts: enrichment, the JSON and line formats, the store
+//! and its filters, against the policy fixture's model cluster.
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use mycni_common::DpPath;
+use mycni_common::flow::{FLOW_DROP, FLOW_NEW, FlowEvent, FlowSource};
+use serde_json::json;
+
+use super::enrich::{Directory, Names};
+use super::record::Line;
+use super::room::KernelNames;
+use super::store::{Filter, Store};
+use super::{NftLog, NftVerdict, Observation};
+use crate::policy::counters::Reason;
+use crate::policy::tests::fixture::{model, np, pod_ip};
+use crate::policy::{Cluster, Direction};
+
+fn cluster() -> Arc<Cluster> {
+    let mut c = model();
+    c.add_policy(np(
+        "x",
+        "b-from-a",
+        json!({"podSelector": {"matchLabels": {"pod": "b"}},
+               "ingress": [{"from": [{"podSelector": {"matchLabels": {"pod": "a"}}}],
+                            "ports": [{"port": 80}]}]}),
+    ));
+    Arc::new(c)
+}
+
+fn dir() -> Directory {
+    let host: IpAddr = "192.168.77.11".parse().expect("address");
+    Directory::new(cluster(), HashSet::from([host]))
+}
+
+fn at() -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_nanos(1_764_000_000_123_456_789)
+}
+
+fn event(src: IpAddr, dst: IpAddr, kind: u8, reason: u16, flags: u8) -> FlowEvent {
+    let bytes = |ip: IpAddr| {
+        let mut b = [0u8; 16];
+        match ip {
+            IpAddr::V4(a) => b[..4].copy_from_slice(&a.octets()),
+            IpAddr::V6(a) => b = a.octets(),
+        }
+        b
+    };
+    FlowEvent {
+        ts_ns: 0,
+        src: bytes(src),
+        dst: bytes(dst),
+        sport: 40000,
+        dport: 80,
+        ifindex: 0,
+        count: 1,
+        reason,
+        proto: 6,
+        family: if src.is_ipv6() { 6 } else { 4 },
+        tcp_flags: flags,
+        source: FlowSource::Pod as u8,
+        kind,
+        _pad: [0; 5],
+    }
+}
+
+fn nft(src: IpAddr, dst: IpAddr, verdict: NftVerdict) -> Observation {
+    Observation::Nft(NftLog {
+        at: at(),
+        verdict,
+        src,
+        dst,
+        sport: 40000,
+        dport: 80,
+        proto: 6,
+        tcp_flags: 0x02,
+        in_ifindex: 0,
+        out_ifindex: 0,
+        count: 1,
+    })
+}
+
+struct NoNames;
+impl Names for NoNames {
+    fn drop_reason(&self, n: u16) -> String {
+        HashMap::from([(16u16, "IP_RPFILTER".to_string())])
+            .get(&n)
+            .cloned()
+            .unwrap_or_else(|| n.to_string())
+    }
+    fn interface(&self, _: u32) -> String {
+        String::new()
+    }
+}
+
+fn line(o: Observation) -> Line {
+    dir().record(o).line("node-1", &NoNames)
+}
+
+#[test]
+fn a_datapath_event_names_both_pods_and_the_path() {
+    let (a, b) = (pod_ip("x", "a", false), pod_ip("x", "b", false));
+    let l = line(Observation::Datapath {
+        at: at(),
+        event: event(a, b, FLOW_NEW, DpPath::KernelTcpControl as u16, 0x02),
+    });
+    let v = serde_json::to_value(&l).expect("json");
+    assert_eq!(v["flow"]["verdict"], "FORWARDED");
+    assert_eq!(v["flow"]["source"]["namespace"], "x");
+    assert_eq!(v["flow"]["source"]["pod_name"], "a");
+    assert_eq!(v["flow"]["destination"]["pod_name"], "b");
+    assert_eq!(v["flow"]["IP"]["ipVersion"], "IPv4");
+    assert_eq!(v["flow"]["l4"]["TCP"]["destination_port"], 80);
+    assert_eq!(v["flow"]["l4"]["TCP"]["flags"], json!({"SYN": true}));
+    assert_eq!(v["flow"]["path"], "kernel");
+    assert_eq!(v["flow"]["path_reason"], "kernel_tcp_control");
+    assert_eq!(v["flow"]["trace_observation_point"], "FROM_ENDPOINT");
+    assert_eq!(v["flow"]["event"], "new");
+    assert_eq!(v["time"], "2025-11-24T16:00:00.123456789Z");
+    let fast = line(Observation::Datapath {
+        at: at(),
+        event: event(a, b, 1, DpPath::FastEncap as u16, 0x10),
+    });
+    assert_eq!(fast.flow.path.as_deref(), Some("fast_encap"));
+    assert_eq!(fast.flow.path_reason, None);
+}
+
+#[test]
+fn a_kernel_drop_carries_the_kernels_reason() {
+    let (a, b) = (pod_ip("x", "a", false), pod_ip("y", "c", false));
+    let l = line(Observation::Datapath {
+        at: at(),
+        event: event(a, b, FLOW_DROP, 16, 0),
+    });
+    assert_eq!(l.flow.verdict, "DROPPED");
+    assert_eq!(l.flow.drop_reason_desc.as_deref(), Some("IP_RPFILTER"));
+}
+
+#[test]
+fn a_policy_drop_names_the_isolated_pod_and_its_policies() {
+    // x/c may not reach x/b: b is isolated for ingress by b-from-a.
+    let (c, b) = (pod_ip("x", "c", false), pod_ip("x", "b", false));
+    let l = line(nft(
+        c,
+        b,
+        NftVerdict::PolicyDrop {
+            direction: Direction::Ingress,
+            reason: Reason::Denied,
+        },
+    ));
+    assert_eq!(l.flow.verdict, "DROPPED");
+    assert_eq!(l.flow.drop_reason_desc.as_deref(), Some("POLICY_DENIED"));
+    assert_eq!(l.flow.traffic_direction.as_deref(), Some("INGRESS"));
+    let names: Vec<String> = l
+        .flow
+        .ingress_denied_by
+        .iter()
+        .map(|p| format!("{}/{}", p.namespace, p.name))
+        .collect();
+    assert_eq!(names, ["x/b-from-a"]);
+    let human = l.human();
+    assert!(
+        human.contains("x/c (") && human.contains("-> x/b ("),
+        "{human}"
+    );
+    assert!(
+        human.contains("DROPPED POLICY_DENIED; ingress isolated by x/b-from-a"),
+        "{human}"
+    );
+}
+
+#[test]
+fn a_policy_allow_names_the_rule_that_admitted_it() {
+    let (a, b) = (pod_ip("x", "a", true), pod_ip("x", "b", true));
+    let l = line(nft(
+        a,
+        b,
+        NftVerdict::PolicyAllow {
+            direction: Direction::Ingress,
+        },
+    ));
+    assert_eq!(l.flow.verdict, "FORWARDED");
+    assert_eq!(l.flow.ip.ip_version, "IPv6");
+    let by: Vec<(String, Option<usize>)> = l
+        .flow
+        .ingress_allowed_by
+        .iter()
+        .map(|p| (p.name.clone(), p.rule))
+        .collect();
+    assert_eq!(by, [("b-from-a".to_string(), Some(0))]);
+    assert!(l.human().contains("ingress allowed by x/b-from-a#0"));
+}
+
+#[test]
+fn addresses_that_are_no_pod_are_the_host_or_the_world() {
+    let host: IpAddr = "192.168.77.11".parse().expect("address");
+    let world: IpAddr = "8.8.8.8".parse().expect("address");
+    let l = line(Observation::Datapath {
+        at: at(),
+        event: event(
+            host,
+            world,
+            FLOW_NEW,
+            DpPath::KernelUnknownDest as u16,
+            0x02,
+        ),
+    });
+    assert_eq!(l.flow.source.labels, ["reserved:host"]);
+    assert_eq!(l.flow.source.node_name, "node-1");
+    assert_eq!(l.flow.destination.labels, ["reserved:world"]);
+}
+
+fn store(n: usize) -> Arc<Store> {
+    let s = Arc::new(Store::new(
+        "node-1".into(),
+        n,
+        Arc::new(KernelNames::default()),
+    ));
+    let d = dir();
+    for (i, (from, to)) in [("a", "b"), ("c", "b"), ("a", "c")].iter().enumerate() {
+        let mut o = nft(
+            pod_ip("x", from, false),
+            pod_ip("x", to, false),
+            NftVerdict::PolicyDrop {
+                direction: Direction::Ingress,
+                reason: Reason::Denied,
+            },
+        );
+        if let Observation::Nft(log) = &mut o {
+            log.dport = 80 + i as u16;
+        }
+        s.push(d.record(o));
+    }
+    s
+}
+
+#[test]
+fn the_store_keeps_the_newest_and_filters_by_every_field() {
+    let s = store(2);
+    assert_eq!(s.held(), 2, "capacity 2: the oldest went");
+    let all = s.matching(&Filter::default());
+    assert_eq!(all.len(), 2);
+    assert_eq!(all[0].flow.destination.pod_name, "b");
+    let q = |query: &str| {
+        s.matching(&Filter::from_query(query).expect("query"))
+            .iter()
+            .map(|l| l.flow.ports().map_or(0, |p| p.1))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(q("pod=x/c"), [81, 82]);
+    assert_eq!(q("pod=a"), [82]);
+    assert_eq!(q("port=81"), [81]);
+    assert_eq!(q("verdict=dropped&protocol=TCP"), [81, 82]);
+    assert_eq!(q("verdict=FORWARDED"), Vec::<u16>::new());
+    assert_eq!(q("reason=policy_denied&policy=x/b-from-a"), [81]);
+    assert_eq!(q("namespace=y"), Vec::<u16>::new());
+    assert_eq!(q("last=1"), [82]);
+    assert!(Filter::from_query("port=http").is_err());
+    assert!(Filter::from_query("colour=red").is_err());
+}
+
+#[test]
+fn a_filter_survives_its_query() {
+    let f = Filter {
+        pod: Some("x/a b".into()),
+        namespace: Some("x".into()),
+        verdict: Some("DROPPED".into()),
+        reason: Some("IP_RPFILTER".into()),
+        policy: Some("x/deny&all".into()),
+        port: Some(53),
+        protocol: Some("udp".into()),
+        last: Some(7),
+        follow: true,
+    };
+    assert_eq!(Filter::from_query(&f.to_query()), Ok(f));
+}
+
+#[tokio::test]
+async fn a_follower_gets_only_new_matching_flows() {
+    use futures::StreamExt;
+    let s = store(10);
+    let mut live = s.follow(Filter::from_query("pod=x/c").expect("query"));
+    let d = dir();
+    s.push(d.record(nft(
+        pod_ip("x", "a", false),
+        pod_ip("x", "b", false),
+        NftVerdict::UnderlayDrop,
+    )));
+    s.push(d.record(nft(
+        pod_ip("x", "c", false),
+        pod_ip("x", "a", false),
+        NftVerdict::UnderlayDrop,
+    )));
+    let got = tokio::time::timeout(Duration::from_secs(5), live.next())
+        .await
+        .expect("a line within 5 s")
+        .expect("a line");
+    let l: Line = serde_json::from_str(&got).expect("a flow line");
+    assert_eq!(l.flow.source.pod_name, "c");
+    assert_eq!(
+        l.flow.drop_reason_desc.as_deref(),
+        Some("UNDERLAY_NOT_PEER")
+    );
+}
