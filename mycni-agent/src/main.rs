@@ -59,6 +59,23 @@ enum Cmd {
     /// nftables reported, with pods, policies and reasons), from the
     /// agent running here; with a kubeconfig, every node's.
     Flows(FlowsArgs),
+    /// Why <src> may or may not reach <dst> on <port>/<protocol>: the
+    /// policies selecting each side, the verdict with the rules that
+    /// decide it, and what this node's datapath last saw between them.
+    /// Each end is <namespace>/<pod> or an address.
+    Explain {
+        src: String,
+        dst: String,
+        /// <port>/<protocol>, e.g. 80/tcp.
+        port: String,
+        /// The agent's metrics address (a wildcard one is asked on
+        /// loopback).
+        #[arg(long, env = "MYCNI_METRICS_ADDR", default_value = "127.0.0.1:9971")]
+        agent: String,
+        /// Print the agent's JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Remove the conflist, ready marker, masquerade rules, the fast path and the VXLAN device.
     Uninstall(RunArgs),
     /// Check the configuration (flags, and the environment the ConfigMap
@@ -548,6 +565,23 @@ fn main() -> Result<()> {
                 None => cli::Agents::One(mycni_agent::policy::inspect::agent_address(&a.agent)?),
             };
             rt.block_on(cli::run(agents, filter, a.output))
+        }
+        Some(Cmd::Explain {
+            src,
+            dst,
+            port,
+            agent,
+            json,
+        }) => {
+            use mycni_agent::flows::explain;
+            let agent = mycni_agent::policy::inspect::agent_address(&agent)?;
+            let e = explain::fetch(agent, &src, &dst, &port)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&e)?);
+            } else {
+                print!("{}", explain::render(&e));
+            }
+            Ok(())
         }
         Some(Cmd::Uninstall(args)) => rt.block_on(agent::uninstall(&args.config()?)),
         Some(Cmd::CheckConfig(args)) => {

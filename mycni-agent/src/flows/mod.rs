@@ -17,6 +17,7 @@
 
 pub mod cli;
 pub mod enrich;
+pub mod explain;
 mod host;
 pub mod record;
 pub mod room;

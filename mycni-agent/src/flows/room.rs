@@ -173,6 +173,16 @@ pub fn spawn(
         *h = Some(store.clone());
     }
     metrics.register_feed(Arc::new(Served(store.clone())));
+    let (view, held) = (cluster.clone(), store.clone());
+    metrics.register_inspector(
+        "explain",
+        Arc::new(move |what: &str| {
+            let (src, dst, port, protocol) = super::explain::parse(what)?;
+            let c = view.borrow().clone();
+            let e = super::explain::explain(&c, Some(&held), &src, &dst, port, protocol)?;
+            serde_json::to_string(&e).map_err(|e| e.to_string())
+        }),
+    );
     let kept = store.clone();
     let task = tokio::spawn(async move {
         let mut dir = Directory::new(cluster.borrow_and_update().clone(), host_ips.clone());

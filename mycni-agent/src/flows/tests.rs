@@ -305,3 +305,48 @@ async fn a_follower_gets_only_new_matching_flows() {
         Some("UNDERLAY_NOT_PEER")
     );
 }
+
+#[test]
+fn explain_names_the_deciding_rule_and_the_isolating_policies() {
+    use super::explain::{Asked, explain, parse, render};
+    use crate::policy::{Key, Protocol};
+    let c = cluster();
+    let (src, dst, port, proto) = parse("x/a/x/b/80/tcp").expect("parses");
+    assert_eq!(src, Asked::Pod(Key::new("x", "a")));
+    let e = explain(&c, None, &src, &dst, port, proto).expect("explained");
+    assert_eq!(e.verdict, "allowed");
+    assert_eq!(e.ingress.rules, ["x/b-from-a ingress[0]"]);
+    assert_eq!(e.egress.judgement, "open");
+    assert_eq!(e.destination.selected_by, ["x/b-from-a"]);
+    let e = explain(
+        &c,
+        None,
+        &Asked::Pod(Key::new("x", "c")),
+        &dst,
+        80,
+        Protocol::Tcp,
+    )
+    .expect("explained");
+    assert_eq!(e.verdict, "denied");
+    assert_eq!(e.ingress.isolated_by, ["x/b-from-a"]);
+    assert!(
+        render(&e).contains("isolated by x/b-from-a and no rule"),
+        "{}",
+        render(&e)
+    );
+    let (src, ..) = parse("10.0.0.1/x/b/81/udp").expect("parses an address");
+    assert_eq!(src, Asked::Ip("10.0.0.1".parse().expect("ip")));
+    assert!(parse("x/a/x/b/80").is_err());
+    assert!(parse("x/a/x/b/80/icmp").is_err());
+    assert!(
+        explain(
+            &c,
+            None,
+            &Asked::Pod(Key::new("x", "nope")),
+            &dst,
+            80,
+            Protocol::Tcp
+        )
+        .is_err()
+    );
+}

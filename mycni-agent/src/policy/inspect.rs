@@ -263,7 +263,7 @@ pub fn fetch(agent: SocketAddr, pod: &str) -> Result<PodReport> {
 
 /// One GET over loopback to the agent's own axum server, which answers
 /// with a length-delimited body: a client library would bring nothing.
-fn get(agent: SocketAddr, path: &str) -> Result<String> {
+pub(crate) fn get(agent: SocketAddr, path: &str) -> Result<String> {
     let mut c = TcpStream::connect_timeout(&agent, Duration::from_secs(2))
         .with_context(|| format!("connecting to the agent at {agent} (is it running? --agent)"))?;
     c.set_read_timeout(Some(Duration::from_secs(10)))?;
