@@ -100,6 +100,8 @@ pub trait Feed: Send + Sync {
     /// filters), and if it asks to follow, the stream of new ones; or why
     /// the query is wrong.
     fn open(&self, query: &str) -> Result<(String, Option<BoxStream<'static, String>>), String>;
+    /// The page drawing the feed (`/flows/map`): HTML that reads `/flows`.
+    fn page(&self) -> &'static str;
 }
 
 /// A room's answer to `/inspect/<room>/<what>`: JSON, or why there is

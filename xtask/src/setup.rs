@@ -52,6 +52,10 @@ const PACKAGES: &[(&str, &str)] = &[
         "k8s-cri's build script compiles the CRI proto",
     ),
     (
+        "chromium",
+        "a real headless browser: the flows page's test renders it and keeps a screenshot",
+    ),
+    (
         "prometheus",
         "promtool: checks the agent's /metrics and the alerting rules in deploy/monitoring",
     ),

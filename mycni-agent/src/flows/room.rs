@@ -138,7 +138,7 @@ impl Collector for FlowMetrics {
 }
 
 /// `/flows` over the store.
-struct Served(Arc<Store>);
+pub struct Served(pub Arc<Store>);
 
 impl Feed for Served {
     fn open(&self, query: &str) -> Result<(String, Option<BoxStream<'static, String>>), String> {
@@ -146,6 +146,10 @@ impl Feed for Served {
         let held: String = self.0.matching(&f).iter().map(json_line).collect();
         let live = f.follow.then(|| self.0.follow(f));
         Ok((held, live))
+    }
+
+    fn page(&self) -> &'static str {
+        include_str!("map.html")
     }
 }
 

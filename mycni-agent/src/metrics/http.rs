@@ -66,6 +66,7 @@ pub fn router(metrics: Arc<Metrics>) -> Router {
         .route("/readyz", get(readyz))
         .route("/inspect/{room}/{*what}", get(inspect))
         .route("/flows", get(flows))
+        .route("/flows/map", get(flows_map))
         .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
         .with_state(metrics)
 }
@@ -121,6 +122,22 @@ async fn flows(State(m): State<Arc<Metrics>>, RawQuery(q): RawQuery) -> Response
             ([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response()
         }
         Err(why) => (StatusCode::BAD_REQUEST, format!("{why}\n")).into_response(),
+    }
+}
+
+/// The live service map of this node's flows, drawn from `/flows`.
+async fn flows_map(State(m): State<Arc<Metrics>>) -> Response {
+    match m.feed() {
+        Some(feed) => (
+            [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+            feed.page(),
+        )
+            .into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            "no flows here: the flows room is off\n",
+        )
+            .into_response(),
     }
 }
 
