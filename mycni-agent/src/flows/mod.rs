@@ -17,6 +17,7 @@
 
 pub mod cli;
 pub mod enrich;
+pub mod events;
 pub mod explain;
 mod host;
 pub mod record;
@@ -124,6 +125,7 @@ pub fn start(
     node: &str,
     metrics: &Arc<crate::metrics::Metrics>,
     cluster: tokio::sync::watch::Receiver<Arc<crate::policy::Cluster>>,
+    client: kube::Client,
 ) -> tokio::task::JoinHandle<()> {
     let settings = room::Settings {
         node: node.to_string(),
@@ -131,6 +133,9 @@ pub fn start(
         pod_series: cfg.flow_pod_series,
     };
     let names = Arc::new(room::KernelNames::new(Default::default()));
-    let (_sink, _store, task) = room::spawn(settings, metrics, cluster, host::addresses(), names);
+    let counts = Arc::new(events::EventCounts::default());
+    let events = Some((events::spawn(client, node, counts.clone()), counts));
+    let (_sink, _store, task) =
+        room::spawn(settings, metrics, cluster, host::addresses(), names, events);
     task
 }

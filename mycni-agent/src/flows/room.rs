@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::enrich::{Directory, Names, Record, What};
+use super::events::{EventCounts, Limiter, event_for};
 use super::store::{Filter, Store, json_line};
 use super::{NftVerdict, SINK_CAPACITY, Sink};
 use crate::metrics::{Feed, Metrics, counter, gauge};
@@ -31,6 +32,12 @@ pub struct Settings {
     pub pod_series: usize,
 }
 
+/// Where admitted policy-drop Events go (the publishing task).
+pub type EventSender = tokio::sync::mpsc::Sender<(
+    kube::runtime::events::Event,
+    k8s_openapi::api::core::v1::ObjectReference,
+)>;
+
 /// (namespace, pod, direction, reason): one series of
 /// `mycni_flow_pod_drops_total`.
 type PodDrop = (String, String, &'static str, String);
@@ -45,6 +52,7 @@ pub struct FlowMetrics {
     pod_drops: Mutex<BTreeMap<PodDrop, u64>>,
     pods_with_series: Mutex<HashSet<(String, String)>>,
     pod_series: AtomicU64,
+    events: Mutex<Option<Arc<EventCounts>>>,
 }
 
 impl std::fmt::Debug for FlowMetrics {
@@ -117,6 +125,22 @@ impl Collector for FlowMetrics {
             "Flow records held for /flows.",
             held as u64,
         )?;
+        if let Some(c) = self.events.lock().ok().and_then(|e| e.clone()) {
+            let mut enc = e.encode_descriptor(
+                "mycni_flow_kube_events",
+                "Policy drops reported as Kubernetes Events: published, rate_limited (one per pair every 2 minutes, one a second per node), failed.",
+                None,
+                MetricType::Counter,
+            )?;
+            for (outcome, n) in [
+                ("published", &c.published),
+                ("rate_limited", &c.rate_limited),
+                ("failed", &c.failed),
+            ] {
+                ConstCounter::new(n.load(Ordering::Relaxed))
+                    .encode(enc.encode_family(&[("outcome", outcome)])?)?;
+            }
+        }
         let drops = self.pod_drops.lock().map(|d| d.clone()).unwrap_or_default();
         let mut enc = e.encode_descriptor(
             "mycni_flow_pod_drops",
@@ -160,6 +184,7 @@ pub fn spawn(
     mut cluster: watch::Receiver<Arc<Cluster>>,
     host_ips: HashSet<IpAddr>,
     names: Arc<dyn Names + Send + Sync>,
+    events: Option<(EventSender, Arc<EventCounts>)>,
 ) -> (Sink, Arc<Store>, JoinHandle<()>) {
     let (sink, mut rx) = Sink::new(SINK_CAPACITY);
     let store = Arc::new(Store::new(
@@ -176,6 +201,9 @@ pub fn spawn(
     if let Ok(mut h) = m.held.lock() {
         *h = Some(store.clone());
     }
+    if let (Some((_, c)), Ok(mut e)) = (&events, m.events.lock()) {
+        *e = Some(c.clone());
+    }
     metrics.register_feed(Arc::new(Served(store.clone())));
     let (view, held) = (cluster.clone(), store.clone());
     metrics.register_inspector(
@@ -191,6 +219,7 @@ pub fn spawn(
     let task = tokio::spawn(async move {
         let mut dir = Directory::new(cluster.borrow_and_update().clone(), host_ips.clone());
         let mut batch = Vec::with_capacity(256);
+        let mut limiter = Limiter::default();
         loop {
             tokio::select! {
                 n = rx.recv_many(&mut batch, 256) => {
@@ -200,6 +229,9 @@ pub fn spawn(
                     for o in batch.drain(..) {
                         let r = dir.record(o);
                         observe(&m, &settings.node, &r, names.as_ref());
+                        if let Some((tx, counts)) = &events {
+                            report(&mut limiter, tx, counts, &r);
+                        }
                         kept.push(r);
                     }
                 }
@@ -214,6 +246,14 @@ pub fn spawn(
         }
     });
     (sink, store, task)
+}
+
+/// A policy drop becomes an Event if the limiter admits it.
+fn report(limiter: &mut Limiter, tx: &EventSender, counts: &EventCounts, r: &Record) {
+    let Some(ev) = event_for(r) else { return };
+    if !limiter.admit(r.src, r.dst, std::time::Instant::now()) || tx.try_send(ev).is_err() {
+        counts.rate_limited.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 fn observe(m: &FlowMetrics, node: &str, r: &Record, names: &dyn Names) {

@@ -105,6 +105,17 @@ pub(super) fn columns(kind: Kind) -> Vec<Column> {
                 "If specified, all readiness gates will be evaluated for pod readiness.",
             ),
         ],
+        Kind::Event => vec![
+            NAME,
+            ("Reason", "", 0, "Why the action was taken."),
+            (
+                "Note",
+                "",
+                0,
+                "A human-readable description of the status of this operation.",
+            ),
+            AGE,
+        ],
         Kind::NetworkPolicy => vec![
             NAME,
             (
@@ -157,6 +168,15 @@ pub(super) fn cells(obj: &Stored) -> Option<Vec<Value>> {
             ]
         }
         Kind::Pod => pod_cells(&obj.typed()?, obj),
+        Kind::Event => {
+            let ev: k8s_openapi::api::events::v1::Event = obj.typed()?;
+            vec![
+                json!(obj.name),
+                json!(ev.reason.unwrap_or_default()),
+                json!(ev.note.unwrap_or_default()),
+                json!(age(ev.metadata.creation_timestamp.as_ref())),
+            ]
+        }
         Kind::NetworkPolicy => {
             let np: NetworkPolicy = obj.typed()?;
             let sel = np.spec.as_ref().and_then(|s| s.pod_selector.as_ref());

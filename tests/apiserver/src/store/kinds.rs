@@ -4,6 +4,7 @@
 //! what the main resource and the status subresource may each change.
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Map, Value, json};
@@ -85,6 +86,14 @@ pub(super) fn admit(
                 netpol::validate(&mut causes, &np);
             }
             (np.metadata.name.clone(), encode(&np)?)
+        }
+        Kind::Event => {
+            let ev: Event = decode(kind, value)?;
+            meta_checks(&mut causes, kind, &ev.metadata);
+            if ev.event_time.is_none() {
+                causes.required("eventTime", "");
+            }
+            (ev.metadata.name.clone(), encode(&ev)?)
         }
     };
     causes.into_result(kind, name.as_deref().unwrap_or_default())?;

@@ -13,6 +13,7 @@ pub(crate) enum Kind {
     Node,
     Pod,
     NetworkPolicy,
+    Event,
 }
 
 /// Where a kind lives in the API and what it supports.
@@ -96,8 +97,29 @@ const NETWORK_POLICY: Resource = Resource {
     fields: &[],
 };
 
+/// What agents report (mycni's policy drops); stored, listed, watched,
+/// never acted on.
+const EVENT: Resource = Resource {
+    group: "events.k8s.io",
+    version: "v1",
+    plural: "events",
+    singular: "event",
+    kind: "Event",
+    namespaced: true,
+    status: false,
+    short_names: &["ev"],
+    storage_hash: "r2yiGXH7wu8=",
+    fields: &[],
+};
+
 impl Kind {
-    pub(crate) const ALL: [Kind; 4] = [Kind::Namespace, Kind::Node, Kind::Pod, Kind::NetworkPolicy];
+    pub(crate) const ALL: [Kind; 5] = [
+        Kind::Namespace,
+        Kind::Node,
+        Kind::Pod,
+        Kind::NetworkPolicy,
+        Kind::Event,
+    ];
 
     pub(crate) fn res(self) -> &'static Resource {
         match self {
@@ -105,6 +127,7 @@ impl Kind {
             Kind::Node => &NODE,
             Kind::Pod => &POD,
             Kind::NetworkPolicy => &NETWORK_POLICY,
+            Kind::Event => &EVENT,
         }
     }
 

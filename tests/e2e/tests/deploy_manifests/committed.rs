@@ -77,6 +77,7 @@ pub(crate) const RBAC_RULES: &[(&str, &str, &[&str])] = &[
     ("", "pods", &["list", "watch"]),
     ("", "namespaces", &["list", "watch"]),
     ("networking.k8s.io", "networkpolicies", &["list", "watch"]),
+    ("events.k8s.io", "events", &["create", "patch"]),
 ];
 
 /// Every hostPath mount of the pod: (container, host path, container path,
