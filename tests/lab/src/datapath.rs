@@ -251,8 +251,9 @@ impl Lab {
         self.get_from_node(i, "/readyz")
     }
 
-    /// `path` of node `i`'s metrics address, asked from the underlay.
-    fn get_from_node(&self, i: usize, path: &str) -> Result<String> {
+    /// `path` of node `i`'s metrics address, asked from the underlay: the
+    /// status line, a space, then the body.
+    pub fn get_from_node(&self, i: usize, path: &str) -> Result<String> {
         let addr = self.spec.metrics_socket(i).to_string();
         in_netns(&self.spec.underlay_ns(), || http_get(&addr, path))?
     }
