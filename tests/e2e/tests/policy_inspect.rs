@@ -130,30 +130,6 @@ fn sample(scrape: &str, series: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
-fn promtool_check_metrics(scrape: &str) -> Result<()> {
-    use std::io::Write;
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .context("running promtool (`cargo xtask setup` installs it)")?;
-    child
-        .stdin
-        .take()
-        .context("promtool's stdin")?
-        .write_all(scrape.as_bytes())?;
-    let out = child.wait_with_output()?;
-    ensure!(
-        out.status.success(),
-        "promtool check metrics: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
-}
-
 fn settled(l: &Lab, set: &ProbeSet, expect: Reach, what: &str) -> Result<()> {
     let r = l.settle(set, &expect.into(), Instant::now(), what)?;
     ensure!(r.settled.is_some(), "{what}: not settled\n{}", r.line());
@@ -275,7 +251,7 @@ fn scrape_counts_per_policy(l: &Lab, node: usize) -> Result<()> {
             "{series} is {v:?}, want >= {at_least}:\n{scrape}"
         );
     }
-    promtool_check_metrics(scrape)
+    common::promtool_check_metrics(scrape)
 }
 
 #[test]

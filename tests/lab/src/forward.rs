@@ -31,43 +31,69 @@ impl Spec {
     pub fn host_kubeconfig(&self) -> std::path::PathBuf {
         self.root.join("kubeconfig")
     }
-
-    fn forward_port_file(&self) -> std::path::PathBuf {
-        self.root.join("forward.port")
-    }
 }
 
 impl Lab {
     /// Starts the forwarder and writes the host's kubeconfig.
     pub(crate) fn start_host_api(&self) -> Result<()> {
+        let port = self.start_host_forward("forward", self.spec.api_socket())?;
+        std::fs::write(
+            self.spec.host_kubeconfig(),
+            kubeconfig_text(&format!("http://127.0.0.1:{port}")),
+        )?;
+        Ok(())
+    }
+
+    /// `mycni-agent flows --kubeconfig <the agents'> <args>` run from the
+    /// underlay, where every node's agent is reachable (as from an
+    /// operator's machine): what it printed.
+    pub fn flows_cli(&self, args: &[&str]) -> Result<String> {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &self.spec.underlay_ns()])
+            .arg(&self.spec.bins.agent)
+            .arg("flows")
+            .arg("--kubeconfig")
+            .arg(self.spec.kubeconfig())
+            .args(args)
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "mycni-agent flows {}: {}\n{}",
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// A forwarder from a loopback port of the host to `to` in the
+    /// underlay (`<root>/<name>.pid`, `.port`, `.log`; `down` stops it):
+    /// the port.
+    pub fn start_host_forward(&self, name: &str, to: SocketAddr) -> Result<u16> {
         let s = &self.spec;
+        let file = s.root.join(format!("{name}.port"));
         let args: Vec<String> = vec![
             "forward".into(),
             "--netns".into(),
             s.underlay_ns(),
             "--to".into(),
-            s.api_socket().to_string(),
+            to.to_string(),
             "--port-file".into(),
-            s.forward_port_file().to_string_lossy().into_owned(),
+            file.to_string_lossy().into_owned(),
         ];
         spawn_host_daemon(
             &s.bins.lab,
             &args,
-            &s.root.join("forward.log"),
-            &s.root.join("forward.pid"),
+            &s.root.join(format!("{name}.log")),
+            &s.root.join(format!("{name}.pid")),
         )?;
-        let file = s.forward_port_file();
-        wait_for("the API forwarder's port", Duration::from_secs(10), || {
+        wait_for("a forwarder's port", Duration::from_secs(10), || {
             std::fs::read_to_string(&file)
                 .map(|p| p.trim().parse::<u16>().is_ok())
                 .unwrap_or(false)
         })?;
-        let port: u16 = std::fs::read_to_string(&file)?.trim().parse()?;
-        std::fs::write(
-            s.host_kubeconfig(),
-            kubeconfig_text(&format!("http://127.0.0.1:{port}")),
-        )?;
-        Ok(())
+        Ok(std::fs::read_to_string(&file)?.trim().parse()?)
     }
 }
 

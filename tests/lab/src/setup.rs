@@ -494,6 +494,7 @@ impl Lab {
         }
         self.stop_prometheus();
         stop_pidfile(&s.root.join("forward.pid"));
+        stop_pidfile(&s.root.join("flows-map.pid"));
         // Dropping the in-process fixture stops it before its netns goes.
         self.api = None;
         stop_pidfile(&s.root.join("apiserver.pid"));

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::Node;
 use mycni_e2e::bins;
 use mycni_lab::{Lab, Spec, Stack};
@@ -341,4 +341,30 @@ pub fn counter(l: &Lab, i: usize, name: &str) -> Result<u64> {
         .find_map(|x| x.strip_prefix(name)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse().ok())
         .ok_or_else(|| anyhow::anyhow!("no {name} in the metrics"))
+}
+
+/// `promtool check metrics` on a scrape (`cargo xtask setup` installs
+/// promtool).
+#[allow(dead_code)]
+pub fn promtool_check_metrics(scrape: &str) -> Result<()> {
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("running promtool (`cargo xtask setup` installs it)")?;
+    child
+        .stdin
+        .take()
+        .context("promtool's stdin")?
+        .write_all(scrape.as_bytes())?;
+    let out = child.wait_with_output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
 }
