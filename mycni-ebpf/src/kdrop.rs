@@ -24,8 +24,8 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
 };
 use mycni_common::flow::{
-    DROP_IFACES_MAX, DropIface, FLOW_DROP, FLOW_STAT_EMITTED, FLOW_STAT_LOST,
-    FLOW_STAT_SUPPRESSED, FlowEvent, FlowSource,
+    DROP_IFACES_MAX, DropIface, FLOW_DROP, FLOW_STAT_EMITTED, FLOW_STAT_LOST, FLOW_STAT_SUPPRESSED,
+    FlowEvent, FlowSource,
 };
 
 use crate::maps::{FLOW_STATS, FLOWS};

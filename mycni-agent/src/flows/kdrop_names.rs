@@ -298,8 +298,15 @@ mod tests {
             return;
         }
         let r = DropReasons::from_kernel().expect("the kernel's BTF parses");
-        for name in ["NOT_SPECIFIED", "IP_RPFILTER", "NETFILTER_DROP", "NO_SOCKET"] {
-            let n = r.number(name).unwrap_or_else(|| panic!("no {name} in {r:?}"));
+        for name in [
+            "NOT_SPECIFIED",
+            "IP_RPFILTER",
+            "NETFILTER_DROP",
+            "NO_SOCKET",
+        ] {
+            let n = r
+                .number(name)
+                .unwrap_or_else(|| panic!("no {name} in {r:?}"));
             assert_eq!(r.name(n), name);
         }
     }
