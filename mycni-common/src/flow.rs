@@ -120,3 +120,8 @@ pub struct DropIface {
 #[cfg(feature = "user")]
 // SAFETY: plain old data, every bit pattern valid.
 unsafe impl aya::Pod for DropIface {}
+
+/// `FlowEvent::reason` of a kernel drop whose reason belongs to a
+/// subsystem (the kernel's upper 16 bits: mac80211, openvswitch), which
+/// the 16-bit field cannot hold.
+pub const KDROP_REASON_SUBSYSTEM: u16 = u16::MAX;

@@ -25,7 +25,7 @@ use aya_ebpf::{
 };
 use mycni_common::flow::{
     DROP_IFACES_MAX, DropIface, FLOW_DROP, FLOW_STAT_EMITTED, FLOW_STAT_LOST, FLOW_STAT_SUPPRESSED,
-    FlowEvent, FlowSource,
+    FlowEvent, FlowSource, KDROP_REASON_SUBSYSTEM,
 };
 
 use crate::maps::{FLOW_STATS, FLOWS};
@@ -47,9 +47,6 @@ const ETH_P_IPV6: u16 = 0x86dd;
 const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
 const IPPROTO_SCTP: u8 = 132;
-/// `FlowEvent::reason` for a reason of a subsystem (the kernel's upper 16
-/// bits, e.g. mac80211, openvswitch), which the 16-bit field cannot hold.
-const REASON_SUBSYSTEM: u16 = u16::MAX;
 
 // Keep in step with c/skb_drop.c.
 #[repr(C)]
@@ -138,7 +135,7 @@ pub(crate) fn on_kfree_skb(ctx: &BtfTracePointContext) {
         ifindex: dev.ifindex,
         netns: dev.netns,
         reason: if reason > 0xffff {
-            REASON_SUBSYSTEM
+            KDROP_REASON_SUBSYSTEM
         } else {
             reason as u16
         },

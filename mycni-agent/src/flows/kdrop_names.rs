@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use mycni_common::flow::KDROP_REASON_SUBSYSTEM;
 use thiserror::Error;
 
 /// Where the running kernel publishes its BTF.
@@ -21,10 +22,6 @@ const ENUM_NAME: &str = "skb_drop_reason";
 /// that are not drops (`SKB_NOT_DROPPED_YET`, `SKB_CONSUMED`) keep their
 /// names less the `SKB_`.
 const PREFIX: &str = "SKB_DROP_REASON_";
-/// `FlowEvent::reason` of a drop reason of a subsystem (mac80211,
-/// openvswitch), which the event's 16 bits cannot carry (mycni-ebpf's
-/// `kdrop.rs`).
-pub const REASON_SUBSYSTEM: u16 = u16::MAX;
 
 #[derive(Debug, Error)]
 pub enum NamesError {
@@ -83,7 +80,7 @@ impl DropReasons {
     pub fn name(&self, reason: u16) -> String {
         match self.names.get(&reason) {
             Some(n) => n.clone(),
-            None if reason == REASON_SUBSYSTEM => "SUBSYSTEM".to_owned(),
+            None if reason == KDROP_REASON_SUBSYSTEM => "SUBSYSTEM".to_owned(),
             None => reason.to_string(),
         }
     }
@@ -268,7 +265,7 @@ mod tests {
         // Bounds are not reasons; unknown numbers stay numbers.
         assert_eq!(r.name(128), "128");
         assert_eq!(r.name(77), "77");
-        assert_eq!(r.name(REASON_SUBSYSTEM), "SUBSYSTEM");
+        assert_eq!(r.name(KDROP_REASON_SUBSYSTEM), "SUBSYSTEM");
         assert_eq!(r.number("ip_rpfilter"), Some(16));
         assert_eq!(r.number("SKB_DROP_REASON_IP_RPFILTER"), Some(16));
         assert_eq!(r.len(), 4);

@@ -509,6 +509,37 @@ fn drops_on_unwatched_interfaces_are_not_reported() -> Result<()> {
     Ok(())
 }
 
+/// The agent's datapath attaches the tracepoint when it loads the fast
+/// path, and says so in its metrics; it goes with the datapath.
+#[test]
+fn the_fast_path_attaches_it_and_says_so() -> Result<()> {
+    use mycni_agent::datapath::{FastPath, Mode};
+    use mycni_agent::metrics::{Format, Metrics};
+    use std::sync::Arc;
+
+    let object = embedded_object().context("agent built without eBPF object")?;
+    let bpffs = BpfFs::new()?;
+    let proc_sys = tempfile::tempdir()?;
+    let metrics = Arc::new(Metrics::default());
+    let fp = FastPath::start(
+        Mode::Ebpf,
+        true,
+        Some(object),
+        false,
+        bpffs.path(),
+        proc_sys.path(),
+        metrics.clone(),
+    );
+    ensure!(fp.active(), "not loaded: {}", fp.describe());
+    let text = metrics.render(Format::Prometheus)?;
+    ensure!(
+        text.lines()
+            .any(|l| l == "mycni_flow_kernel_drops_attached 1"),
+        "{text}"
+    );
+    Ok(())
+}
+
 /// The tracepoint's cost per call (the kernel's BPF run-time statistics,
 /// turned on for the measurement) on three paths: drops on an interface
 /// nobody watches (the filter every other drop of the machine takes),
@@ -529,32 +560,17 @@ fn cost_of_the_tracepoint() -> Result<()> {
     std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1")?;
     let r = (|| -> Result<()> {
         let dst: SocketAddr = "10.235.0.1:9".parse()?;
-        let phases: [(&str, Box<dyn Fn(u32) -> (SocketAddr, SocketAddr) + Sync>); 3] = [
-            // Closed port on the pod's loopback: NO_SOCKET on `lo`.
-            (
-                "unwatched (lo, NO_SOCKET)",
-                Box::new(|_| {
-                    (
-                        "127.0.0.1:40000".parse().unwrap_or(dst),
-                        "127.0.0.1:9".parse().unwrap_or(dst),
-                    )
-                }),
-            ),
-            (
-                "watched, one flow (folded)",
-                Box::new(move |_| ("10.77.7.9:40000".parse().unwrap_or(dst), dst)),
-            ),
-            (
-                "watched, distinct flows (an event each)",
-                Box::new(move |i| {
-                    (
-                        SocketAddr::new([10, 77, 7, 9].into(), 20000 + (i % 40000) as u16),
-                        dst,
-                    )
-                }),
-            ),
+        let lo = |port| SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port);
+        let spoofed = |port| SocketAddr::new([10, 77, 7, 9].into(), port);
+        let phases: [(&str, &PacketOf<'_>); 3] = [
+            // A closed port on the pod's loopback: NO_SOCKET on `lo`.
+            ("unwatched (lo, NO_SOCKET)", &|_| (lo(40000), lo(9))),
+            ("watched, one flow (folded)", &|_| (spoofed(40000), dst)),
+            ("watched, distinct flows (an event each)", &|i| {
+                (spoofed(20000 + i), dst)
+            }),
         ];
-        let n = 20_000;
+        let n: u16 = 20_000;
         for (what, flow) in &phases {
             let before = prog_stats()?;
             net.pod.run_in(|| -> Result<()> {
@@ -594,6 +610,9 @@ fn cost_of_the_tracepoint() -> Result<()> {
     std::fs::write("/proc/sys/kernel/bpf_stats_enabled", prev.trim())?;
     r
 }
+
+/// Packet `i`'s source and destination.
+type PacketOf<'a> = dyn Fn(u16) -> (SocketAddr, SocketAddr) + Sync + 'a;
 
 /// (run_cnt, run_time_ns) of the newest `mycni_kfree_skb` on the kernel:
 /// this test's (it loads last).
