@@ -21,9 +21,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use aya::Btf;
-use aya::maps::{HashMap, MapData, RingBuf};
+use aya::maps::{HashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::BtfTracePoint;
-use mycni_common::flow::{DROP_IFACES_MAP, DropIface, FLOWS_MAP};
+use mycni_common::flow::{DROP_IFACES_MAP, DropIface, FLOW_STATS_LEN, FLOW_STATS_MAP, FLOWS_MAP};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
@@ -145,6 +145,21 @@ impl Datapath {
             added += 1;
         }
         Ok((added, removed))
+    }
+
+    /// `mycni_flow_stats` summed over the CPUs, by `FLOW_STAT_*` slot:
+    /// events emitted, lost, suppressed (all programs' together).
+    pub fn flow_stats(&self) -> Result<[u64; FLOW_STATS_LEN as usize], KernelDropsError> {
+        let map = self
+            .bpf
+            .map(FLOW_STATS_MAP)
+            .ok_or(KernelDropsError::Missing)?;
+        let stats: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(map)?;
+        let mut out = [0; FLOW_STATS_LEN as usize];
+        for (i, slot) in out.iter_mut().enumerate() {
+            *slot = stats.get(&(i as u32), 0)?.iter().sum();
+        }
+        Ok(out)
     }
 
     /// The flow-event ring (`mycni_flows`), taken out of the object: its

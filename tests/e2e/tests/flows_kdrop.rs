@@ -20,7 +20,10 @@ use aya::maps::{MapData, RingBuf};
 use mycni_agent::datapath::kdrop::current_netns;
 use mycni_agent::datapath::{Datapath, embedded_object};
 use mycni_agent::flows::kdrop_names::DropReasons;
-use mycni_common::flow::{DropIface, FLOW_DROP, FlowEvent, FlowSource};
+use mycni_common::flow::{
+    DropIface, FLOW_DROP, FLOW_STAT_EMITTED, FLOW_STAT_LOST, FLOW_STAT_SUPPRESSED, FlowEvent,
+    FlowSource,
+};
 use mycni_testkit::{BpfFs, NetNs, VethPair, unique};
 
 const PROTO_TCP: u8 = 6;
@@ -35,7 +38,7 @@ const QUIET: Duration = Duration::from_millis(400);
 /// one namespace, and its ring.
 struct Watch {
     /// Kept: dropping it detaches the tracepoint.
-    _dp: Datapath,
+    dp: Datapath,
     ring: RingBuf<MapData>,
     names: DropReasons,
     /// Every event read so far, for failure messages.
@@ -66,7 +69,7 @@ impl Watch {
             Ok((dp, ring))
         })??;
         Ok(Self {
-            _dp: dp,
+            dp,
             ring,
             names: DropReasons::from_kernel()?,
             seen: vec![],
@@ -234,9 +237,16 @@ fn reverse_path_filter_drop_is_reported_once_a_second_with_its_count() -> Result
     let first = Instant::now();
     w.one(&f, "IP_RPFILTER", 1)?;
 
-    // Within the second: folded, no event.
+    // Within the second: folded, no event, counted as suppressed.
+    let before = w.dp.flow_stats()?[FLOW_STAT_SUPPRESSED as usize];
     udp(&net.pod, f.src, f.dst)?;
     w.none(&f, "a repeat within a second")?;
+    let after = w.dp.flow_stats()?;
+    ensure!(
+        after[FLOW_STAT_SUPPRESSED as usize] > before,
+        "suppressed {before} -> {after:?}"
+    );
+    ensure!(after[FLOW_STAT_EMITTED as usize] >= 1 && after[FLOW_STAT_LOST as usize] == 0);
 
     // After it: one event standing for both.
     std::thread::sleep(Duration::from_millis(1100).saturating_sub(first.elapsed()));
@@ -599,8 +609,10 @@ fn cost_of_the_tracepoint() -> Result<()> {
             ensure!(events.is_empty(), "no event has ifindex 0");
             let read = w.seen.len();
             eprintln!(
-                "{what}: {n} packets, {runs} runs, {:.0} ns a run, {read} events; first: {}",
+                "{what}: {n} packets, {runs} runs, {:.0} ns a run, {read} events read; \
+                 stats so far (emitted, lost, suppressed): {:?}; first: {}",
                 ns as f64 / runs.max(1) as f64,
+                w.dp.flow_stats()?,
                 w.show(&w.seen[..read.min(3)])
             );
             w.seen.clear();
