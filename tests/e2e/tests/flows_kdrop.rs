@@ -580,6 +580,16 @@ fn cost_of_the_tracepoint() -> Result<()> {
                 (spoofed(20000 + i), dst)
             }),
         ];
+        // What the rest of the machine frees with a reason meanwhile.
+        let idle = Duration::from_secs(10);
+        let before = prog_stats()?;
+        std::thread::sleep(idle);
+        let after = prog_stats()?;
+        eprintln!(
+            "idle: {} runs in {idle:?} (every kfree_skb of the kernel), {:.0} ns a run",
+            after.0 - before.0,
+            (after.1 - before.1) as f64 / (after.0 - before.0).max(1) as f64
+        );
         let n: u16 = 20_000;
         for (what, flow) in &phases {
             let before = prog_stats()?;
