@@ -49,6 +49,7 @@ struct sk_buff {
 enum skb_drop_reason {
 	SKB_NOT_DROPPED_YET = 0,
 	SKB_CONSUMED = 1,
+	SKB_DROP_REASON_NOT_SPECIFIED = 2,
 };
 
 // Keep in step with src/kdrop.rs.
@@ -74,6 +75,15 @@ __attribute__((always_inline)) int mycni_skb_is_drop(__u32 reason)
 	    reason == __builtin_preserve_enum_value(*(enum skb_drop_reason *)SKB_CONSUMED, 1))
 		return 0;
 	return 1;
+}
+
+// Whether `reason` is SKB_DROP_REASON_NOT_SPECIFIED, what the kernel
+// says when nobody on the node listens to a multicast group a pod sends
+// to (its IPv6 neighbour discovery and MLD at every link-up, mDNS, ...).
+__attribute__((always_inline)) int mycni_skb_reason_unspecified(__u32 reason)
+{
+	return reason == __builtin_preserve_enum_value(
+				 *(enum skb_drop_reason *)SKB_DROP_REASON_NOT_SPECIFIED, 1);
 }
 
 // The device the skb was on when freed and its namespace; 0 without a

@@ -65,6 +65,7 @@ struct SkbL3 {
 
 unsafe extern "C" {
     fn mycni_skb_is_drop(reason: u32) -> i32;
+    fn mycni_skb_reason_unspecified(reason: u32) -> i32;
     fn mycni_skb_dev(skb: *mut c_void, out: *mut SkbDev) -> i32;
     fn mycni_skb_l3(skb: *mut c_void, out: *mut SkbL3);
     fn mycni_atomic_add64(p: *mut u64, v: u64);
@@ -143,6 +144,13 @@ pub(crate) fn on_kfree_skb(ctx: &BtfTracePointContext) {
         family: 0,
     };
     let tcp_flags = read_tuple(&l3, &mut key);
+    // Multicast nobody on the node listens to is freed without a reason:
+    // a pod's neighbour discovery and MLD at every link-up, mDNS. Not a
+    // drop anyone debugs, and it would be most of what is reported.
+    // SAFETY: a pure function of its argument (a CO-RE constant).
+    if multicast(&key) && unsafe { mycni_skb_reason_unspecified(reason) } != 0 {
+        return;
+    }
 
     let now = unsafe { bpf_ktime_get_ns() };
     let count = match DROP_LIMIT.get_ptr_mut(&key) {
@@ -237,6 +245,17 @@ fn read_tuple(l3: &SkbL3, key: &mut DropKey) -> u8 {
     }
     // SAFETY: byte 13 of the TCP header, within the linear data.
     unsafe { bpf_probe_read_kernel(l4.add(13)) }.unwrap_or(0)
+}
+
+/// Whether the destination is IPv4 multicast or broadcast, or IPv6
+/// multicast.
+#[inline(always)]
+fn multicast(key: &DropKey) -> bool {
+    match key.family {
+        4 => key.dst[0] >> 4 == 0xe || key.dst[..4] == [0xff; 4],
+        6 => key.dst[0] == 0xff,
+        _ => false,
+    }
 }
 
 /// Writes the drop event; a full ring is counted, never waited on.

@@ -383,6 +383,50 @@ fn neighbour_failure_is_reported() -> Result<()> {
     Ok(())
 }
 
+/// Multicast nobody on the node listens to (what the kernel frees as
+/// NOT_SPECIFIED): a pod's mDNS, its IPv6 neighbour discovery and MLD at
+/// link-up. Not reported; the watch is live meanwhile (a spoofed unicast
+/// packet is).
+#[test]
+fn multicast_without_listeners_is_not_reported() -> Result<()> {
+    let bpffs = BpfFs::new()?;
+    let net = VethPair::new("10.239.0.1", "10.239.0.2")?;
+    net.pin_neighbours("10.239.0.1", "10.239.0.2")?;
+    rp_filter(&net.node, &net.host_if)?;
+    let ifindex = net.host_ifindex()?;
+    let mut w = Watch::new(&net.node, &bpffs, &[ifindex])?;
+    net.pod
+        .exec("ip", &["route", "add", "224.0.0.0/4", "dev", "eth0"])?;
+    let mdns = Flow {
+        ifindex,
+        src: "10.239.0.2:5353".parse()?,
+        dst: "224.0.0.251:5353".parse()?,
+        proto: PROTO_UDP,
+    };
+    udp(&net.pod, mdns.src, mdns.dst)?;
+    // The pod's IPv6 link-up: DAD, MLD reports, router solicitations.
+    net.pod.exec("ip", &["link", "set", "eth0", "down"])?;
+    net.pod.exec("ip", &["link", "set", "eth0", "up"])?;
+    std::thread::sleep(Duration::from_millis(2500));
+    w.none(&mdns, "mDNS")?;
+    ensure!(w.seen.is_empty(), "reported: {}", w.show(&w.seen.clone()));
+
+    // Link down flushed the pod's neighbours: pinned again, as the node
+    // answers no ARP from a spoofed source.
+    net.pin_neighbours("10.239.0.1", "10.239.0.2")?;
+    net.pod
+        .exec("ip", &["addr", "add", "10.77.7.10/32", "dev", "eth0"])?;
+    let spoofed = Flow {
+        ifindex,
+        src: "10.77.7.10:5353".parse()?,
+        dst: "10.239.0.1:5353".parse()?,
+        proto: PROTO_UDP,
+    };
+    udp(&net.pod, spoofed.src, spoofed.dst)?;
+    w.one(&spoofed, "IP_RPFILTER", 1)?;
+    Ok(())
+}
+
 /// A TCP packet conntrack calls INVALID (SYN and FIN together), dropped by
 /// a rule in FORWARD as kube-proxy drops INVALID.
 #[test]
