@@ -152,6 +152,7 @@ pub(crate) fn on_kfree_skb(ctx: &BtfTracePointContext) {
         return;
     }
 
+    // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     let count = match DROP_LIMIT.get_ptr_mut(&key) {
         Some(limit) => {
