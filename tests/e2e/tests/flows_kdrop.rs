@@ -384,6 +384,17 @@ fn drops_on_unwatched_interfaces_are_not_reported() -> Result<()> {
         "events from unwatched interfaces: {}",
         w.show(&w.seen.clone())
     );
+
+    // The agent's next pass no longer wants it (the pod went): the entry
+    // is removed, and the same drop is no longer reported.
+    let (added, removed) = w.dp.sync_kernel_drops(&Default::default())?;
+    ensure!((added, removed) == (0, 1), "sync: +{added} -{removed}");
+    let again = Flow {
+        src: SocketAddr::new(spoofed.ip(), spoofed.port() + 1),
+        ..f
+    };
+    udp(&net.pod, again.src, again.dst)?;
+    w.none(&again, "an interface no longer watched")?;
     Ok(())
 }
 
