@@ -9,10 +9,17 @@ pub(crate) fn sysctl(ns: &NetNs, key: &str, value: &str) -> Result<()> {
 
 /// One UDP datagram from `src` (an address the pod has) to `dst`.
 pub(crate) fn udp(pod: &NetNs, src: SocketAddr, dst: SocketAddr) -> Result<()> {
+    udp_n(pod, src, dst, 1)
+}
+
+/// `n` datagrams from one socket, back to back.
+pub(crate) fn udp_n(pod: &NetNs, src: SocketAddr, dst: SocketAddr, n: usize) -> Result<()> {
     pod.run_in(|| -> Result<()> {
         let s = UdpSocket::bind(src).with_context(|| format!("bind {src}"))?;
-        s.send_to(b"kdrop", dst)
-            .with_context(|| format!("send to {dst}"))?;
+        for _ in 0..n {
+            s.send_to(b"kdrop", dst)
+                .with_context(|| format!("send to {dst}"))?;
+        }
         Ok(())
     })?
 }
