@@ -95,3 +95,33 @@ pub struct FlowEvent {
 unsafe impl aya::Pod for FlowEvent {}
 
 const _: () = assert!(core::mem::size_of::<FlowEvent>() == 64);
+
+/// Name of the hash of interfaces whose kernel drops the `kfree_skb`
+/// tracepoint reports (`DropIface` -> `u8`, the value unused): the pod
+/// host veths and `vxlan.1` / `vxlan6.1` of the agent's node, never the
+/// underlay. Not pinned: it lives as long as the agent that fills it.
+pub const DROP_IFACES_MAP: &str = "mycni_drop_ifaces";
+/// Interfaces a node watches at most (a node's pods plus its two VXLAN
+/// devices, with room to spare).
+pub const DROP_IFACES_MAX: u32 = 4096;
+
+/// A watched interface: ifindexes are per network namespace, and the
+/// tracepoint sees every namespace of the kernel (a lab runs several
+/// nodes on one), so the key names both.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DropIface {
+    pub ifindex: u32,
+    /// The inode number of the namespace (`stat -L /proc/self/ns/net`),
+    /// the kernel's `net->ns.inum`.
+    pub netns: u32,
+}
+
+#[cfg(feature = "user")]
+// SAFETY: plain old data, every bit pattern valid.
+unsafe impl aya::Pod for DropIface {}
+
+/// `FlowEvent::reason` of a kernel drop whose reason belongs to a
+/// subsystem (the kernel's upper 16 bits: mac80211, openvswitch), which
+/// the 16-bit field cannot hold.
+pub const KDROP_REASON_SUBSYSTEM: u16 = u16::MAX;

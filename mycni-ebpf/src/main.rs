@@ -62,6 +62,7 @@ mod ct;
 mod encap;
 mod forward;
 mod gate;
+mod kdrop;
 mod maps;
 mod parse;
 
@@ -167,6 +168,15 @@ fn verdict(r: Result<DpPath, DpPath>) -> (DpPath, i32) {
         Ok(path) => (path, TC_ACT_REDIRECT),
         Err(path) => (path, TCX_NEXT),
     }
+}
+
+/// Drops the kernel makes itself on the pod and overlay interfaces (the
+/// kernel's drop reasons, `kdrop`): not a tc program, it sees what the
+/// stack frees after the programs let a packet go.
+#[aya_ebpf::macros::btf_tracepoint(function = "kfree_skb")]
+fn mycni_kfree_skb(ctx: aya_ebpf::programs::BtfTracePointContext) -> i32 {
+    kdrop::on_kfree_skb(&ctx);
+    0
 }
 
 #[cfg(not(test))]

@@ -20,6 +20,7 @@ use crate::metrics::Metrics;
 /// before the programs are loaded (or found not to be).
 pub fn register_metrics(metrics: &Metrics) {
     drop(metrics.collector::<DatapathMetrics>());
+    drop(metrics.collector::<super::kdrop::KernelDropMetrics>());
 }
 
 /// `mycni_datapath_entries`, `mycni_datapath_packets` and

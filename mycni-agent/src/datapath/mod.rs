@@ -48,6 +48,7 @@ pub mod counters;
 pub mod desired;
 mod error;
 pub mod inspect;
+pub mod kdrop;
 pub mod maps;
 mod prog;
 pub mod programs;
@@ -160,6 +161,7 @@ impl FastPath {
                     if log {
                         spawn_log_reader(&mut dp);
                     }
+                    kdrop::start(&mut dp, &fp.metrics);
                     fp.dp = Some(dp);
                     if let Err(e) = fp.prepare_conntrack() {
                         tracing::warn!(error = %format!("{e:#}"), "cannot set conntrack sysctls; TCP flows closed after fast-pathed data may be seen as INVALID");
@@ -279,6 +281,7 @@ impl FastPath {
                 vxlan6.map(|v| v.ifindex),
                 pods,
             );
+            kdrop::sync(dp, &want, &self.metrics);
             for &(p, ifindex) in want.difference(&self.attached.clone()) {
                 match dp.attach(p, ifindex) {
                     Ok(fresh) => {

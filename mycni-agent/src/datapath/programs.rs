@@ -28,7 +28,7 @@ pub fn embedded_object() -> Option<&'static [u8]> {
 
 /// Loaded programs and their pinned maps.
 pub struct Datapath {
-    bpf: Ebpf,
+    pub(super) bpf: Ebpf,
     pin_dir: PathBuf,
 }
 

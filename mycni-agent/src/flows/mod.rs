@@ -37,6 +37,8 @@ use tokio::sync::mpsc;
 use crate::policy::Direction;
 use crate::policy::counters::Reason;
 
+pub mod kdrop_names;
+
 /// What a source saw, before enrichment.
 #[derive(Debug, Clone)]
 pub enum Observation {
