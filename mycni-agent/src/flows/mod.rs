@@ -134,7 +134,12 @@ pub fn start(
         history: cfg.flow_history,
         pod_series: cfg.flow_pod_series,
     };
-    let names = Arc::new(room::KernelNames::new(Default::default()));
+    // Names by the running kernel's numbering; without its BTF, numbers.
+    let reasons = kdrop_names::DropReasons::from_kernel().unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "cannot read the kernel's drop reasons; flows show their numbers");
+        kdrop_names::DropReasons::default()
+    });
+    let names = Arc::new(room::KernelNames::new(reasons));
     let counts = Arc::new(events::EventCounts::default());
     let events = Some((events::spawn(client, node, counts.clone()), counts));
     let (_sink, _store, task) =

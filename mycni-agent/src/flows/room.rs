@@ -16,6 +16,7 @@ use tokio::task::JoinHandle;
 
 use super::enrich::{Directory, Names, Record, What};
 use super::events::{EventCounts, Limiter, event_for};
+use super::kdrop_names::DropReasons;
 use super::store::{Filter, Store, json_line};
 use super::{NftVerdict, SINK_CAPACITY, Sink};
 use crate::metrics::{Feed, Metrics, counter, gauge};
@@ -282,12 +283,12 @@ fn observe(m: &FlowMetrics, node: &str, r: &Record, names: &dyn Names) {
 /// interface names asked once per ifindex.
 #[derive(Default)]
 pub struct KernelNames {
-    pub reasons: HashMap<u16, String>,
+    pub reasons: DropReasons,
     ifnames: Mutex<HashMap<u32, String>>,
 }
 
 impl KernelNames {
-    pub fn new(reasons: HashMap<u16, String>) -> Self {
+    pub fn new(reasons: DropReasons) -> Self {
         KernelNames {
             reasons,
             ifnames: Mutex::default(),
@@ -297,10 +298,7 @@ impl KernelNames {
 
 impl Names for KernelNames {
     fn drop_reason(&self, n: u16) -> String {
-        self.reasons
-            .get(&n)
-            .cloned()
-            .unwrap_or_else(|| format!("DROP_REASON_{n}"))
+        self.reasons.name(n)
     }
 
     fn interface(&self, ifindex: u32) -> String {
