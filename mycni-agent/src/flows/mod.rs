@@ -20,6 +20,7 @@ pub mod enrich;
 pub mod events;
 pub mod explain;
 mod host;
+pub mod nflog;
 pub mod record;
 pub mod room;
 pub mod store;

@@ -17,6 +17,7 @@ use tokio::task::JoinHandle;
 use super::enrich::{Directory, Names, Record, What};
 use super::events::{EventCounts, Limiter, event_for};
 use super::kdrop_names::DropReasons;
+use super::nflog::NflogCounts;
 use super::store::{Filter, Store, json_line};
 use super::{NftVerdict, SINK_CAPACITY, Sink};
 use crate::metrics::{Feed, Metrics, counter, gauge};
@@ -54,6 +55,7 @@ pub struct FlowMetrics {
     pods_with_series: Mutex<HashSet<(String, String)>>,
     pod_series: AtomicU64,
     events: Mutex<Option<Arc<EventCounts>>>,
+    nflog: Arc<NflogCounts>,
 }
 
 impl std::fmt::Debug for FlowMetrics {
@@ -63,6 +65,11 @@ impl std::fmt::Debug for FlowMetrics {
 }
 
 impl FlowMetrics {
+    /// What the NFLOG reader counts, exported here.
+    pub fn nflog_counts(&self) -> Arc<NflogCounts> {
+        self.nflog.clone()
+    }
+
     /// Counts a drop against the local pod it concerns, within the bound
     /// on series.
     fn count_drop(&self, node: &str, r: &Record, line_reason: &str, direction: &'static str) {
@@ -142,6 +149,18 @@ impl Collector for FlowMetrics {
                     .encode(enc.encode_family(&[("outcome", outcome)])?)?;
             }
         }
+        counter(
+            &mut e,
+            "mycni_flow_nflog_unreadable",
+            "NFLOG messages from the agent's tables that could not be read.",
+            self.nflog.unreadable.load(Ordering::Relaxed),
+        )?;
+        counter(
+            &mut e,
+            "mycni_flow_nflog_overflows",
+            "Times the NFLOG socket's buffer overflowed (the kernel dropped verdict logs).",
+            self.nflog.overflows.load(Ordering::Relaxed),
+        )?;
         let drops = self.pod_drops.lock().map(|d| d.clone()).unwrap_or_default();
         let mut enc = e.encode_descriptor(
             "mycni_flow_pod_drops",

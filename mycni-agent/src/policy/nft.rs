@@ -59,6 +59,8 @@
 
 use std::fmt::Write as _;
 
+use crate::flows::NftVerdict;
+use crate::flows::nflog::{GROUP, prefix};
 use mycni_common::contract::HOST_VETH_PREFIX;
 use mycni_common::{POLICY_MARK_MASK, POLICY_MARK_SHIFT};
 
@@ -93,41 +95,106 @@ fn add_counter(s: &mut String, name: &str, comment: &str) {
     );
 }
 
-/// One family's judging chains: `judge4`/`judge6`, `egress*`, `ingress*`.
+/// One family's judging chains: `judge4`/`judge6`, `egress*`, `ingress*`,
+/// and the chains a packet is sent to once decided: `admit_*` (logs a new
+/// connection a rule admitted, then returns as `return` would) and one
+/// `drop_*` per direction and reason (logs at most once a second per flow,
+/// counts, drops). Only packets so decided pay for the logging: the
+/// established path has no rule more than before.
 fn chains(v6: bool) -> String {
     let (n, ip) = if v6 { (6, "ip6") } else { (4, "ip") };
     let t = format!("{FAMILY} {TABLE}");
     let veths = format!("{HOST_VETH_PREFIX}*");
-    let c = |d, r| drop_counter(d, r);
     let (eg, ing) = (Direction::Egress, Direction::Ingress);
-    format!(
+    let to = |d, r| drop_chain(d, r, n);
+    let mut s = format!(
         "add chain {t} judge{n}\n\
          add chain {t} egress{n}\n\
-         add chain {t} ingress{n}\n\
-         add rule {t} judge{n} iifname \"{veths}\" {ip} saddr != @known{n} counter name \"{}\" drop comment \"mycni: from a pod not judged yet (fail closed)\"\n\
-         add rule {t} judge{n} oifname \"{veths}\" {ip} daddr != @known{n} counter name \"{}\" drop comment \"mycni: to a pod not judged yet (fail closed)\"\n\
-         add rule {t} judge{n} ct state {{ invalid, untracked }} {ip} saddr @eg_iso{n} counter name \"{}\" drop comment \"mycni: packet without a connection from an isolated pod\"\n\
-         add rule {t} judge{n} ct state {{ invalid, untracked }} {ip} daddr @in_iso{n} counter name \"{}\" drop comment \"mycni: packet without a connection to an isolated pod\"\n\
+         add chain {t} ingress{n}\n"
+    );
+    for d in [eg, ing] {
+        let _ = writeln!(s, "add chain {t} {}", admit_chain(d, n));
+        let _ = writeln!(
+            s,
+            "add rule {t} {} ct state new log group {GROUP} prefix \"{}\"",
+            admit_chain(d, n),
+            prefix(NftVerdict::PolicyAllow { direction: d })
+        );
+        for r in Reason::ALL {
+            let chain = to(d, r);
+            let _ = writeln!(s, "add chain {t} {chain}");
+            let _ = writeln!(
+                s,
+                "add rule {t} {chain} add @logged{n} {{ {ip} saddr . {ip} daddr . meta l4proto . th dport limit rate 1/second burst 1 packets }} log group {GROUP} prefix \"{}\"",
+                prefix(NftVerdict::PolicyDrop {
+                    direction: d,
+                    reason: r
+                })
+            );
+            let _ = writeln!(
+                s,
+                "add rule {t} {chain} counter name \"{}\" drop comment \"mycni: {}\"",
+                drop_counter(d, r),
+                drop_comment(d, r)
+            );
+        }
+    }
+    let (ae, ai) = (admit_chain(eg, n), admit_chain(ing, n));
+    let _ = write!(
+        s,
+        "add rule {t} judge{n} iifname \"{veths}\" {ip} saddr != @known{n} goto {}\n\
+         add rule {t} judge{n} oifname \"{veths}\" {ip} daddr != @known{n} goto {}\n\
+         add rule {t} judge{n} ct state {{ invalid, untracked }} {ip} saddr @eg_iso{n} goto {}\n\
+         add rule {t} judge{n} ct state {{ invalid, untracked }} {ip} daddr @in_iso{n} goto {}\n\
          add rule {t} judge{n} ct original {ip} saddr . ct reply {ip} saddr @self{n} accept comment \"mycni: a pod to itself, through its Service too\"\n\
          add rule {t} judge{n} ct original {ip} saddr @eg_iso{n} jump egress{n}\n\
          add rule {t} judge{n} ct reply {ip} saddr @in_iso{n} jump ingress{n}\n\
-         add rule {t} egress{n} ct direction original counter name ct original {ip} saddr . ct reply {ip} saddr . meta l4proto . th dport map @eg_allow{n} return\n\
-         add rule {t} egress{n} ct direction reply counter name ct original {ip} saddr . ct reply {ip} saddr . meta l4proto . th sport map @eg_allow{n} return\n\
-         add rule {t} egress{n} counter name ct original {ip} saddr . ct reply {ip} saddr map @eg_any{n} return\n\
+         add rule {t} egress{n} ct direction original counter name ct original {ip} saddr . ct reply {ip} saddr . meta l4proto . th dport map @eg_allow{n} goto {ae}\n\
+         add rule {t} egress{n} ct direction reply counter name ct original {ip} saddr . ct reply {ip} saddr . meta l4proto . th sport map @eg_allow{n} goto {ae}\n\
+         add rule {t} egress{n} counter name ct original {ip} saddr . ct reply {ip} saddr map @eg_any{n} goto {ae}\n\
          add rule {t} egress{n} counter name ct original {ip} saddr map @eg_deny{n}\n\
-         add rule {t} egress{n} counter name \"{}\" drop comment \"mycni: egress no NetworkPolicy allows\"\n\
-         add rule {t} ingress{n} ct direction original counter name ct reply {ip} saddr . ct original {ip} saddr . meta l4proto . th dport map @in_allow{n} return\n\
-         add rule {t} ingress{n} ct direction reply counter name ct reply {ip} saddr . ct original {ip} saddr . meta l4proto . th sport map @in_allow{n} return\n\
-         add rule {t} ingress{n} counter name ct reply {ip} saddr . ct original {ip} saddr map @in_any{n} return\n\
+         add rule {t} egress{n} goto {}\n\
+         add rule {t} ingress{n} ct direction original counter name ct reply {ip} saddr . ct original {ip} saddr . meta l4proto . th dport map @in_allow{n} goto {ai}\n\
+         add rule {t} ingress{n} ct direction reply counter name ct reply {ip} saddr . ct original {ip} saddr . meta l4proto . th sport map @in_allow{n} goto {ai}\n\
+         add rule {t} ingress{n} counter name ct reply {ip} saddr . ct original {ip} saddr map @in_any{n} goto {ai}\n\
          add rule {t} ingress{n} counter name ct reply {ip} saddr map @in_deny{n}\n\
-         add rule {t} ingress{n} counter name \"{}\" drop comment \"mycni: ingress no NetworkPolicy allows\"\n",
-        c(eg, Reason::NotJudged),
-        c(ing, Reason::NotJudged),
-        c(eg, Reason::Invalid),
-        c(ing, Reason::Invalid),
-        c(eg, Reason::Denied),
-        c(ing, Reason::Denied),
-    )
+         add rule {t} ingress{n} goto {}\n",
+        to(eg, Reason::NotJudged),
+        to(ing, Reason::NotJudged),
+        to(eg, Reason::Invalid),
+        to(ing, Reason::Invalid),
+        to(eg, Reason::Denied),
+        to(ing, Reason::Denied),
+    );
+    s
+}
+
+fn dir_label(d: Direction) -> &'static str {
+    match d {
+        Direction::Egress => "egress",
+        Direction::Ingress => "ingress",
+    }
+}
+
+/// Where a packet a rule admitted goes: `admit_egress4`, ...
+fn admit_chain(d: Direction, n: u8) -> String {
+    format!("admit_{}{n}", dir_label(d))
+}
+
+/// Where a packet dropped for `r` goes: `drop_egress_denied4`, ...
+fn drop_chain(d: Direction, r: Reason, n: u8) -> String {
+    format!("drop_{}_{}{n}", dir_label(d), r.label())
+}
+
+fn drop_comment(d: Direction, r: Reason) -> &'static str {
+    match (d, r) {
+        (Direction::Egress, Reason::NotJudged) => "from a pod not judged yet (fail closed)",
+        (Direction::Ingress, Reason::NotJudged) => "to a pod not judged yet (fail closed)",
+        (Direction::Egress, Reason::Invalid) => "packet without a connection from an isolated pod",
+        (Direction::Ingress, Reason::Invalid) => "packet without a connection to an isolated pod",
+        (Direction::Egress, Reason::Denied) => "egress no NetworkPolicy allows",
+        (Direction::Ingress, Reason::Denied) => "ingress no NetworkPolicy allows",
+    }
 }
 
 /// The one rule that changes with the members: every packet the table let
@@ -176,6 +243,16 @@ pub fn full_script(d: &Desired, epoch: u32) -> String {
             let _ = writeln!(s, "add {what} {t} {name} {{ {} }}", set_type(kind, v6));
         }
     }
+    // What the drop chains log by: a flow logged in the last second is not
+    // logged again (the element's limit), and is forgotten after two.
+    let _ = writeln!(
+        s,
+        "add set {t} logged4 {{ type ipv4_addr . ipv4_addr . inet_proto . inet_service; flags dynamic, timeout; timeout 2s; size 65536; }}"
+    );
+    let _ = writeln!(
+        s,
+        "add set {t} logged6 {{ type ipv6_addr . ipv6_addr . inet_proto . inet_service; flags dynamic, timeout; timeout 2s; size 65536; }}"
+    );
     let _ = writeln!(
         s,
         "add chain {t} forward {{ type filter hook forward priority filter; policy accept; }}"

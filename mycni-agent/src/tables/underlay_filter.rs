@@ -67,13 +67,32 @@ impl Family for Ipv6Addr {
 /// (drivers/net/vxlan/vxlan_core.c, `vxlan_sock_add`); the IPv6 table is
 /// there whether or not `vxlan6.1` is, so the device never has a moment
 /// without it.
+///
+/// A dropped datagram goes through the chain `stranger`, which logs it to the
+/// flows' NFLOG group at most once a second per sender (set `logged`),
+/// then drops it; the counter stays on the input rule.
 fn chain_and_rule<A: Family>(port: u16) -> String {
     let f = A::NFT;
     let saddr = A::SADDR;
+    let prefix = crate::flows::nflog::prefix(crate::flows::NftVerdict::UnderlayDrop);
+    let group = crate::flows::nflog::GROUP;
     format!(
-        "add chain {f} {TABLE} {CHAIN} {{ type filter hook input priority -10; policy accept; }}\n\
+        "add chain {f} {TABLE} stranger\n\
+         flush chain {f} {TABLE} stranger\n\
+         add rule {f} {TABLE} stranger add @logged {{ {saddr} limit rate 1/second burst 1 packets }} log group {group} prefix \"{prefix}\"\n\
+         add rule {f} {TABLE} stranger drop\n\
+         add chain {f} {TABLE} {CHAIN} {{ type filter hook input priority -10; policy accept; }}\n\
          flush chain {f} {TABLE} {CHAIN}\n\
-         add rule {f} {TABLE} {CHAIN} udp dport {port} {saddr} != @{SET} counter drop comment \"mycni: VXLAN from a host that is not a peer node\"\n"
+         add rule {f} {TABLE} {CHAIN} udp dport {port} {saddr} != @{SET} counter goto stranger comment \"mycni: VXLAN from a host that is not a peer node\"\n"
+    )
+}
+
+/// Senders whose dropped VXLAN was logged in the last seconds.
+fn logged_set<A: Family>() -> String {
+    format!(
+        "add set {} {TABLE} logged {{ type {}; flags dynamic, timeout; timeout 2s; size 4096; }}\n",
+        A::NFT,
+        A::SET_TYPE
     )
 }
 
@@ -89,8 +108,9 @@ fn ensure_one<A: Family>(port: u16) -> String {
     let f = A::NFT;
     format!(
         "add table {f} {TABLE}\n\
-         add set {f} {TABLE} {SET} {{ type {}; }}\n{}",
+         add set {f} {TABLE} {SET} {{ type {}; }}\n{}{}",
         A::SET_TYPE,
+        logged_set::<A>(),
         chain_and_rule::<A>(port)
     )
 }
@@ -117,6 +137,7 @@ fn replace_one<A: Family>(port: u16, peers: &BTreeSet<A>) -> String {
     if !peers.is_empty() {
         let _ = writeln!(s, "add element {f} {TABLE} {SET} {{ {} }}", elements(peers));
     }
+    s.push_str(&logged_set::<A>());
     s.push_str(&chain_and_rule::<A>(port));
     s
 }
@@ -283,13 +304,13 @@ mod tests {
         assert!(!r.contains("add element"), "{r}");
         assert!(
             r.contains(
-                "add rule ip mycni_underlay input udp dport 8472 ip saddr != @peers counter drop"
+                "add rule ip mycni_underlay input udp dport 8472 ip saddr != @peers counter goto stranger"
             ),
             "{r}"
         );
         assert!(
             r.contains(
-                "add rule ip6 mycni_underlay input udp dport 8472 ip6 saddr != @peers counter drop"
+                "add rule ip6 mycni_underlay input udp dport 8472 ip6 saddr != @peers counter goto stranger"
             ),
             "{r}"
         );
@@ -304,17 +325,27 @@ mod tests {
              add table ip mycni_underlay\n\
              add set ip mycni_underlay peers { type ipv4_addr; }\n\
              add element ip mycni_underlay peers { 10.0.0.2 }\n\
+             add set ip mycni_underlay logged { type ipv4_addr; flags dynamic, timeout; timeout 2s; size 4096; }\n\
+             add chain ip mycni_underlay stranger\n\
+             flush chain ip mycni_underlay stranger\n\
+             add rule ip mycni_underlay stranger add @logged { ip saddr limit rate 1/second burst 1 packets } log group 1717 prefix \"mycni underlay-drop\"\n\
+             add rule ip mycni_underlay stranger drop\n\
              add chain ip mycni_underlay input { type filter hook input priority -10; policy accept; }\n\
              flush chain ip mycni_underlay input\n\
-             add rule ip mycni_underlay input udp dport 4789 ip saddr != @peers counter drop comment \"mycni: VXLAN from a host that is not a peer node\"\n\
+             add rule ip mycni_underlay input udp dport 4789 ip saddr != @peers counter goto stranger comment \"mycni: VXLAN from a host that is not a peer node\"\n\
              add table ip6 mycni_underlay\n\
              delete table ip6 mycni_underlay\n\
              add table ip6 mycni_underlay\n\
              add set ip6 mycni_underlay peers { type ipv6_addr; }\n\
              add element ip6 mycni_underlay peers { fd00::2 }\n\
+             add set ip6 mycni_underlay logged { type ipv6_addr; flags dynamic, timeout; timeout 2s; size 4096; }\n\
+             add chain ip6 mycni_underlay stranger\n\
+             flush chain ip6 mycni_underlay stranger\n\
+             add rule ip6 mycni_underlay stranger add @logged { ip6 saddr limit rate 1/second burst 1 packets } log group 1717 prefix \"mycni underlay-drop\"\n\
+             add rule ip6 mycni_underlay stranger drop\n\
              add chain ip6 mycni_underlay input { type filter hook input priority -10; policy accept; }\n\
              flush chain ip6 mycni_underlay input\n\
-             add rule ip6 mycni_underlay input udp dport 4789 ip6 saddr != @peers counter drop comment \"mycni: VXLAN from a host that is not a peer node\"\n"
+             add rule ip6 mycni_underlay input udp dport 4789 ip6 saddr != @peers counter goto stranger comment \"mycni: VXLAN from a host that is not a peer node\"\n"
         );
     }
 
@@ -329,7 +360,7 @@ mod tests {
             s.contains("add set ip6 mycni_underlay peers { type ipv6_addr; }\n"),
             "{s}"
         );
-        assert_eq!(s.matches("add rule").count(), 2, "{s}");
+        assert_eq!(s.matches("add rule").count(), 6, "{s}");
     }
 
     #[test]

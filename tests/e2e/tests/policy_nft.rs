@@ -550,3 +550,90 @@ fn an_unknown_pod_is_cut_off_once_policy_exists() -> Result<()> {
     )?;
     both(true)
 }
+
+/// What the table logs to NFLOG, read by the agent's own reader
+/// (`flows::nflog`) in the node's namespace: a denied connection once
+/// however often it is retried within the second (and with its direction
+/// and reason), an admitted new connection of an isolated pod once, with
+/// the rule's direction; a connection between pods no policy isolates,
+/// nothing.
+#[test]
+fn the_table_logs_its_verdicts_to_nflog_once_per_flow() -> Result<()> {
+    use mycni_agent::flows::nflog::{NflogCounts, spawn};
+    use mycni_agent::flows::{NftVerdict, Observation, Sink};
+    use mycni_agent::policy::Direction;
+    use mycni_agent::policy::counters::Reason;
+
+    let node = node(&[("x", "a"), ("x", "b"), ("y", "c")])?;
+    for p in &node.pods {
+        serve(p)?;
+    }
+    let (a, b, c) = (&node.pods[0], &node.pods[1], &node.pods[2]);
+    let labels: [&[(&str, &str)]; 3] = [&[("pod", "a")], &[("pod", "b")], &[("pod", "c")]];
+    // x/a admits x/b on 80 and nobody else.
+    let want = desired(
+        &compile_node(
+            &cluster(
+                &node,
+                &labels,
+                &[(
+                    "x",
+                    "a-from-b-80",
+                    json!({"podSelector": {"matchLabels": {"pod": "a"}},
+                       "ingress": [{"from": [{"podSelector": {"matchLabels": {"pod": "b"}}}],
+                                    "ports": [{"port": 80}]}]}),
+                )],
+            ),
+            NODE,
+        ),
+        true,
+    );
+    nft_in(&node.ns, &full_script(&want, 1))?;
+    let (sink, mut rx) = Sink::new(1024);
+    let counts = std::sync::Arc::new(NflogCounts::default());
+    // The socket is made (and the group bound) in the node's namespace.
+    let _reader = node.ns.run_in(|| spawn(sink, counts.clone()))??;
+
+    anyhow::ensure!(!probe(c, a.ip4, Protocol::Tcp, 80)?, "y/c reached x/a");
+    anyhow::ensure!(!probe(c, a.ip4, Protocol::Tcp, 80)?, "y/c reached x/a");
+    anyhow::ensure!(probe(b, a.ip4, Protocol::Tcp, 80)?, "x/b did not reach x/a");
+    anyhow::ensure!(probe(c, b.ip4, Protocol::Tcp, 80)?, "y/c did not reach x/b");
+    std::thread::sleep(Duration::from_millis(300));
+    let mut logs = Vec::new();
+    while let Ok(o) = rx.try_recv() {
+        if let Observation::Nft(l) = o {
+            logs.push(l);
+        }
+    }
+    let of = |v: NftVerdict, from: &TestPod| {
+        logs.iter()
+            .filter(|l| l.verdict == v && l.src == from.ip4 && l.dst == a.ip4)
+            .count()
+    };
+    let denied = NftVerdict::PolicyDrop {
+        direction: Direction::Ingress,
+        reason: Reason::Denied,
+    };
+    let admitted = NftVerdict::PolicyAllow {
+        direction: Direction::Ingress,
+    };
+    // Two connections of y/c (and their SYN retransmits) within a second:
+    // the first SYN only. Each connection has its own source port, so the
+    // once-a-second key (addresses, protocol, port) is the same flow.
+    anyhow::ensure!(of(denied, c) == 1, "drops logged: {logs:#?}");
+    anyhow::ensure!(of(admitted, b) == 1, "admissions logged: {logs:#?}");
+    let d = logs
+        .iter()
+        .find(|l| l.verdict == denied)
+        .context("a drop")?;
+    anyhow::ensure!(
+        d.proto == 6 && d.dport == 80 && d.tcp_flags & 0x02 != 0 && d.in_ifindex != 0,
+        "{d:?}"
+    );
+    anyhow::ensure!(
+        !logs.iter().any(|l| l.dst == b.ip4),
+        "a connection to a pod no policy isolates was logged: {logs:#?}"
+    );
+    anyhow::ensure!(counts.unreadable.load(std::sync::atomic::Ordering::Relaxed) == 0);
+    Ok(())
+}

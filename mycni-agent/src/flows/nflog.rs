@@ -1,0 +1,319 @@
+//! Verdicts nftables decided, through NFLOG: the agent's tables log the
+//! packets they judge to one group ([`GROUP`]), the rule's meaning in the
+//! prefix ([`prefix`] writes it, [`parse_prefix`] reads it: one grammar),
+//! and [`spawn`] reads the group and hands each packet to the room.
+//!
+//! What logs, and how often (the rules are in `policy/nft.rs` and
+//! `tables/underlay_filter.rs`): every new connection of an isolated pod
+//! a policy admits, once (`ct state new`); every drop of the policy table
+//! and the underlay filter, at most once a second per flow (a dynamic set
+//! with a per-element limit in front of the log). The packet header is
+//! what the agent gets, not the whole packet ([`COPY_RANGE`]).
+//!
+//! One socket can bind a group per network namespace: a second agent (or
+//! `nfct`/`ulogd` on group 1717) in the same namespace fails to bind, and
+//! says so.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, Result, bail};
+use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
+use netlink_packet_netfilter::nflog::{
+    ConfigCmd, ConfigMode, PacketNla, Timeout, ULogMessage, config_request,
+};
+use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily};
+use netlink_sys::{Socket, constants::NETLINK_NETFILTER};
+
+use super::{NftLog, NftVerdict, Observation, Sink};
+use crate::policy::Direction;
+use crate::policy::counters::Reason;
+
+/// The NFLOG group mycni's tables log to.
+pub const GROUP: u16 = 1717;
+/// Bytes of each packet copied to the agent: an IPv6 header (40) and a
+/// TCP header with options (60) fit.
+pub const COPY_RANGE: u32 = 128;
+/// How long the kernel may hold logged packets to batch them (its default
+/// is a second): a drop shows up in `flows` within this.
+pub const FLUSH: Duration = Duration::from_millis(20);
+
+const PREFIX: &str = "mycni";
+
+/// The NFLOG prefix of a rule that decides `v` (at most 127 bytes: these
+/// are under 40).
+pub fn prefix(v: NftVerdict) -> String {
+    let dir = |d: Direction| match d {
+        Direction::Egress => "egress",
+        Direction::Ingress => "ingress",
+    };
+    match v {
+        NftVerdict::PolicyAllow { direction } => format!("{PREFIX} allow {}", dir(direction)),
+        NftVerdict::PolicyDrop { direction, reason } => {
+            format!("{PREFIX} drop {} {}", dir(direction), reason.label())
+        }
+        NftVerdict::UnderlayDrop => format!("{PREFIX} underlay-drop"),
+    }
+}
+
+/// The verdict a prefix names; None for another tool's prefix.
+pub fn parse_prefix(s: &str) -> Option<NftVerdict> {
+    let mut w = s.split(' ');
+    if w.next()? != PREFIX {
+        return None;
+    }
+    let dir = |s: Option<&str>| match s? {
+        "egress" => Some(Direction::Egress),
+        "ingress" => Some(Direction::Ingress),
+        _ => None,
+    };
+    let v = match w.next()? {
+        "allow" => NftVerdict::PolicyAllow {
+            direction: dir(w.next())?,
+        },
+        "drop" => {
+            let direction = dir(w.next())?;
+            let label = w.next()?;
+            let reason = Reason::ALL.into_iter().find(|r| r.label() == label)?;
+            NftVerdict::PolicyDrop { direction, reason }
+        }
+        "underlay-drop" => NftVerdict::UnderlayDrop,
+        _ => return None,
+    };
+    w.next().is_none().then_some(v)
+}
+
+/// The headers of a logged packet (`payload` starts at the IP header).
+fn headers(payload: &[u8]) -> Option<(IpAddr, IpAddr, u8, &[u8])> {
+    match payload.first()? >> 4 {
+        4 => {
+            let ihl = usize::from(payload.first()? & 0x0f) * 4;
+            let src: [u8; 4] = payload.get(12..16)?.try_into().ok()?;
+            let dst: [u8; 4] = payload.get(16..20)?.try_into().ok()?;
+            let proto = *payload.get(9)?;
+            let l4 = payload.get(ihl..).unwrap_or_default();
+            Some((
+                Ipv4Addr::from(src).into(),
+                Ipv4Addr::from(dst).into(),
+                proto,
+                l4,
+            ))
+        }
+        6 => {
+            let src: [u8; 16] = payload.get(8..24)?.try_into().ok()?;
+            let dst: [u8; 16] = payload.get(24..40)?.try_into().ok()?;
+            let proto = *payload.get(6)?;
+            let l4 = payload.get(40..).unwrap_or_default();
+            Some((
+                Ipv6Addr::from(src).into(),
+                Ipv6Addr::from(dst).into(),
+                proto,
+                l4,
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// One logged packet as the room takes it; None when it is not one of
+/// mycni's or its headers are cut short.
+pub fn log_of(nlas: &[PacketNla], at: SystemTime) -> Option<NftLog> {
+    let mut verdict = None;
+    let (mut payload, mut in_ifindex, mut out_ifindex) = (None, 0, 0);
+    for nla in nlas {
+        match nla {
+            PacketNla::Prefix(p) => verdict = parse_prefix(p.to_str().ok()?),
+            PacketNla::Payload(p) => payload = Some(p.as_slice()),
+            PacketNla::IfIndexInDev(i) => in_ifindex = *i,
+            PacketNla::IfIndexOutDev(i) => out_ifindex = *i,
+            _ => {}
+        }
+    }
+    let (src, dst, proto, l4) = headers(payload?)?;
+    let port = |at: usize| {
+        l4.get(at..at + 2)
+            .map_or(0, |b| u16::from_be_bytes([b[0], b[1]]))
+    };
+    let ported = matches!(proto, 6 | 17 | 132);
+    Some(NftLog {
+        at,
+        verdict: verdict?,
+        src,
+        dst,
+        sport: if ported { port(0) } else { 0 },
+        dport: if ported { port(2) } else { 0 },
+        proto,
+        tcp_flags: if proto == 6 {
+            l4.get(13).copied().unwrap_or(0)
+        } else {
+            0
+        },
+        in_ifindex,
+        out_ifindex,
+        count: 1,
+    })
+}
+
+/// What the reader could not read.
+#[derive(Debug, Default)]
+pub struct NflogCounts {
+    /// Messages that did not parse, or packets whose headers were cut.
+    pub unreadable: AtomicU64,
+    /// Times the socket's buffer overflowed (the kernel dropped logs).
+    pub overflows: AtomicU64,
+}
+
+fn request(sock: &Socket, msg: NetlinkMessage<NetfilterMessage>, what: &str) -> Result<()> {
+    let mut buf = vec![0; msg.header.length as usize];
+    msg.serialize(&mut buf[..]);
+    sock.send(&buf, 0)
+        .with_context(|| format!("NFLOG {what}"))?;
+    let mut rx = vec![0u8; 4096];
+    let n = sock
+        .recv(&mut &mut rx[..], 0)
+        .with_context(|| format!("NFLOG {what}: no answer"))?;
+    let answer = <NetlinkMessage<NetfilterMessage>>::deserialize(&rx[..n])
+        .map_err(|e| anyhow::anyhow!("NFLOG {what}: {e}"))?;
+    if let NetlinkPayload::Error(e) = answer.payload
+        && let Some(code) = e.code
+    {
+        bail!(
+            "NFLOG {what} refused: {} (is another program bound to group {GROUP}?)",
+            std::io::Error::from_raw_os_error(-code.get())
+        );
+    }
+    Ok(())
+}
+
+/// Binds group [`GROUP`] in the calling thread's network namespace and
+/// reads it on a thread of its own, sending each of mycni's logged
+/// packets to `sink` (never waiting on it).
+pub fn spawn(sink: Sink, counts: Arc<NflogCounts>) -> Result<std::thread::JoinHandle<()>> {
+    let mut sock = Socket::new(NETLINK_NETFILTER).context("an NFLOG socket")?;
+    sock.bind_auto().context("binding the NFLOG socket")?;
+    // Room for bursts: a full buffer loses logs (counted), it never blocks
+    // the kernel.
+    let _ = sock.set_rx_buf_sz(4 << 20);
+    request(
+        &sock,
+        config_request(
+            NetfilterProtoFamily::Unspec,
+            GROUP,
+            vec![
+                ConfigCmd::Bind.into(),
+                ConfigMode::new_packet(COPY_RANGE).into(),
+                Timeout::from(FLUSH).into(),
+            ],
+        ),
+        "bind",
+    )?;
+    let t = std::thread::Builder::new()
+        .name("mycni-nflog".into())
+        .spawn(move || read(&sock, &sink, &counts))?;
+    Ok(t)
+}
+
+fn read(sock: &Socket, sink: &Sink, counts: &NflogCounts) {
+    let mut rx = vec![0u8; 1 << 16];
+    loop {
+        let n = match sock.recv(&mut &mut rx[..], 0) {
+            Ok(n) => n,
+            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                counts.overflows.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "NFLOG socket failed; nftables verdicts no longer reach flows");
+                return;
+            }
+        };
+        let at = SystemTime::now();
+        let mut off = 0;
+        while off < n {
+            let Ok(msg) = <NetlinkMessage<NetfilterMessage>>::deserialize(&rx[off..n]) else {
+                counts.unreadable.fetch_add(1, Ordering::Relaxed);
+                break;
+            };
+            let len = msg.header.length as usize;
+            if let NetlinkPayload::InnerMessage(NetfilterMessage {
+                inner: NetfilterMessageInner::ULog(ULogMessage::Packet(nlas)),
+                ..
+            }) = &msg.payload
+            {
+                match log_of(nlas, at) {
+                    Some(log) => sink.send(Observation::Nft(log)),
+                    None => {
+                        counts.unreadable.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            if len == 0 {
+                break;
+            }
+            // Messages are 4-byte aligned in a datagram.
+            off += (len + 3) & !3;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_verdict_survives_its_prefix() {
+        let mut all = vec![NftVerdict::UnderlayDrop];
+        for direction in [Direction::Egress, Direction::Ingress] {
+            all.push(NftVerdict::PolicyAllow { direction });
+            for reason in Reason::ALL {
+                all.push(NftVerdict::PolicyDrop { direction, reason });
+            }
+        }
+        for v in all {
+            let p = prefix(v);
+            assert!(p.len() < 127, "{p}");
+            assert_eq!(parse_prefix(&p), Some(v), "{p}");
+        }
+        assert_eq!(parse_prefix("other tool"), None);
+        assert_eq!(parse_prefix("mycni allow sideways"), None);
+        assert_eq!(parse_prefix("mycni allow egress extra"), None);
+    }
+
+    #[test]
+    fn a_logged_tcp_syn_becomes_its_log() {
+        // IPv4, TCP 10.0.0.1:40000 -> 10.0.0.2:80, SYN.
+        let mut p = vec![0u8; 40];
+        p[0] = 0x45;
+        p[9] = 6;
+        p[12..16].copy_from_slice(&[10, 0, 0, 1]);
+        p[16..20].copy_from_slice(&[10, 0, 0, 2]);
+        p[20..22].copy_from_slice(&40000u16.to_be_bytes());
+        p[22..24].copy_from_slice(&80u16.to_be_bytes());
+        p[33] = 0x02;
+        let nlas = vec![
+            PacketNla::Prefix(
+                std::ffi::CString::new(prefix(NftVerdict::PolicyDrop {
+                    direction: Direction::Ingress,
+                    reason: Reason::Denied,
+                }))
+                .expect("no NUL"),
+            ),
+            PacketNla::IfIndexInDev(7),
+            PacketNla::Payload(p.clone()),
+        ];
+        let log = log_of(&nlas, SystemTime::UNIX_EPOCH).expect("a log");
+        assert_eq!(log.src, IpAddr::from([10, 0, 0, 1]));
+        assert_eq!(log.dst, IpAddr::from([10, 0, 0, 2]));
+        assert_eq!(
+            (log.sport, log.dport, log.proto, log.tcp_flags),
+            (40000, 80, 6, 0x02)
+        );
+        assert_eq!(log.in_ifindex, 7);
+        // Cut short: no log, not a wrong one.
+        let short = vec![nlas[0].clone(), PacketNla::Payload(p[..10].to_vec())];
+        assert_eq!(log_of(&short, SystemTime::UNIX_EPOCH), None);
+    }
+}
