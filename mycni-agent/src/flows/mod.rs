@@ -15,6 +15,8 @@
 //! decided it), keeps the last ones (`store.rs`) and serves them
 //! (`/flows` on the metrics server; `mycni-agent flows`).
 
+pub mod ring;
+
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
