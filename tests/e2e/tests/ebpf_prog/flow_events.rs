@@ -407,6 +407,61 @@ fn events_of_decapsulated_packets_name_the_inner_connection() -> Result<()> {
     })
 }
 
+/// IPv6: the same events, 16-byte addresses, family 6.
+#[test]
+fn ipv6_connections_are_announced_too() -> Result<()> {
+    use super::ipv6::{from_a6, listen6, tcp_conn6, tcp6};
+    let node = Node::new("fev6")?;
+    node.run(|dp| {
+        dp.configure(&with_events(config()))?;
+        let mut ring = Ring::open(dp.pin)?;
+        let at_b = listen6(POD_B6)?;
+        let a_b = tcp_conn6(POD_A6, POD_B6, &at_b)?;
+        let f = a_b.flow;
+        for (what, flags, kind, reason) in [
+            ("SYN6 A->B", SYN, Some(FLOW_NEW), DpPath::KernelTcpControl),
+            (
+                "data6 A->B, fast",
+                ACK | PSH,
+                Some(FLOW_PATH),
+                DpPath::FastLocal,
+            ),
+            ("data6 A->B again", ACK | PSH, None, DpPath::FastLocal),
+        ] {
+            let (path, _) = dp.run(POD, &from_a6(&tcp6(f, flags, b"x")))?;
+            ensure!(path == reason, "{what}: counted under {}", path.name());
+            let got = ring.drain()?;
+            match kind {
+                None => ensure!(got.is_empty(), "{what}: {got:?}"),
+                Some(kind) => {
+                    let [e] = got[..] else {
+                        bail!("{what}: expected one event, got {got:?}");
+                    };
+                    let want = FlowEvent {
+                        ts_ns: e.ts_ns,
+                        src: f.src.ip().octets(),
+                        dst: f.dst.ip().octets(),
+                        sport: f.src.port(),
+                        dport: f.dst.port(),
+                        ifindex: 101,
+                        count: 1,
+                        reason: reason as u16,
+                        proto: IPPROTO_TCP,
+                        family: 6,
+                        tcp_flags: flags,
+                        source: FlowSource::Pod as u8,
+                        kind,
+                        _pad: [0; 5],
+                    };
+                    ensure!(e == want, "{what}\n  want: {want:?}\n  got:  {e:?}");
+                }
+            }
+            eprintln!("ok  {what:<56} -> {kind:?} {}", reason.name());
+        }
+        Ok(())
+    })
+}
+
 /// A ring nobody reads fills up; what does not fit is counted lost, never
 /// waited on, and what was written is intact.
 #[test]
