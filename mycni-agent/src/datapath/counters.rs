@@ -77,7 +77,7 @@ impl Collector for DatapathMetrics {
         }
         let mut m = e.encode_descriptor(
             "mycni_flow_events",
-            "Flow events of the tc programs: emitted into the ring, lost (the ring was full), suppressed (a connection's path changes beyond one a second).",
+            "Flow events of the tc programs: emitted into the ring, lost (the ring was full), suppressed (changes of a connection's path past its first three and within a second of the last one announced).",
             None,
             MetricType::Counter,
         )?;

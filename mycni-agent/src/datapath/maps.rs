@@ -535,7 +535,8 @@ pub struct FlowStats {
     pub emitted: u64,
     /// Events the ring had no room for.
     pub lost: u64,
-    /// Path changes of a connection not announced (once a second at most).
+    /// Path changes of a connection not announced (past its first three,
+    /// one a second at most).
     pub suppressed: u64,
 }
 
