@@ -193,8 +193,8 @@ struct RunArgs {
     #[arg(long, env = "MYCNI_TC_ENCAP", default_value_t = true, action = clap::ArgAction::Set)]
     tc_encap: bool,
     /// With --datapath ebpf: the tc programs emit a flow event for the
-    /// first packet of each connection and when its path changes (one
-    /// lookup per packet; never one event per packet).
+    /// first packet of each connection and when its path changes, into the
+    /// ring `mycni_flows` (a few ns per packet; never an event per packet).
     #[arg(long, env = "MYCNI_FLOW_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
     flow_events: bool,
     /// Route peers whose host IP is on one of the underlay's own subnets

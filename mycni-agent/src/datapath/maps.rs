@@ -158,10 +158,12 @@ impl AttachedMaps {
                 let Ok(map) = aya::maps::MapInfo::from_id(id) else {
                     continue;
                 };
-                if let Some(name) = map
-                    .name_as_str()
-                    .and_then(|n| MAPS.iter().find(|m| **m == n))
-                {
+                // The kernel keeps 15 bytes of a map's name too
+                // (`mycni_flow_stats` is `mycni_flow_stat` there).
+                if let Some(name) = map.name_as_str().and_then(|n| {
+                    MAPS.iter()
+                        .find(|m| **m == n || (n.len() == 15 && m.starts_with(n)))
+                }) {
                     self.ids.insert(name, id);
                 }
             }
