@@ -613,38 +613,61 @@ fn run_repeat(
 #[test]
 #[ignore]
 fn cost_per_packet_with_events_on_and_off() -> Result<()> {
-    let node = Node::new("fevcost")?;
+    let node = Node::new("fevcost")?.with_underlay()?;
     node.run(|dp| {
+        let base = encap_config()?;
         let at_b = TcpListener::bind(SocketAddrV4::new(POD_B, SERVER_PORT))?;
+        let at_r = TcpListener::bind(SocketAddrV4::new(POD_R, SERVER_PORT))?;
         let a_b = tcp_conn(POD_A, SocketAddrV4::new(POD_B, SERVER_PORT), &at_b)?;
+        let a_r = tcp_conn(POD_A, SocketAddrV4::new(POD_R, SERVER_PORT), &at_r)?;
         let udp_ab = UdpPair::new(POD_A, POD_B)?;
         udp_ab.exchange(true)?;
         // Conntrack assures a UDP flow only after traffic 2 s apart.
         std::thread::sleep(Duration::from_millis(2_100));
         udp_ab.exchange(true)?;
-        dp.configure(&config())?;
-        let prog = dp.dp.program_fd(POD)?;
+        dp.configure(&base)?;
+        let (pod, ul) = (dp.dp.program_fd(POD)?, dp.dp.program_fd(UL)?);
+        let ul0 = ifindex("ul0")?;
         // TTL 255: each repeat forwards the packet the last one rewrote,
-        // one TTL less, so runs of 200 stay on the fast path.
+        // one TTL less, so runs of 200 stay on the fast path. Wrapping and
+        // unwrapping change the packet for good: those run once a call.
         let tcp_pkt = with_ttl(&from_a(&tcp(a_b.flow, ACK, &[0; 64])), 255);
         let udp_pkt = with_ttl(&from_a(&udp(udp_ab.flow, &[0; 64])), 255);
-        let (p, _) = dp.run(POD, &tcp_pkt)?;
-        ensure!(p == DpPath::FastLocal, "TCP under {}", p.name());
-        let (p, _) = dp.run(POD, &udp_pkt)?;
-        ensure!(p == DpPath::FastLocal, "UDP under {}", p.name());
+        let encap_pkt = from_a(&tcp(a_r.flow, ACK, &[0; 64]));
+        let decap_pkt = wrapped(
+            UL_PEER,
+            &from_peer(&tcp(a_r.flow.rev(), ACK, &[0; 64])),
+            |_| {},
+        );
+        for (prog, pkt, want) in [
+            (POD, &tcp_pkt, DpPath::FastLocal),
+            (POD, &udp_pkt, DpPath::FastLocal),
+            (POD, &encap_pkt, DpPath::FastEncap),
+        ] {
+            let (p, _) = dp.run(prog, pkt)?;
+            ensure!(p == want, "{} under {}", want.name(), p.name());
+        }
+        dp.iif.set(Some(ul0));
+        let (p, _) = dp.run(UL, &decap_pkt)?;
+        dp.iif.set(None);
+        ensure!(p == DpPath::FastTcDecap, "decap under {}", p.name());
         // Off and on alternate in short turns, and each figure is the
         // median over its turns' runs: other work on the machine moves
         // both alike and single slow runs do not count.
-        let mut runs: [[Vec<u32>; 3]; 2] = Default::default();
+        let mut runs: [[Vec<u32>; 5]; 2] = Default::default();
         let mut port = 20_000u16;
         for _turn in 0..20 {
             for on in [false, true] {
-                let cfg = if on { with_events(config()) } else { config() };
+                let cfg = if on { with_events(base) } else { base };
                 dp.configure(&cfg)?;
                 let r = &mut runs[usize::from(on)];
                 for _ in 0..50 {
-                    r[0].push(run_repeat(prog, &tcp_pkt, 101, 200)?);
-                    r[1].push(run_repeat(prog, &udp_pkt, 101, 200)?);
+                    r[0].push(run_repeat(pod, &tcp_pkt, 101, 200)?);
+                    r[1].push(run_repeat(pod, &udp_pkt, 101, 200)?);
+                }
+                for _ in 0..200 {
+                    r[2].push(run_repeat(pod, &encap_pkt, 101, 1)?);
+                    r[3].push(run_repeat(ul, &decap_pkt, ul0, 1)?);
                 }
                 // New connections: one packet each (an event with events on).
                 let mut ring = Ring::open(dp.pin)?;
@@ -654,7 +677,7 @@ fn cost_per_packet_with_events_on_and_off() -> Result<()> {
                         src: SocketAddrV4::new(POD_A, port),
                         dst: SocketAddrV4::new(UNKNOWN, 53),
                     };
-                    r[2].push(run_repeat(prog, &from_a(&udp(flow, b"q")), 101, 1)?);
+                    r[4].push(run_repeat(pod, &from_a(&udp(flow, b"q")), 101, 1)?);
                 }
                 ring.drain()?;
             }
@@ -666,6 +689,8 @@ fn cost_per_packet_with_events_on_and_off() -> Result<()> {
         for (i, what) in [
             "fast_local TCP, established (x200)",
             "fast_local UDP, established (x200)",
+            "fast_encap TCP, established",
+            "fast_tc_decap TCP, established",
             "new connection, kernel_unknown_dest",
         ]
         .into_iter()
