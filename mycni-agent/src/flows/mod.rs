@@ -15,8 +15,6 @@
 //! decided it), keeps the last ones (`store.rs`) and serves them
 //! (`/flows` on the metrics server; `mycni-agent flows`).
 
-pub mod ring;
-
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,6 +34,9 @@ pub enum Observation {
     /// A verdict nftables logged.
     Nft(NftLog),
 }
+
+/// The reader of the programs' ring (`mycni_flows`).
+pub mod ring;
 
 /// One packet nftables logged to the agent's NFLOG group: the rule's
 /// meaning (from its prefix) and the packet's headers.
