@@ -4,7 +4,9 @@
 //! Bounded per connection, not per packet: `mycni_flow_seen` holds, per
 //! tuple and program, the path last announced. The first packet of a
 //! connection is `FLOW_NEW`; a packet on another path is `FLOW_PATH`; a
-//! packet on the same path costs one lookup and nothing else. The programs
+//! packet on the same path is answered by this CPU's slot for it in
+//! `mycni_flow_recent` (a hash of the tuple and a compare, no map lookup
+//! by key) and writes nothing. The programs
 //! drop nothing themselves (they leave packets to the kernel), so
 //! `FLOW_DROP` is the `kfree_skb` tracepoint's.
 
@@ -221,7 +223,8 @@ fn emit(ctx: &TcContext, t: &Tuple, source: FlowSource, kind: u8, reason: u32, n
         0,
     ];
     // SAFETY: the reservation is this program's alone until submitted, 8
-    // bytes aligned and 64 long; the layout is checked below.
+    // bytes aligned and 64 long; the layout is checked at compile time
+    // (the const block above).
     unsafe {
         (e as *mut u64).write_volatile(now);
         for (i, w) in fields.iter().enumerate() {
