@@ -24,7 +24,7 @@
 //! `encap` (datapath v2: encapsulation and decapsulation in tc), `ipv6`
 //! and `vxlan6` (the peer's IPv6 pods over an IPv6 underlay, through
 //! `vxlan6.1`), and `flow_events` (the events the programs write into
-//! `mycni_flows`).
+//! `mycni_flows`) with `flow_cost` (what they cost).
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
@@ -49,6 +49,8 @@ use mycni_testkit::{BpfFs, NetNs};
 mod encap;
 #[path = "ebpf_prog/fast_path.rs"]
 mod fast_path;
+#[path = "ebpf_prog/flow_cost.rs"]
+mod flow_cost;
 #[path = "ebpf_prog/flow_events.rs"]
 mod flow_events;
 #[path = "ebpf_prog/flows.rs"]
