@@ -1,7 +1,9 @@
 //! What flow events cost: the programs' ns per packet with events off and
 //! on (the kernel's own timing of `BPF_PROG_TEST_RUN`), and the agent's
-//! reader's CPU per event. Measurements, not checks: run them with
-//! `--ignored --nocapture`.
+//! reader's CPU per event. Measurements, not checks: run them alone, as
+//! `cargo test -p mycni-e2e --test ebpf_prog -- --ignored --nocapture
+//! --test-threads 1 flow_cost` (side by side they share the CPUs they
+//! measure).
 
 use std::os::fd::AsRawFd;
 
