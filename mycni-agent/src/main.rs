@@ -265,6 +265,11 @@ struct RunArgs {
     /// `vxlan.1` instead (the kernel encapsulates), as agents before v2 did.
     #[arg(long, env = "MYCNI_TC_ENCAP", default_value_t = true, action = clap::ArgAction::Set)]
     tc_encap: bool,
+    /// With --datapath ebpf: the tc programs emit a flow event for the
+    /// first packet of each connection and when its path changes, into the
+    /// ring `mycni_flows` (a few ns per packet; never an event per packet).
+    #[arg(long, env = "MYCNI_FLOW_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
+    flow_events: bool,
     /// Route peers whose host IP is on one of the underlay's own subnets
     /// (one L2 segment) straight to that host, without VXLAN: `podCIDR via
     /// <host IP>` on the underlay (flannel's DirectRouting, Calico's
@@ -480,6 +485,7 @@ impl RunArgs {
             datapath: self.datapath,
             ebpf_log: self.ebpf_log,
             tc_encap: self.tc_encap,
+            flow_events: self.flow_events,
             direct_routing: self.direct_routing,
             ebpf_object: self.ebpf_object,
             pin_dir: self.bpffs.join("mycni"),

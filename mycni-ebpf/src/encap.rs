@@ -21,7 +21,7 @@ use crate::gate::{From, Next, inspect};
 use crate::maps::PEERS;
 use crate::parse::{
     ENCAP, ETH_HLEN, ETH_P_IP, ETH_P_IPV6, IP_HLEN, IP_MF_OFFSET, IPPROTO_UDP, Ip, PACKET_HOST,
-    UDP_HLEN, VXLAN_FLAG_I, VXLAN_HLEN, family_at, ip_checksum, linear, skb,
+    Tuple, UDP_HLEN, VXLAN_FLAG_I, VXLAN_HLEN, family_at, ip_checksum, linear, skb,
 };
 
 /// Whether the program may encapsulate this packet itself, and the route
@@ -155,12 +155,14 @@ pub(crate) fn encap(
 /// VXLAN on the underlay: unwrapped and delivered when a known peer sent
 /// it, to this host, for a pod here, and every header is as `vxlan.1`
 /// would accept it. `family` is the outer family, replaced by the inner one
-/// once the packet is known to be VXLAN from a peer.
+/// once the packet is known to be VXLAN from a peer; `t` gets the inner
+/// packet's tuple.
 #[inline(always)]
 pub(crate) fn decap(
     ctx: &TcContext,
     cfg: &DpConfig,
     family: &mut DpFamily,
+    t: &mut Tuple,
 ) -> Result<DpPath, DpPath> {
     const L3: usize = ETH_HLEN;
     const L4: usize = L3 + IP_HLEN;
@@ -230,7 +232,7 @@ pub(crate) fn decap(
     }
     // From here on the packet is a peer's pod's: counted by what it carries.
     *family = family_at(ctx, INNER_ETH);
-    let (ip, next) = inspect::<INNER_ETH>(ctx, From::Underlay, cfg, saddr)?;
+    let (ip, next) = inspect::<INNER_ETH>(ctx, From::Underlay, cfg, saddr, t)?;
     let Next::Local(ep) = next else {
         return Err(DpPath::KernelUnknownDest);
     };

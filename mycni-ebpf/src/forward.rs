@@ -19,7 +19,7 @@ use mycni_common::{DpConfig, DpPath, LocalEndpoint, RemoteNode};
 
 use crate::gate::{From, Next, inspect};
 use crate::maps::LOCAL;
-use crate::parse::{ETH_HLEN, ETH_P_IP, IP_HLEN, Ip, PACKET_HOST, ingress, linear};
+use crate::parse::{ETH_HLEN, ETH_P_IP, IP_HLEN, Ip, PACKET_HOST, Tuple, ingress, linear};
 
 const AF_INET: u8 = 2;
 
@@ -49,9 +49,10 @@ pub(crate) fn deliver(
 
 /// An unencapsulated packet on the underlay: fast only when it is for a pod
 /// here and from a direct-routed peer's pod; anything else is the node's own
-/// traffic, or a stranger's, and the kernel's.
+/// traffic, or a stranger's, and the kernel's. `t` gets the tuple of what
+/// is for a pod here.
 #[inline(always)]
-pub(crate) fn direct_in(ctx: &TcContext, cfg: &DpConfig) -> Result<DpPath, DpPath> {
+pub(crate) fn direct_in(ctx: &TcContext, cfg: &DpConfig, t: &mut Tuple) -> Result<DpPath, DpPath> {
     const L3: usize = ETH_HLEN;
     let (data, _) = linear(ctx, L3 + IP_HLEN).ok_or(DpPath::KernelUnderlayOther)?;
     // SAFETY (raw reads): in range, checked by `linear`.
@@ -61,7 +62,7 @@ pub(crate) fn direct_in(ctx: &TcContext, cfg: &DpConfig) -> Result<DpPath, DpPat
     if proto != ETH_P_IP || unsafe { LOCAL.get(&daddr) }.is_none() {
         return Err(DpPath::KernelUnderlayOther);
     }
-    let (ip, next) = inspect::<0>(ctx, From::Direct, cfg, 0)?;
+    let (ip, next) = inspect::<0>(ctx, From::Direct, cfg, 0, t)?;
     let Next::Local(ep) = next else {
         return Err(DpPath::KernelUnknownDest);
     };

@@ -10,7 +10,7 @@ use mycni_common::{DpConfig, DpPath, LocalEndpoint, REMOTE_DIRECT, RemoteNode};
 
 use crate::ct;
 use crate::maps::{LOCAL, LOCAL6, LocalMap, REMOTE, REMOTE6, RemoteMap};
-use crate::parse::{self, ETH_HLEN, ETH_P_IP, ETH_P_IPV6, Ip, L3, ingress, linear};
+use crate::parse::{self, ETH_HLEN, ETH_P_IP, ETH_P_IPV6, Ip, L3, Tuple, ingress, linear};
 
 /// Where a packet was picked up; it decides which sources are allowed and
 /// which destinations are fast.
@@ -35,13 +35,15 @@ pub(crate) enum Next {
 /// The checks on the IPv4 or IPv6 packet behind an Ethernet header at
 /// `OFF` (0 as it arrived from a pod or `vxlan.1`, the VXLAN overhead for
 /// what is still wrapped on the underlay). `peer` is the outer source of a
-/// wrapped packet: its inner source must lie in that peer's podCIDR.
+/// wrapped packet: its inner source must lie in that peer's podCIDR. `t`
+/// gets the connection's tuple as far as the checks read it.
 #[inline(always)]
 pub(crate) fn inspect<const OFF: usize>(
     ctx: &TcContext,
     from: From,
     cfg: &DpConfig,
     peer: u32,
+    t: &mut Tuple,
 ) -> Result<(Ip, Next), DpPath> {
     let l3 = OFF + ETH_HLEN;
     let (data, _) = linear(ctx, l3).ok_or(DpPath::KernelTruncated)?;
@@ -54,14 +56,14 @@ pub(crate) fn inspect<const OFF: usize>(
                 local: &LOCAL,
                 remote: &REMOTE,
             };
-            admit(ctx, from, cfg, peer, &maps, l3, parse::ipv4(ctx, l3)?)
+            admit(ctx, from, cfg, peer, &maps, l3, parse::ipv4(ctx, l3)?, t)
         }
         ETH_P_IPV6 => {
             let maps = Family {
                 local: &LOCAL6,
                 remote: &REMOTE6,
             };
-            admit(ctx, from, cfg, peer, &maps, l3, parse::ipv6(ctx, l3)?)
+            admit(ctx, from, cfg, peer, &maps, l3, parse::ipv6(ctx, l3)?, t)
         }
         _ => Err(DpPath::KernelNotIpv4),
     }
@@ -77,6 +79,9 @@ struct Family<'a, const N: usize> {
 /// The checks past the IP header at `l3`, the same for both families
 /// (`N`-byte addresses, looked up in that family's maps).
 #[inline(always)]
+// Every input of the checks and the tuple they fill; bundled in a struct
+// they would only be unpacked again here.
+#[allow(clippy::too_many_arguments)]
 fn admit<const N: usize>(
     ctx: &TcContext,
     from: From,
@@ -85,6 +90,7 @@ fn admit<const N: usize>(
     maps: &Family<'_, N>,
     l3: usize,
     h: L3<N>,
+    t: &mut Tuple,
 ) -> Result<(Ip, Next), DpPath> {
     let (local, remote) = (maps.local, maps.remote);
     let ip_hlen = if N == 4 {
@@ -92,17 +98,15 @@ fn admit<const N: usize>(
     } else {
         parse::IP6_HLEN
     };
-    let next = next_hop(local, remote, from, &h.addrs.dst)?;
+    t.set_l3(&h);
+    // Refused before the L4 header is read: its ports only for the event.
+    let l4_at = l3 + ip_hlen;
+    let next =
+        next_hop(local, remote, from, &h.addrs.dst).map_err(|p| t.peek_l4(ctx, cfg, l4_at, p))?;
     if h.ttl <= 1 {
-        return Err(DpPath::KernelTtl);
+        return Err(t.peek_l4(ctx, cfg, l4_at, DpPath::KernelTtl));
     }
-    let l4 = parse::l4(
-        ctx,
-        cfg,
-        l3 + ip_hlen,
-        h.tot_len - ip_hlen as u32,
-        h.l4proto,
-    )?;
+    let l4 = parse::l4(ctx, cfg, l4_at, h.tot_len - ip_hlen as u32, h.l4proto, t)?;
     // For a pod, also what the kernel's anti-spoofing rule (the agent's
     // nftables table) would check, which a redirect skips.
     check_source(ctx, local, remote, from, peer, &h.addrs.src)?;

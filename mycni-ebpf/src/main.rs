@@ -53,13 +53,16 @@
 //! - `gate`: every check a fast-pathed packet passes (`inspect`);
 //! - `forward`: into a pod here, direct routing, via `vxlan.1`/`vxlan6.1`;
 //! - `encap`: VXLAN wrapped and unwrapped in tc;
-//! - `counters`: where every packet is accounted, once.
+//! - `counters`: where every packet is accounted, once;
+//! - `flow`: the flow events `counters` emits (first packet of a
+//!   connection, a change of its path) into the ring `mycni_flows`.
 #![no_std]
 #![no_main]
 
 mod counters;
 mod ct;
 mod encap;
+mod flow;
 mod forward;
 mod gate;
 mod kdrop;
@@ -68,14 +71,16 @@ mod parse;
 
 use aya_ebpf::{bindings::TC_ACT_REDIRECT, macros::classifier, programs::TcContext};
 use mycni_common::{
-    CFG_TC_DECAP, DpConfig, DpFamily, DpPath, REMOTE_DIRECT, REMOTE_VXLAN6, TCX_NEXT,
+    CFG_FLOW_EVENTS, CFG_TC_DECAP, DpConfig, DpFamily, DpPath, REMOTE_DIRECT, REMOTE_VXLAN6,
+    TCX_NEXT,
 };
 
 use crate::encap::{decap, encap, encap_plan};
+use crate::forward::zero_in_place;
 use crate::forward::{deliver, direct, direct_in, via_vxlan, via_vxlan6};
 use crate::gate::{From, Next, inspect};
 use crate::maps::CONFIG;
-use crate::parse::{family_at, ingress};
+use crate::parse::{Tuple, family_at, ingress};
 
 /// Traffic from a pod, on ingress of its host-side veth.
 #[classifier]
@@ -103,33 +108,54 @@ fn run(ctx: &TcContext, from: From) -> i32 {
     // Also before any rewrite: the outer family, which `decap` replaces by
     // the inner one once it looks into a packet (see `DpFamily`).
     let mut family = family_at(ctx, 0);
+    // The connection's tuple, filled as the checks parse the headers.
+    let mut slot = core::mem::MaybeUninit::<Tuple>::uninit();
+    // SAFETY: all-zero is a valid Tuple (plain bytes and integers).
+    let t = unsafe { zero_in_place(&mut slot) };
+    let mut flags = 0;
     let (path, verdict) = match CONFIG.get(0) {
-        Some(cfg) if cfg.vxlan_ifindex != 0 || cfg.vxlan6_ifindex != 0 => match from {
-            From::Underlay => from_underlay(ctx, cfg, &mut family),
-            // The same checks on vxlan6.1 as on vxlan.1, counted apart by
-            // the device it arrived on. (A `From` of its own would inline
-            // `forward` twice into this program.)
-            From::Vxlan => match forward(ctx, from, cfg) {
-                (DpPath::FastDecap, v)
-                    if cfg.vxlan6_ifindex != 0 && ingress(ctx) == cfg.vxlan6_ifindex =>
-                {
-                    (DpPath::FastVxlan6Decap, v)
-                }
-                r => r,
-            },
-            _ => forward(ctx, from, cfg),
-        },
+        Some(cfg) if cfg.vxlan_ifindex != 0 || cfg.vxlan6_ifindex != 0 => {
+            flags = cfg.flags;
+            run_with(ctx, from, cfg, &mut family, t)
+        }
         _ => (DpPath::KernelNoConfig, TCX_NEXT),
     };
-    counters::account(ctx, from, family, path, len, verdict);
+    let flow = (flags & CFG_FLOW_EVENTS != 0).then_some(t);
+    counters::account(ctx, from, family, path, len, verdict, flow);
     verdict
+}
+
+/// `run` once the node's config is there.
+#[inline(always)]
+fn run_with(
+    ctx: &TcContext,
+    from: From,
+    cfg: &DpConfig,
+    family: &mut DpFamily,
+    t: &mut Tuple,
+) -> (DpPath, i32) {
+    match from {
+        From::Underlay => from_underlay(ctx, cfg, family, t),
+        // The same checks on vxlan6.1 as on vxlan.1, counted apart by
+        // the device it arrived on. (A `From` of its own would inline
+        // `forward` twice into this program.)
+        From::Vxlan => match forward(ctx, from, cfg, t) {
+            (DpPath::FastDecap, v)
+                if cfg.vxlan6_ifindex != 0 && ingress(ctx) == cfg.vxlan6_ifindex =>
+            {
+                (DpPath::FastVxlan6Decap, v)
+            }
+            r => r,
+        },
+        _ => forward(ctx, from, cfg, t),
+    }
 }
 
 /// From a pod, or decapsulated by `vxlan.1`: into a pod here, or (from a
 /// pod) on to a peer's pod by the peer's way.
 #[inline(always)]
-fn forward(ctx: &TcContext, from: From, cfg: &DpConfig) -> (DpPath, i32) {
-    let (ip, next) = match inspect::<0>(ctx, from, cfg, 0) {
+fn forward(ctx: &TcContext, from: From, cfg: &DpConfig, t: &mut Tuple) -> (DpPath, i32) {
+    let (ip, next) = match inspect::<0>(ctx, from, cfg, 0, t) {
         Ok(x) => x,
         Err(path) => return (path, TCX_NEXT),
     };
@@ -153,9 +179,14 @@ fn forward(ctx: &TcContext, from: From, cfg: &DpConfig) -> (DpPath, i32) {
 /// forward a direct-routed peer's packet to a pod here. `family` is the
 /// outer family, replaced by the inner one when `decap` looks inside.
 #[inline(always)]
-fn from_underlay(ctx: &TcContext, cfg: &DpConfig, family: &mut DpFamily) -> (DpPath, i32) {
-    verdict(match decap(ctx, cfg, family) {
-        Err(DpPath::KernelUnderlayOther) if cfg.flags & CFG_TC_DECAP != 0 => direct_in(ctx, cfg),
+fn from_underlay(
+    ctx: &TcContext,
+    cfg: &DpConfig,
+    family: &mut DpFamily,
+    t: &mut Tuple,
+) -> (DpPath, i32) {
+    verdict(match decap(ctx, cfg, family, t) {
+        Err(DpPath::KernelUnderlayOther) if cfg.flags & CFG_TC_DECAP != 0 => direct_in(ctx, cfg, t),
         r => r,
     })
 }

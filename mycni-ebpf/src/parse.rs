@@ -5,7 +5,7 @@
 //! not know gets a `Kernel*` path and goes on untouched.
 
 use aya_ebpf::{EbpfContext, bindings::__sk_buff, programs::TcContext};
-use mycni_common::{DpConfig, DpFamily, DpPath, VXLAN_OVERHEAD};
+use mycni_common::{CFG_FLOW_EVENTS, DpConfig, DpFamily, DpPath, VXLAN_OVERHEAD};
 
 pub(crate) const ETH_HLEN: usize = 14;
 pub(crate) const ETH_P_IP: u16 = 0x0800;
@@ -13,6 +13,8 @@ pub(crate) const ETH_P_IPV6: u16 = 0x86dd;
 pub(crate) const IP_HLEN: usize = 20;
 pub(crate) const IP6_HLEN: usize = 40;
 pub(crate) const TCP_HLEN: usize = 20;
+/// The TCP header up to and including its flags byte.
+const TCP_FLAGS_END: usize = 14;
 pub(crate) const UDP_HLEN: usize = 8;
 pub(crate) const VXLAN_HLEN: usize = 8;
 pub(crate) const IPPROTO_TCP: u8 = 6;
@@ -120,6 +122,111 @@ impl Ip {
         } else {
             self.tot_len
         }
+    }
+}
+
+/// The connection a packet belongs to, as far as the checks parsed it:
+/// what a flow event names and `mycni_flow_seen` is keyed by (with the
+/// program's `FlowSource`). Zeroed before the checks; `family` stays 0 for
+/// a packet whose IP header was never read (not IP, truncated, options),
+/// which then gets no event. 8-aligned: hashed and compared as words.
+#[repr(C, align(8))]
+pub(crate) struct FlowKey {
+    /// Network byte order; IPv4 in the first 4 bytes, the rest 0.
+    pub(crate) src: [u8; 16],
+    pub(crate) dst: [u8; 16],
+    /// Host byte order; 0 without ports.
+    pub(crate) sport: u16,
+    pub(crate) dport: u16,
+    pub(crate) proto: u8,
+    /// 4 or 6; 0: not parsed.
+    pub(crate) family: u8,
+    /// `FlowSource`, set when the event is considered.
+    pub(crate) source: u8,
+    pub(crate) _pad: u8,
+}
+
+/// [`FlowKey`] and what belongs to the packet rather than the connection.
+#[repr(C)]
+pub(crate) struct Tuple {
+    pub(crate) key: FlowKey,
+    /// The TCP flags byte; 0 otherwise.
+    pub(crate) tcp_flags: u8,
+    pub(crate) _pad: [u8; 7],
+}
+
+impl Tuple {
+    /// Records an IP header's addresses and protocol (`N` = 4: IPv4).
+    #[inline(always)]
+    pub(crate) fn set_l3<const N: usize>(&mut self, h: &L3<N>) {
+        // Through fixed-size arrays: the verifier wants constant offsets.
+        if N == 4 {
+            self.key.src[..4].copy_from_slice(&h.addrs.src[..4]);
+            self.key.dst[..4].copy_from_slice(&h.addrs.dst[..4]);
+            self.key.family = 4;
+        } else {
+            self.key.src[..N].copy_from_slice(&h.addrs.src);
+            self.key.dst[..N].copy_from_slice(&h.addrs.dst);
+            self.key.family = 6;
+        }
+        self.key.proto = h.l4proto;
+    }
+
+    /// Records the ports, as the word on the wire.
+    #[inline(always)]
+    fn set_ports(&mut self, ports: u32) {
+        let b = ports.to_ne_bytes();
+        self.key.sport = u16::from_be_bytes([b[0], b[1]]);
+        self.key.dport = u16::from_be_bytes([b[2], b[3]]);
+    }
+
+    /// For a packet refused before [`l4`] read its header (`why`): the
+    /// ports and TCP flags behind the IP header at `l4`, read only with
+    /// flow events on (a copy, which leaves the skb as it is). A header
+    /// shorter than that makes the packet an unparsed one.
+    #[inline(always)]
+    pub(crate) fn peek_l4(
+        &mut self,
+        ctx: &TcContext,
+        cfg: &DpConfig,
+        l4: usize,
+        why: DpPath,
+    ) -> DpPath {
+        if cfg.flags & CFG_FLOW_EVENTS == 0 {
+            return why;
+        }
+        // Read in place when the headers are in the linear area, as they
+        // almost always are: a copy by helper costs tens of ns, on what may
+        // be every packet of a Service's connections. Copied when not.
+        let (data, end) = (ctx.data(), ctx.data_end());
+        // SAFETY (raw reads): in range, checked against data_end as the
+        // verifier requires; reads are unaligned-safe.
+        let read = match self.key.proto {
+            IPPROTO_TCP if data + l4 + TCP_FLAGS_END <= end => Some(unsafe {
+                (
+                    ((data + l4) as *const u32).read_unaligned(),
+                    *((data + l4 + 13) as *const u8),
+                )
+            }),
+            IPPROTO_TCP => ctx
+                .load::<[u8; TCP_FLAGS_END]>(l4)
+                .ok()
+                .map(|h| (u32::from_ne_bytes([h[0], h[1], h[2], h[3]]), h[13])),
+            IPPROTO_UDP if data + l4 + 4 <= end => {
+                Some((unsafe { ((data + l4) as *const u32).read_unaligned() }, 0))
+            }
+            IPPROTO_UDP => ctx.load::<u32>(l4).ok().map(|p| (p, 0)),
+            _ => return why,
+        };
+        match read {
+            Some((ports, flags)) => {
+                self.set_ports(ports);
+                self.tcp_flags = flags;
+            }
+            // Shorter than its ports: a truncated packet, named by none.
+            None => self.key.family = 0,
+        }
+        why
     }
 }
 
@@ -264,9 +371,9 @@ pub(crate) struct L4 {
     pub(crate) ports: u32,
 }
 
-/// The TCP or UDP header at `l4`, of an IP payload `l4_len` bytes long.
-/// TCP SYN, FIN and RST are the kernel's, so conntrack sees every
-/// connection open and close.
+/// The TCP or UDP header at `l4`, of an IP payload `l4_len` bytes long,
+/// its ports and TCP flags also recorded in `t`. TCP SYN, FIN and RST are
+/// the kernel's, so conntrack sees every connection open and close.
 #[inline(always)]
 pub(crate) fn l4(
     ctx: &TcContext,
@@ -274,8 +381,9 @@ pub(crate) fn l4(
     l4: usize,
     l4_len: u32,
     l4proto: u8,
+    t: &mut Tuple,
 ) -> Result<L4, DpPath> {
-    let (timeout_ms, hlen) = match l4proto {
+    let (timeout_ms, hlen, ports) = match l4proto {
         IPPROTO_TCP => {
             let (data, _) = linear(ctx, l4 + TCP_HLEN).ok_or(DpPath::KernelTruncated)?;
             // SAFETY (raw reads): in range, checked by `linear`.
@@ -285,23 +393,29 @@ pub(crate) fn l4(
             if (l4_len as usize) < TCP_HLEN || doff < 5 {
                 return Err(DpPath::KernelTruncated);
             }
+            let ports = unsafe { ((data + l4) as *const u32).read_unaligned() };
             let flags = unsafe { *((data + l4 + 13) as *const u8) };
+            // Recorded before the control check: a SYN's event is the
+            // connection's first.
+            t.set_ports(ports);
+            t.tcp_flags = flags;
             if flags & (TCP_SYN | TCP_FIN | TCP_RST) != 0 {
                 return Err(DpPath::KernelTcpControl);
             }
-            (cfg.tcp_timeout_ms, u32::from(doff) * 4)
+            (cfg.tcp_timeout_ms, u32::from(doff) * 4, ports)
         }
         IPPROTO_UDP => {
-            if (l4_len as usize) < UDP_HLEN || linear(ctx, l4 + UDP_HLEN).is_none() {
+            if (l4_len as usize) < UDP_HLEN {
                 return Err(DpPath::KernelTruncated);
             }
-            (cfg.udp_timeout_ms, UDP_HLEN as u32)
+            let (data, _) = linear(ctx, l4 + UDP_HLEN).ok_or(DpPath::KernelTruncated)?;
+            // SAFETY: in range, checked by `linear`.
+            let ports = unsafe { ((data + l4) as *const u32).read_unaligned() };
+            t.set_ports(ports);
+            (cfg.udp_timeout_ms, UDP_HLEN as u32, ports)
         }
         _ => return Err(DpPath::KernelNotTcpUdp),
     };
-    let (data, _) = linear(ctx, l4 + UDP_HLEN).ok_or(DpPath::KernelTruncated)?;
-    // SAFETY: in range, checked by `linear`.
-    let ports = unsafe { ((data + l4) as *const u32).read_unaligned() };
     Ok(L4 {
         timeout_ms,
         hlen,

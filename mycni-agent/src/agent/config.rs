@@ -56,6 +56,8 @@ pub struct Config {
     pub ebpf_log: bool,
     /// Encapsulate and decapsulate in tc (datapath v2); else through `vxlan.1`.
     pub tc_encap: bool,
+    /// The tc programs emit flow events into `mycni_flows`.
+    pub flow_events: bool,
     /// Route peers on the underlay's own subnets straight to their host IP,
     /// without VXLAN (flannel's DirectRouting, Calico's CrossSubnet).
     pub direct_routing: bool,

@@ -438,7 +438,8 @@ fn load_programs(cfg: &Config, metrics: &Arc<Metrics>) -> Result<FastPath> {
         &cfg.pin_dir,
         &cfg.proc_sys,
         metrics.clone(),
-    ))
+    )
+    .with_flow_events(cfg.flow_events))
 }
 
 /// Publish ourselves: what peers need to reach our pods. Through

@@ -1,6 +1,6 @@
 //! What the datapath exports to `/metrics`, read at scrape: the maps'
-//! sizes as the last sync left them and the programs' per-path counters
-//! from the pinned counter map.
+//! sizes as the last sync left them, the programs' per-path counters
+//! from the pinned counter map and their flow-event statistics.
 
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -13,7 +13,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 
-use super::maps::read_family_counters;
+use super::maps::{read_family_counters, read_flow_stats};
 use crate::metrics::Metrics;
 
 /// Registers the datapath's collector, so that its series are there
@@ -52,8 +52,10 @@ impl Collector for DatapathMetrics {
         // A map that cannot be read this time leaves the family out rather
         // than failing the whole scrape; the log of the load says why.
         let counters = pin
-            .and_then(|p| read_family_counters(&p).ok())
+            .as_ref()
+            .and_then(|p| read_family_counters(p).ok())
             .unwrap_or_default();
+        let flow_stats = pin.as_ref().and_then(|p| read_flow_stats(p).ok());
         // Declared on the kernel path too, without samples: the family is
         // part of what the agent exports whichever datapath runs.
         let mut m = e.encode_descriptor(
@@ -73,6 +75,21 @@ impl Collector for DatapathMetrics {
         )?;
         for (family, path, c) in &counters {
             ConstCounter::new(c.bytes).encode(m.encode_family(&path_labels(*family, *path))?)?;
+        }
+        let mut m = e.encode_descriptor(
+            "mycni_flow_events",
+            "Flow events of the tc programs: emitted into the ring, lost (the ring was full), suppressed (changes of a connection's path past its first three and within a second of the last one announced).",
+            None,
+            MetricType::Counter,
+        )?;
+        if let Some(s) = flow_stats {
+            for (outcome, n) in [
+                ("emitted", s.emitted),
+                ("lost", s.lost),
+                ("suppressed", s.suppressed),
+            ] {
+                ConstCounter::new(n).encode(m.encode_family(&[("outcome", outcome)])?)?;
+            }
         }
         Ok(())
     }
@@ -109,6 +126,8 @@ mod tests {
                 );
             }
             assert!(t.contains("# HELP mycni_datapath_bytes"), "{t}");
+            assert!(t.contains("# HELP mycni_flow_events"), "{t}");
+            assert!(!t.contains("mycni_flow_events_total{"), "{t}");
             assert!(!t.contains("mycni_datapath_packets_total{"), "{t}");
         }
     }

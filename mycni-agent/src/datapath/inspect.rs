@@ -143,6 +143,20 @@ fn render_from<S: MapSource + ?Sized>(
         cfg.tcp_timeout_ms / 1000,
         cfg.udp_timeout_ms / 1000
     )?;
+    let events = if cfg.flags & mycni_common::CFG_FLOW_EVENTS != 0 {
+        "on"
+    } else {
+        "off"
+    };
+    // Programs of a build without the ring have no statistics to show.
+    match super::maps::read_flow_stats(pin_dir) {
+        Ok(s) => writeln!(
+            o,
+            "  flow events: {events} (emitted {}, lost {}, suppressed {})",
+            s.emitted, s.lost, s.suppressed
+        )?,
+        Err(_) => writeln!(o, "  flow events: {events}")?,
+    }
 
     writeln!(o, "\nattached ({}):", links.len())?;
     for (p, ifindex) in links {

@@ -9,6 +9,10 @@ use std::path::{Path, PathBuf};
 use aya::maps::lpm_trie::Key;
 use aya::maps::{Array, HashMap, LpmTrie, MapData, PerCpuArray};
 use aya::programs::{SchedClassifier, TcAttachType};
+use mycni_common::flow::{
+    FLOW_STAT_EMITTED, FLOW_STAT_LOST, FLOW_STAT_SUPPRESSED, FLOW_STATS_LEN, FLOW_STATS_MAP,
+    FLOWS_MAP,
+};
 use mycni_common::{
     CONFIG_MAP, COUNTERS_LEN, COUNTERS_MAP, DpConfig, DpFamily, DpPath, LOCAL_MAP, LOCAL6_MAP,
     LocalEndpoint, PEERS_MAP, POLICY_MAP, PathCounter, PeerNode, REMOTE_MAP, REMOTE6_MAP,
@@ -28,6 +32,10 @@ pub const MAPS: &[&str] = &[
     REMOTE6_MAP,
     LOCAL6_MAP,
     POLICY_MAP,
+    // Pinned so that events survive an agent restart (the new agent's
+    // reader goes on where the old one stopped) and `bpftool` finds them.
+    FLOWS_MAP,
+    FLOW_STATS_MAP,
 ];
 
 /// The NetworkPolicy epoch the fast path holds established flows to (0: no
@@ -150,10 +158,12 @@ impl AttachedMaps {
                 let Ok(map) = aya::maps::MapInfo::from_id(id) else {
                     continue;
                 };
-                if let Some(name) = map
-                    .name_as_str()
-                    .and_then(|n| MAPS.iter().find(|m| **m == n))
-                {
+                // The kernel keeps 15 bytes of a map's name too
+                // (`mycni_flow_stats` is `mycni_flow_stat` there).
+                if let Some(name) = map.name_as_str().and_then(|n| {
+                    MAPS.iter()
+                        .find(|m| **m == n || (n.len() == 15 && m.starts_with(n)))
+                }) {
                     self.ids.insert(name, id);
                 }
             }
@@ -186,7 +196,8 @@ fn open_map<S: MapSource + ?Sized>(
 ) -> Result<aya::maps::Map, DatapathError> {
     let data = src.open_data(name).map_err(map_err(src, name))?;
     Ok(match name {
-        COUNTERS_MAP => aya::maps::Map::PerCpuArray(data),
+        COUNTERS_MAP | FLOW_STATS_MAP => aya::maps::Map::PerCpuArray(data),
+        FLOWS_MAP => aya::maps::Map::RingBuf(data),
         CONFIG_MAP => aya::maps::Map::Array(data),
         REMOTE_MAP | REMOTE6_MAP => aya::maps::Map::LpmTrie(data),
         _ => aya::maps::Map::HashMap(data),
@@ -517,4 +528,35 @@ pub fn read_family_counters<S: MapSource + ?Sized>(
         out.push((f, p, sum));
     }
     Ok(out)
+}
+
+/// The programs' flow-event statistics, summed over the CPUs.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct FlowStats {
+    /// Events written to the ring.
+    pub emitted: u64,
+    /// Events the ring had no room for.
+    pub lost: u64,
+    /// Path changes of a connection not announced (past its first three,
+    /// one a second at most).
+    pub suppressed: u64,
+}
+
+/// Reads `mycni_flow_stats` under `pin_dir`.
+pub fn read_flow_stats<S: MapSource + ?Sized>(pin_dir: &S) -> Result<FlowStats, DatapathError> {
+    let e = map_err(pin_dir, FLOW_STATS_MAP);
+    let stats: PerCpuArray<MapData, u64> =
+        open_map(pin_dir, FLOW_STATS_MAP)?.try_into().map_err(&e)?;
+    let sum = |slot: u32| -> Result<u64, DatapathError> {
+        // A map of another layout (an older agent's) has fewer slots.
+        if slot >= FLOW_STATS_LEN.min(stats.len()) {
+            return Ok(0);
+        }
+        Ok(stats.get(&slot, 0).map_err(&e)?.iter().sum())
+    };
+    Ok(FlowStats {
+        emitted: sum(FLOW_STAT_EMITTED)?,
+        lost: sum(FLOW_STAT_LOST)?,
+        suppressed: sum(FLOW_STAT_SUPPRESSED)?,
+    })
 }

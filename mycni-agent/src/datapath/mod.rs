@@ -36,7 +36,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use anyhow::{Context, Result};
-use mycni_common::{CFG_TC_DECAP, CFG_TC_ENCAP, DpConfig, LocalEndpoint, PeerNode, RemoteNode};
+use mycni_common::{
+    CFG_FLOW_EVENTS, CFG_TC_DECAP, CFG_TC_ENCAP, DpConfig, LocalEndpoint, PeerNode, RemoteNode,
+};
 
 use mycni_common::net::Mac;
 
@@ -57,9 +59,9 @@ mod room;
 pub use counters::{DatapathMetrics, register_metrics};
 pub use error::DatapathError;
 pub use maps::{
-    AttachedMaps, HashMapOf, LOCAL, LOCAL6, MAPS, MapAddr, MapSource, PEERS, REMOTE, REMOTE6,
-    SyncStats, TrieMap, read_config, read_counters, read_family_counters, read_policy_epoch,
-    write_config, write_policy_epoch,
+    AttachedMaps, FlowStats, HashMapOf, LOCAL, LOCAL6, MAPS, MapAddr, MapSource, PEERS, REMOTE,
+    REMOTE6, SyncStats, TrieMap, read_config, read_counters, read_family_counters, read_flow_stats,
+    read_policy_epoch, write_config, write_policy_epoch,
 };
 pub use programs::{
     Datapath, PROG_FROM_POD, Prog, detach, detach_all, embedded_object, link_pin_path, pinned_links,
@@ -111,6 +113,8 @@ pub struct FastPath {
     local6: BTreeMap<Ipv6Addr, LocalEndpoint>,
     /// Encapsulate and decapsulate in tc (else through `vxlan.1`).
     tc_encap: bool,
+    /// The programs emit flow events (`--flow-events`).
+    flow_events: bool,
     /// The last pass had no `vxlan.1` (an IPv6-only node): every remote pod
     /// is through `vxlan6.1`, and nothing is encapsulated in tc.
     vxlan6_only: bool,
@@ -145,6 +149,7 @@ impl FastPath {
             local: BTreeMap::new(),
             local6: BTreeMap::new(),
             tc_encap,
+            flow_events: false,
             vxlan6_only: false,
             proc_sys: proc_sys.to_path_buf(),
             exported: metrics.collector::<DatapathMetrics>(),
@@ -193,6 +198,13 @@ impl FastPath {
         tracing::info!(reason = %why, "datapath: kernel (routes, ARP, FDB)");
         fp.why_not = Some(why);
         fp
+    }
+
+    /// Whether the programs emit flow events into `mycni_flows` (off
+    /// until set; written into the config at the next sync).
+    pub fn with_flow_events(mut self, on: bool) -> Self {
+        self.flow_events = on;
+        self
     }
 
     pub fn active(&self) -> bool {
@@ -430,7 +442,7 @@ impl FastPath {
                 CFG_TC_ENCAP | CFG_TC_DECAP
             } else {
                 0
-            },
+            } | if self.flow_events { CFG_FLOW_EVENTS } else { 0 },
             vxlan6_ifindex: vxlan6.map_or(0, |v| v.ifindex),
             vtep6_mac: vxlan6.map_or([0; 6], |v| v.mac.0),
             _pad6: [0; 2],

@@ -49,6 +49,9 @@ pub enum Observation {
     Nft(NftLog),
 }
 
+/// The reader of the programs' ring (`mycni_flows`).
+pub mod ring;
+
 /// One packet nftables logged to the agent's NFLOG group: the rule's
 /// meaning (from its prefix) and the packet's headers.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -46,6 +46,7 @@ fn config(ipam_data_dir: Option<&str>, plugin_log_file: Option<&str>) -> Config 
         datapath: Mode::Kernel,
         ebpf_log: false,
         tc_encap: false,
+        flow_events: false,
         direct_routing: false,
         ebpf_object: None,
         pin_dir: "/sys/fs/bpf/mycni".into(),

@@ -23,7 +23,8 @@
 //! in `fast_path` (the kernel's fast path and what it leaves alone),
 //! `encap` (datapath v2: encapsulation and decapsulation in tc), `ipv6`
 //! and `vxlan6` (the peer's IPv6 pods over an IPv6 underlay, through
-//! `vxlan6.1`).
+//! `vxlan6.1`), and `flow_events` (the events the programs write into
+//! `mycni_flows`) with `flow_cost` (what they cost).
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
@@ -48,6 +49,10 @@ use mycni_testkit::{BpfFs, NetNs};
 mod encap;
 #[path = "ebpf_prog/fast_path.rs"]
 mod fast_path;
+#[path = "ebpf_prog/flow_cost.rs"]
+mod flow_cost;
+#[path = "ebpf_prog/flow_events.rs"]
+mod flow_events;
 #[path = "ebpf_prog/flows.rs"]
 mod flows;
 #[path = "ebpf_prog/frames.rs"]

@@ -1,0 +1,236 @@
+//! What flow events cost: the programs' ns per packet with events off and
+//! on (the kernel's own timing of `BPF_PROG_TEST_RUN`), and the agent's
+//! reader's CPU per event. Measurements, not checks: run them alone, as
+//! `cargo test -p mycni-e2e --test ebpf_prog -- --ignored --nocapture
+//! --test-threads 1 flow_cost` (side by side they share the CPUs they
+//! measure).
+
+use std::os::fd::AsRawFd;
+
+use super::flow_events::{Ring, with_events};
+use super::*;
+
+/// `BPF_PROG_TEST_RUN` with `repeat`: the kernel's average run time of
+/// the program over the repeats, in ns. (The kit's runner runs once.)
+fn run_repeat(
+    prog: std::os::fd::BorrowedFd<'_>,
+    packet: &[u8],
+    iif: u32,
+    repeat: u32,
+) -> Result<u32> {
+    #[repr(C)]
+    #[derive(Default)]
+    struct TestAttr {
+        prog_fd: u32,
+        retval: u32,
+        data_size_in: u32,
+        data_size_out: u32,
+        data_in: u64,
+        data_out: u64,
+        repeat: u32,
+        duration: u32,
+        ctx_size_in: u32,
+        ctx_size_out: u32,
+        ctx_in: u64,
+        ctx_out: u64,
+        flags: u32,
+        cpu: u32,
+        batch_size: u32,
+        _pad: u32,
+    }
+    let mut ctx = [0u8; 40];
+    ctx[36..40].copy_from_slice(&iif.to_ne_bytes());
+    let mut attr = TestAttr {
+        prog_fd: u32::try_from(prog.as_raw_fd())?,
+        data_size_in: u32::try_from(packet.len())?,
+        data_in: packet.as_ptr() as u64,
+        repeat,
+        ctx_size_in: ctx.len() as u32,
+        ctx_in: ctx.as_ptr() as u64,
+        ..Default::default()
+    };
+    // SAFETY: `attr` has the kernel's layout and outlives the call; the
+    // kernel reads `data_size_in` bytes of `packet` and 40 of `ctx`.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            10 as libc::c_long,
+            &mut attr as *mut TestAttr,
+            std::mem::size_of::<TestAttr>(),
+        )
+    };
+    ensure!(
+        rc == 0,
+        "BPF_PROG_TEST_RUN: {}",
+        std::io::Error::last_os_error()
+    );
+    Ok(attr.duration)
+}
+
+/// The programs' cost per packet with events off and on (ns, the kernel's
+/// own timing of `BPF_PROG_TEST_RUN`): an established connection on its
+/// path (the hot path: one lookup more) and a new connection's first
+/// packet (an event written). A measurement, not a check: run with
+/// `--ignored --nocapture`.
+#[test]
+#[ignore]
+fn cost_per_packet_with_events_on_and_off() -> Result<()> {
+    let node = Node::new("fevcost")?.with_underlay()?;
+    node.run(|dp| {
+        let base = encap_config()?;
+        let at_b = TcpListener::bind(SocketAddrV4::new(POD_B, SERVER_PORT))?;
+        let at_r = TcpListener::bind(SocketAddrV4::new(POD_R, SERVER_PORT))?;
+        let a_b = tcp_conn(POD_A, SocketAddrV4::new(POD_B, SERVER_PORT), &at_b)?;
+        let a_r = tcp_conn(POD_A, SocketAddrV4::new(POD_R, SERVER_PORT), &at_r)?;
+        let udp_ab = UdpPair::new(POD_A, POD_B)?;
+        udp_ab.exchange(true)?;
+        // Conntrack assures a UDP flow only after traffic 2 s apart.
+        std::thread::sleep(Duration::from_millis(2_100));
+        udp_ab.exchange(true)?;
+        dp.configure(&base)?;
+        let (pod, ul) = (dp.dp.program_fd(POD)?, dp.dp.program_fd(UL)?);
+        let ul0 = ifindex("ul0")?;
+        // TTL 255: each repeat forwards the packet the last one rewrote,
+        // one TTL less, so runs of 200 stay on the fast path. Wrapping and
+        // unwrapping change the packet for good: those run once a call.
+        let tcp_pkt = with_ttl(&from_a(&tcp(a_b.flow, ACK, &[0; 64])), 255);
+        let udp_pkt = with_ttl(&from_a(&udp(udp_ab.flow, &[0; 64])), 255);
+        let encap_pkt = from_a(&tcp(a_r.flow, ACK, &[0; 64]));
+        let decap_pkt = wrapped(
+            UL_PEER,
+            &from_peer(&tcp(a_r.flow.rev(), ACK, &[0; 64])),
+            |_| {},
+        );
+        for (prog, pkt, want) in [
+            (POD, &tcp_pkt, DpPath::FastLocal),
+            (POD, &udp_pkt, DpPath::FastLocal),
+            (POD, &encap_pkt, DpPath::FastEncap),
+        ] {
+            let (p, _) = dp.run(prog, pkt)?;
+            ensure!(p == want, "{} under {}", want.name(), p.name());
+        }
+        dp.iif.set(Some(ul0));
+        let (p, _) = dp.run(UL, &decap_pkt)?;
+        dp.iif.set(None);
+        ensure!(p == DpPath::FastTcDecap, "decap under {}", p.name());
+        // Off and on alternate in short turns, and each figure is the
+        // median over its turns' runs: other work on the machine moves
+        // both alike and single slow runs do not count.
+        let mut runs: [[Vec<u32>; 5]; 2] = Default::default();
+        let mut port = 20_000u16;
+        for turn in 0..20 {
+            // Which goes first alternates too: the second of a turn ran
+            // ~10 ns slower even on an object without events.
+            let order = if turn % 2 == 0 {
+                [false, true]
+            } else {
+                [true, false]
+            };
+            for on in order {
+                let cfg = if on { with_events(base) } else { base };
+                dp.configure(&cfg)?;
+                let r = &mut runs[usize::from(on)];
+                for _ in 0..50 {
+                    r[0].push(run_repeat(pod, &tcp_pkt, 101, 200)?);
+                    r[1].push(run_repeat(pod, &udp_pkt, 101, 200)?);
+                }
+                for _ in 0..200 {
+                    r[2].push(run_repeat(pod, &encap_pkt, 101, 1)?);
+                    r[3].push(run_repeat(ul, &decap_pkt, ul0, 1)?);
+                }
+                // New connections: one packet each (an event with events on).
+                let mut ring = Ring::open(dp.pin)?;
+                for _ in 0..200 {
+                    port = port.wrapping_add(1);
+                    let flow = Flow {
+                        src: SocketAddrV4::new(POD_A, port),
+                        dst: SocketAddrV4::new(UNKNOWN, 53),
+                    };
+                    r[4].push(run_repeat(pod, &from_a(&udp(flow, b"q")), 101, 1)?);
+                }
+                ring.drain()?;
+            }
+        }
+        let median = |v: &mut Vec<u32>| {
+            v.sort_unstable();
+            v[v.len() / 2]
+        };
+        for (i, what) in [
+            "fast_local TCP, established (x200)",
+            "fast_local UDP, established (x200)",
+            "fast_encap TCP, established",
+            "fast_tc_decap TCP, established",
+            "new connection, kernel_unknown_dest",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let off = median(&mut runs[0][i]);
+            let on = median(&mut runs[1][i]);
+            eprintln!(
+                "{what:<40} off {off:5} ns  on {on:5} ns  ({:+} ns)",
+                i64::from(on) - i64::from(off)
+            );
+        }
+        Ok(())
+    })
+}
+
+/// The agent's side of an event: what the reader does with each record
+/// of a full ring (convert to an observation at wall time, send to the
+/// sink), in ns of CPU per event. A measurement: `--ignored --nocapture`.
+#[test]
+#[ignore]
+fn reader_cost_per_event() -> Result<()> {
+    use mycni_agent::flows::Sink;
+    use mycni_agent::flows::ring::Clock;
+    let node = Node::new("fevrcost")?;
+    node.run(|dp| {
+        dp.configure(&with_events(config()))?;
+        let prog = dp.dp.program_fd(POD)?;
+        let mut ring = Ring::open(dp.pin)?;
+        let mut per_event = vec![];
+        for round in 0..5u16 {
+            for port in 0..14_000u16 {
+                let flow = Flow {
+                    src: SocketAddrV4::new(POD_A, 1_000 + port),
+                    dst: SocketAddrV4::new(UNKNOWN, 1_000 + round),
+                };
+                run_skb_from(prog, &from_a(&udp(flow, b"q")), 101)?;
+            }
+            let (sink, mut rx) = Sink::new(16_384);
+            let cpu = |_: ()| {
+                let mut ts = libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                };
+                // SAFETY: a valid timespec for the call to fill.
+                unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+                ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+            };
+            let start = cpu(());
+            let clock = Clock::now();
+            let mut n = 0u64;
+            while let Some(item) = ring.ring.next() {
+                if let Some(o) = clock.observation(&item) {
+                    sink.send(o);
+                    n += 1;
+                }
+            }
+            let ns = (cpu(()) - start) as f64 / n as f64;
+            ensure!(
+                n == 14_000 && sink.lost() == 0,
+                "{n} events, {} lost",
+                sink.lost()
+            );
+            while rx.try_recv().is_ok() {}
+            per_event.push(ns);
+        }
+        per_event.sort_by(f64::total_cmp);
+        eprintln!(
+            "reader: {:.0} ns of CPU per event (median of 5 full rings of 14,000)",
+            per_event[2]
+        );
+        Ok(())
+    })
+}
