@@ -217,7 +217,14 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
             cluster_tx,
         )
     });
-    let _flows = crate::flows::start(cfg, &node_name, &metrics, cluster_rx, client.clone());
+    let _flows = crate::flows::start(
+        cfg,
+        &node_name,
+        &metrics,
+        cluster_rx,
+        client.clone(),
+        fast.active(),
+    );
     let api = ApiWatch::start(client, &metrics).await;
 
     // Subscribed before the first (full) pass reads the kernel, so no pod

@@ -132,6 +132,7 @@ pub fn start(
     metrics: &Arc<crate::metrics::Metrics>,
     cluster: tokio::sync::watch::Receiver<Arc<crate::policy::Cluster>>,
     client: kube::Client,
+    fast_path: bool,
 ) -> tokio::task::JoinHandle<()> {
     let settings = room::Settings {
         node: node.to_string(),
@@ -146,7 +147,18 @@ pub fn start(
     let names = Arc::new(room::KernelNames::new(reasons));
     let counts = Arc::new(events::EventCounts::default());
     let events = Some((events::spawn(client, node, counts.clone()), counts));
-    let (_sink, _store, task) =
+    let (sink, _store, task) =
         room::spawn(settings, metrics, cluster, host::addresses(), names, events);
+    // The programs' ring exists only where they are loaded.
+    if fast_path
+        && cfg.flow_events
+        && let Err(e) = ring::spawn(&cfg.pin_dir, sink.clone())
+    {
+        tracing::warn!(error = %e, "the datapath's flow events will not reach flows");
+    }
+    let counts = metrics.collector::<room::FlowMetrics>().nflog_counts();
+    if let Err(e) = nflog::spawn(sink, counts) {
+        tracing::warn!(error = %e, "nftables verdicts will not reach flows");
+    }
     task
 }
