@@ -1,6 +1,12 @@
 //! The node's recent flows: a bounded history (the oldest goes first) and
 //! a live feed for followers, with the filters `/flows` and
 //! `mycni-agent flows` take.
+//!
+//! Decisions outlive traffic: besides the history of everything, the last
+//! verdicts and drops (nftables' and the kernel's, far rarer than the
+//! programs' connection events) are kept in a history of their own, so a
+//! busy node's new connections do not push out the drop someone is
+//! looking for.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -9,7 +15,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use tokio::sync::broadcast;
 
-use super::enrich::{Names, Record};
+use super::enrich::{Names, Record, What};
 use super::record::Line;
 
 /// Hubble keeps 4,095 flows per node by default; so do we.
@@ -20,7 +26,7 @@ const FOLLOW_BACKLOG: usize = 4096;
 pub struct Store {
     node: String,
     capacity: usize,
-    history: Mutex<VecDeque<Arc<Record>>>,
+    history: Mutex<Histories>,
     live: broadcast::Sender<Arc<Record>>,
     names: Arc<dyn Names + Send + Sync>,
 }
@@ -31,7 +37,7 @@ impl Store {
         Store {
             node,
             capacity: capacity.max(1),
-            history: Mutex::new(VecDeque::with_capacity(capacity.max(1))),
+            history: Mutex::new(Histories::default()),
             live,
             names,
         }
@@ -40,10 +46,18 @@ impl Store {
     pub fn push(&self, r: Record) {
         let r = Arc::new(r);
         if let Ok(mut h) = self.history.lock() {
-            if h.len() == self.capacity {
-                h.pop_front();
+            h.seq += 1;
+            let entry = (h.seq, r.clone());
+            if h.all.len() == self.capacity {
+                h.all.pop_front();
             }
-            h.push_back(r.clone());
+            h.all.push_back(entry.clone());
+            if !matches!(r.what, What::Datapath { .. }) || r.is_drop() {
+                if h.decided.len() == self.capacity.div_ceil(4) {
+                    h.decided.pop_front();
+                }
+                h.decided.push_back(entry);
+            }
         }
         // Nobody following: nothing to send (and nothing to count).
         if self.live.receiver_count() > 0 {
@@ -58,7 +72,7 @@ impl Store {
     /// The held lines that match `f`, oldest first, at most `f.last`.
     pub fn matching(&self, f: &Filter) -> Vec<Line> {
         let held: Vec<Arc<Record>> = match self.history.lock() {
-            Ok(h) => h.iter().cloned().collect(),
+            Ok(h) => h.merged(),
             Err(_) => Vec::new(),
         };
         let mut lines: Vec<Line> = held
@@ -101,7 +115,40 @@ impl Store {
     }
 
     pub fn held(&self) -> usize {
-        self.history.lock().map(|h| h.len()).unwrap_or(0)
+        self.history.lock().map(|h| h.merged().len()).unwrap_or(0)
+    }
+}
+
+/// Everything, and the decisions apart (a quarter of the capacity), each
+/// record numbered in arrival order.
+#[derive(Default)]
+struct Histories {
+    seq: u64,
+    all: VecDeque<(u64, Arc<Record>)>,
+    decided: VecDeque<(u64, Arc<Record>)>,
+}
+
+impl Histories {
+    /// Both histories in arrival order, each record once.
+    fn merged(&self) -> Vec<Arc<Record>> {
+        let (mut a, mut d) = (self.all.iter().peekable(), self.decided.iter().peekable());
+        let mut out = Vec::with_capacity(self.all.len() + self.decided.len());
+        loop {
+            let next = match (a.peek(), d.peek()) {
+                (Some(x), Some(y)) if x.0 == y.0 => {
+                    d.next();
+                    a.next()
+                }
+                (Some(x), Some(y)) if x.0 < y.0 => a.next(),
+                (Some(_), Some(_)) | (None, Some(_)) => d.next(),
+                (Some(_), None) => a.next(),
+                (None, None) => break,
+            };
+            if let Some((_, r)) = next {
+                out.push(r.clone());
+            }
+        }
+        out
     }
 }
 

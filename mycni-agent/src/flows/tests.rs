@@ -350,3 +350,35 @@ fn explain_names_the_deciding_rule_and_the_isolating_policies() {
         .is_err()
     );
 }
+
+#[test]
+fn decisions_outlive_a_flood_of_connections() {
+    let s = Store::new("node-1".into(), 8, Arc::new(KernelNames::default()));
+    let d = dir();
+    let (a, b) = (pod_ip("x", "a", false), pod_ip("x", "b", false));
+    s.push(d.record(nft(
+        a,
+        b,
+        NftVerdict::PolicyDrop {
+            direction: Direction::Ingress,
+            reason: Reason::Denied,
+        },
+    )));
+    for _ in 0..20 {
+        s.push(d.record(Observation::Datapath {
+            at: at(),
+            event: event(a, b, FLOW_NEW, DpPath::KernelTcpControl as u16, 0x02),
+        }));
+    }
+    let lines = s.matching(&Filter::default());
+    assert_eq!(lines.len(), 9, "8 of everything and the drop kept apart");
+    assert_eq!(
+        lines[0].flow.verdict, "DROPPED",
+        "the drop first: it came first"
+    );
+    assert_eq!(
+        s.matching(&Filter::from_query("verdict=DROPPED").expect("query"))
+            .len(),
+        1
+    );
+}
