@@ -66,6 +66,17 @@ pub fn run_skb(prog: BorrowedFd<'_>, packet: &[u8]) -> Result<Outcome> {
 /// arrived on; 0 for none) set through the `__sk_buff` context, which
 /// `BPF_PROG_TEST_RUN` accepts for this field.
 pub fn run_skb_from(prog: BorrowedFd<'_>, packet: &[u8], ingress_ifindex: u32) -> Result<Outcome> {
+    run_skb_repeat(prog, packet, ingress_ifindex, 1).map(|(o, _)| o)
+}
+
+/// [`run_skb_from`] `repeat` times in the kernel (the same packet each
+/// time): the last run's outcome and the kernel's mean time per run, ns.
+pub fn run_skb_repeat(
+    prog: BorrowedFd<'_>,
+    packet: &[u8],
+    ingress_ifindex: u32,
+    repeat: u32,
+) -> Result<(Outcome, u32)> {
     // `struct __sk_buff` up to and including `ingress_ifindex` (offset 36);
     // the kernel zero-fills the rest and requires len and pkt_type zero.
     let mut ctx = [0u8; 40];
@@ -77,7 +88,7 @@ pub fn run_skb_from(prog: BorrowedFd<'_>, packet: &[u8], ingress_ifindex: u32) -
         data_size_out: u32::try_from(out.len())?,
         data_in: packet.as_ptr() as u64,
         data_out: out.as_mut_ptr() as u64,
-        repeat: 1,
+        repeat,
         ctx_size_in: u32::try_from(ctx.len())?,
         ctx_in: ctx.as_ptr() as u64,
         ..Default::default()
@@ -101,8 +112,9 @@ pub fn run_skb_from(prog: BorrowedFd<'_>, packet: &[u8], ingress_ifindex: u32) -
         );
     }
     out.truncate(attr.data_size_out as usize);
-    Ok(Outcome {
+    let outcome = Outcome {
         retval: attr.retval as i32,
         data: out,
-    })
+    };
+    Ok((outcome, attr.duration))
 }

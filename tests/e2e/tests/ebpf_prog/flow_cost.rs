@@ -5,66 +5,18 @@
 //! --test-threads 1 flow_cost` (side by side they share the CPUs they
 //! measure).
 
-use std::os::fd::AsRawFd;
-
 use super::flow_events::{Ring, with_events};
 use super::*;
 
-/// `BPF_PROG_TEST_RUN` with `repeat`: the kernel's average run time of
-/// the program over the repeats, in ns. (The kit's runner runs once.)
+/// The kernel's own time for `repeat` runs of `prog` on `packet`
+/// arriving on `iif`: ns per run.
 fn run_repeat(
     prog: std::os::fd::BorrowedFd<'_>,
     packet: &[u8],
     iif: u32,
     repeat: u32,
 ) -> Result<u32> {
-    #[repr(C)]
-    #[derive(Default)]
-    struct TestAttr {
-        prog_fd: u32,
-        retval: u32,
-        data_size_in: u32,
-        data_size_out: u32,
-        data_in: u64,
-        data_out: u64,
-        repeat: u32,
-        duration: u32,
-        ctx_size_in: u32,
-        ctx_size_out: u32,
-        ctx_in: u64,
-        ctx_out: u64,
-        flags: u32,
-        cpu: u32,
-        batch_size: u32,
-        _pad: u32,
-    }
-    let mut ctx = [0u8; 40];
-    ctx[36..40].copy_from_slice(&iif.to_ne_bytes());
-    let mut attr = TestAttr {
-        prog_fd: u32::try_from(prog.as_raw_fd())?,
-        data_size_in: u32::try_from(packet.len())?,
-        data_in: packet.as_ptr() as u64,
-        repeat,
-        ctx_size_in: ctx.len() as u32,
-        ctx_in: ctx.as_ptr() as u64,
-        ..Default::default()
-    };
-    // SAFETY: `attr` has the kernel's layout and outlives the call; the
-    // kernel reads `data_size_in` bytes of `packet` and 40 of `ctx`.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            10 as libc::c_long,
-            &mut attr as *mut TestAttr,
-            std::mem::size_of::<TestAttr>(),
-        )
-    };
-    ensure!(
-        rc == 0,
-        "BPF_PROG_TEST_RUN: {}",
-        std::io::Error::last_os_error()
-    );
-    Ok(attr.duration)
+    mycni_testkit::testrun::run_skb_repeat(prog, packet, iif, repeat).map(|(_, ns)| ns)
 }
 
 /// The programs' cost per packet with events off and on (ns, the kernel's
