@@ -355,6 +355,66 @@ fn policy_demo(lab: &Lab) -> Result<()> {
         bail!("the sample policy's tables are not the expected ones (see above)");
     }
     println!("sample policies removed: the lab is back to no policy");
+    flows_demo(lab)
+}
+
+/// The flows the agents recorded while the sample policy was in force, as
+/// `mycni-agent flows` shows them to an operator with a kubeconfig: a few
+/// of each kind, and the drops with the policy that caused them.
+fn flows_demo(lab: &Lab) -> Result<()> {
+    let shown = [
+        (
+            "a connection's first packet, left to the kernel (SYN)",
+            vec!["--reason", "kernel_tcp_control", "--last", "1"],
+        ),
+        (
+            "then on the fast path, as the program announced it",
+            vec!["--reason", "fast_encap", "--last", "2"],
+        ),
+        (
+            "admitted by the sample's allow rule",
+            vec![
+                "--verdict",
+                "FORWARDED",
+                "--policy",
+                "x/allow-x-a-from-y-tcp-80",
+                "--last",
+                "2",
+            ],
+        ),
+        (
+            "dropped by the sample's default deny",
+            vec![
+                "--verdict",
+                "DROPPED",
+                "--policy",
+                "x/default-deny-ingress",
+                "--last",
+                "3",
+            ],
+        ),
+    ];
+    println!("flows (every node's agent, as `mycni-agent flows --kubeconfig <lab>` prints them):");
+    let mut drops = String::new();
+    for (what, args) in &shown {
+        let text = lab.flows_cli(args)?;
+        println!("  {what} (flows {}):", args.join(" "));
+        for line in text.lines().take(6) {
+            println!("    {line}");
+        }
+        drops = text;
+    }
+    if !drops.contains("POLICY_DENIED") || !drops.contains("x/default-deny-ingress") {
+        bail!("no policy drop with its policy's name in the flows (see above)");
+    }
+    let port = lab.start_host_forward("flows-map", lab.spec.metrics_socket(1))?;
+    println!(
+        "live: ip netns exec {} {} flows --kubeconfig {} --follow",
+        lab.spec.underlay_ns(),
+        lab.spec.bins.agent.display(),
+        lab.spec.kubeconfig().display(),
+    );
+    println!("node 1's service map of its flows, from the host: http://127.0.0.1:{port}/flows/map");
     Ok(())
 }
 
