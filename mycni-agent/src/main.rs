@@ -58,7 +58,7 @@ enum Cmd {
     /// The flows of this node (every connection and drop the datapath and
     /// nftables reported, with pods, policies and reasons), from the
     /// agent running here; with a kubeconfig, every node's.
-    Flows(FlowsArgs),
+    Flows(mycni_agent::flows::cli::FlowsArgs),
     /// Why <src> may or may not reach <dst> on <port>/<protocol>: the
     /// policies selecting each side, the verdict with the rules that
     /// decide it, and what this node's datapath last saw between them.
@@ -101,50 +101,6 @@ enum InspectWhat {
         #[arg(long)]
         json: bool,
     },
-}
-
-#[derive(Args)]
-struct FlowsArgs {
-    /// Keep printing new flows as they come.
-    #[arg(short, long)]
-    follow: bool,
-    /// Flows from or to this pod: <namespace>/<pod>, or a pod name.
-    #[arg(long)]
-    pod: Option<String>,
-    /// Flows from or to a pod of this namespace.
-    #[arg(short, long)]
-    namespace: Option<String>,
-    /// FORWARDED or DROPPED.
-    #[arg(long)]
-    verdict: Option<String>,
-    /// A drop reason (POLICY_DENIED, IP_RPFILTER, ...) or a path's reason
-    /// (kernel_tcp_control, ...).
-    #[arg(long)]
-    reason: Option<String>,
-    /// Flows a policy allowed or denied: <namespace>/<name>, or a name.
-    #[arg(long)]
-    policy: Option<String>,
-    /// Either end's port.
-    #[arg(long)]
-    port: Option<u16>,
-    /// tcp, udp, sctp, icmpv4, icmpv6.
-    #[arg(long)]
-    protocol: Option<String>,
-    /// Only the last this many of the flows held (per query).
-    #[arg(long, default_value_t = 20)]
-    last: usize,
-    #[arg(short, long, value_enum, default_value = "human")]
-    output: mycni_agent::flows::cli::Output,
-    /// The local agent's metrics address (a wildcard one is asked on
-    /// loopback).
-    #[arg(long, env = "MYCNI_METRICS_ADDR", default_value = "127.0.0.1:9971")]
-    agent: String,
-    /// Ask every node's agent, found through the Node objects.
-    #[arg(long, env = "KUBECONFIG")]
-    kubeconfig: Option<PathBuf>,
-    /// The agents' metrics port, with --kubeconfig.
-    #[arg(long, default_value_t = 9971)]
-    agent_port: u16,
 }
 
 #[derive(Args, Clone)]
@@ -550,28 +506,17 @@ fn main() -> Result<()> {
             print!("{out}");
             Ok(())
         }
-        Some(Cmd::Flows(a)) => {
-            use mycni_agent::flows::{cli, store::Filter};
-            let filter = Filter {
-                pod: a.pod,
-                namespace: a.namespace,
-                verdict: a.verdict,
-                reason: a.reason,
-                policy: a.policy,
-                port: a.port,
-                protocol: a.protocol,
-                last: Some(a.last),
-                follow: a.follow,
-            };
-            let agents = match a.kubeconfig {
-                Some(kubeconfig) => cli::Agents::Cluster {
-                    kubeconfig,
+        Some(Cmd::Flows(a)) => rt.block_on(async {
+            use mycni_agent::flows::cli;
+            let agents = match &a.kubeconfig {
+                Some(k) => cli::Agents::Cluster {
+                    client: agent::kube_client(Some(k)).await?,
                     port: a.agent_port,
                 },
                 None => cli::Agents::One(mycni_agent::policy::inspect::agent_address(&a.agent)?),
             };
-            rt.block_on(cli::run(agents, filter, a.output))
-        }
+            cli::run(agents, a.filter(), a.output).await
+        }),
         Some(Cmd::Explain {
             src,
             dst,

@@ -218,12 +218,15 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
         )
     });
     let _flows = crate::flows::start(
-        cfg,
-        &node_name,
+        crate::flows::Start {
+            node: node_name.clone(),
+            history: cfg.flow_history,
+            pod_series: cfg.flow_pod_series,
+            ring_pins: (fast.active() && cfg.flow_events).then(|| cfg.pin_dir.clone()),
+        },
         &metrics,
         cluster_rx,
         client.clone(),
-        fast.active(),
     );
     let api = ApiWatch::start(client, &metrics).await;
 

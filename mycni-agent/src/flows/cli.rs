@@ -3,7 +3,7 @@
 //! as one line each or as the agents' JSON.
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::Path;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -27,15 +27,74 @@ pub enum Output {
     Json,
 }
 
+/// `mycni-agent flows`'s flags.
+#[derive(clap::Args)]
+pub struct FlowsArgs {
+    /// Keep printing new flows as they come.
+    #[arg(short, long)]
+    pub follow: bool,
+    /// Flows from or to this pod: <namespace>/<pod>, or a pod name.
+    #[arg(long)]
+    pub pod: Option<String>,
+    /// Flows from or to a pod of this namespace.
+    #[arg(short, long)]
+    pub namespace: Option<String>,
+    /// FORWARDED or DROPPED.
+    #[arg(long)]
+    pub verdict: Option<String>,
+    /// A drop reason (POLICY_DENIED, IP_RPFILTER, ...) or a path's reason
+    /// (kernel_tcp_control, ...).
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Flows a policy allowed or denied: <namespace>/<name>, or a name.
+    #[arg(long)]
+    pub policy: Option<String>,
+    /// Either end's port.
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// tcp, udp, sctp, icmpv4, icmpv6.
+    #[arg(long)]
+    pub protocol: Option<String>,
+    /// Only the last this many of the flows held (per query).
+    #[arg(long, default_value_t = 20)]
+    pub last: usize,
+    #[arg(short, long, value_enum, default_value = "human")]
+    pub output: Output,
+    /// The local agent's metrics address (a wildcard one is asked on
+    /// loopback).
+    #[arg(long, env = "MYCNI_METRICS_ADDR", default_value = "127.0.0.1:9971")]
+    pub agent: String,
+    /// Ask every node's agent, found through the Node objects.
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The agents' metrics port, with --kubeconfig.
+    #[arg(long, default_value_t = 9971)]
+    pub agent_port: u16,
+}
+
+impl FlowsArgs {
+    /// The filter the flags ask for.
+    pub fn filter(&self) -> Filter {
+        Filter {
+            pod: self.pod.clone(),
+            namespace: self.namespace.clone(),
+            verdict: self.verdict.clone(),
+            reason: self.reason.clone(),
+            policy: self.policy.clone(),
+            port: self.port,
+            protocol: self.protocol.clone(),
+            last: Some(self.last),
+            follow: self.follow,
+        }
+    }
+}
+
 /// Where to ask.
 pub enum Agents {
     /// One agent (this node's).
     One(SocketAddr),
-    /// Every node's agent, on `port` of its host IP.
-    Cluster {
-        kubeconfig: std::path::PathBuf,
-        port: u16,
-    },
+    /// Every node's agent, on `port` of its host IP, found with `client`.
+    Cluster { client: kube::Client, port: u16 },
 }
 
 /// Prints what the agents hold that matches `filter`, then, with
@@ -43,7 +102,7 @@ pub enum Agents {
 pub async fn run(agents: Agents, filter: Filter, output: Output) -> Result<()> {
     let targets = match agents {
         Agents::One(a) => vec![a],
-        Agents::Cluster { kubeconfig, port } => node_agents(&kubeconfig, port).await?,
+        Agents::Cluster { client, port } => node_agents(client, port).await?,
     };
     let query = format!("/flows?{}", filter.to_query());
     let (tx, mut rx) = mpsc::channel::<(SocketAddr, Result<String>)>(1024);
@@ -109,8 +168,7 @@ pub async fn run(agents: Agents, filter: Filter, output: Output) -> Result<()> {
 
 /// Each Node's agent: its mycni host IP (the agents listen there in the
 /// DaemonSet, which runs on the host's network), else its InternalIP.
-async fn node_agents(kubeconfig: &Path, port: u16) -> Result<Vec<SocketAddr>> {
-    let client = crate::agent::kube_client(Some(kubeconfig)).await?;
+async fn node_agents(client: kube::Client, port: u16) -> Result<Vec<SocketAddr>> {
     let nodes: Api<Node> = Api::all(client);
     let list = nodes
         .list(&ListParams::default())

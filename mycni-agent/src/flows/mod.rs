@@ -124,20 +124,30 @@ impl Sink {
     }
 }
 
+/// What the agent starts the room with.
+pub struct Start {
+    pub node: String,
+    /// `--flow-history`, `--flow-pod-series`.
+    pub history: usize,
+    pub pod_series: usize,
+    /// Where the programs' maps are pinned, when the fast path is loaded
+    /// and `--flow-events` is on: the ring is read from there.
+    pub ring_pins: Option<std::path::PathBuf>,
+}
+
 /// Starts the flows room for the agent: the store, `/flows`, its metrics,
-/// and the sources this node has.
+/// Events, and the sources this node has.
 pub fn start(
-    cfg: &crate::agent::Config,
-    node: &str,
+    s: Start,
     metrics: &Arc<crate::metrics::Metrics>,
     cluster: tokio::sync::watch::Receiver<Arc<crate::policy::Cluster>>,
     client: kube::Client,
-    fast_path: bool,
 ) -> tokio::task::JoinHandle<()> {
+    let node = s.node.as_str();
     let settings = room::Settings {
-        node: node.to_string(),
-        history: cfg.flow_history,
-        pod_series: cfg.flow_pod_series,
+        node: s.node.clone(),
+        history: s.history,
+        pod_series: s.pod_series,
     };
     // Names by the running kernel's numbering; without its BTF, numbers.
     let reasons = kdrop_names::DropReasons::from_kernel().unwrap_or_else(|e| {
@@ -150,9 +160,8 @@ pub fn start(
     let (sink, _store, task) =
         room::spawn(settings, metrics, cluster, host::addresses(), names, events);
     // The programs' ring exists only where they are loaded.
-    if fast_path
-        && cfg.flow_events
-        && let Err(e) = ring::spawn(&cfg.pin_dir, sink.clone())
+    if let Some(pins) = &s.ring_pins
+        && let Err(e) = ring::spawn(pins, sink.clone())
     {
         tracing::warn!(error = %e, "the datapath's flow events will not reach flows");
     }

@@ -28,11 +28,11 @@ use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner, Netfilte
 use netlink_sys::{Socket, constants::NETLINK_NETFILTER};
 
 use super::{NftLog, NftVerdict, Observation, Sink};
-use crate::policy::Direction;
-use crate::policy::counters::Reason;
+use crate::policy::nft::{Logged, log_prefix, parse_log_prefix};
+use crate::tables::underlay_filter::LOG_PREFIX;
 
 /// The NFLOG group mycni's tables log to.
-pub const GROUP: u16 = 1717;
+pub const GROUP: u16 = crate::tables::nft::NFLOG_GROUP;
 /// Bytes of each packet copied to the agent: an IPv6 header (40) and a
 /// TCP header with options (60) fit.
 pub const COPY_RANGE: u32 = 128;
@@ -40,49 +40,25 @@ pub const COPY_RANGE: u32 = 128;
 /// is a second): a drop shows up in `flows` within this.
 pub const FLUSH: Duration = Duration::from_millis(20);
 
-const PREFIX: &str = "mycni";
-
-/// The NFLOG prefix of a rule that decides `v` (at most 127 bytes: these
-/// are under 40).
+/// The NFLOG prefix of a rule that decides `v` (the tables write theirs
+/// with the same functions).
 pub fn prefix(v: NftVerdict) -> String {
-    let dir = |d: Direction| match d {
-        Direction::Egress => "egress",
-        Direction::Ingress => "ingress",
-    };
     match v {
-        NftVerdict::PolicyAllow { direction } => format!("{PREFIX} allow {}", dir(direction)),
-        NftVerdict::PolicyDrop { direction, reason } => {
-            format!("{PREFIX} drop {} {}", dir(direction), reason.label())
-        }
-        NftVerdict::UnderlayDrop => format!("{PREFIX} underlay-drop"),
+        NftVerdict::PolicyAllow { direction } => log_prefix(Logged::Allow(direction)),
+        NftVerdict::PolicyDrop { direction, reason } => log_prefix(Logged::Drop(direction, reason)),
+        NftVerdict::UnderlayDrop => LOG_PREFIX.to_string(),
     }
 }
 
 /// The verdict a prefix names; None for another tool's prefix.
 pub fn parse_prefix(s: &str) -> Option<NftVerdict> {
-    let mut w = s.split(' ');
-    if w.next()? != PREFIX {
-        return None;
+    if s == LOG_PREFIX {
+        return Some(NftVerdict::UnderlayDrop);
     }
-    let dir = |s: Option<&str>| match s? {
-        "egress" => Some(Direction::Egress),
-        "ingress" => Some(Direction::Ingress),
-        _ => None,
-    };
-    let v = match w.next()? {
-        "allow" => NftVerdict::PolicyAllow {
-            direction: dir(w.next())?,
-        },
-        "drop" => {
-            let direction = dir(w.next())?;
-            let label = w.next()?;
-            let reason = Reason::ALL.into_iter().find(|r| r.label() == label)?;
-            NftVerdict::PolicyDrop { direction, reason }
-        }
-        "underlay-drop" => NftVerdict::UnderlayDrop,
-        _ => return None,
-    };
-    w.next().is_none().then_some(v)
+    Some(match parse_log_prefix(s)? {
+        Logged::Allow(direction) => NftVerdict::PolicyAllow { direction },
+        Logged::Drop(direction, reason) => NftVerdict::PolicyDrop { direction, reason },
+    })
 }
 
 /// The headers of a logged packet (`payload` starts at the IP header).
@@ -262,6 +238,8 @@ fn read(sock: &Socket, sink: &Sink, counts: &NflogCounts) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::Direction;
+    use crate::policy::counters::Reason;
 
     #[test]
     fn every_verdict_survives_its_prefix() {

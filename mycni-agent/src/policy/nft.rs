@@ -59,8 +59,7 @@
 
 use std::fmt::Write as _;
 
-use crate::flows::NftVerdict;
-use crate::flows::nflog::{GROUP, prefix};
+use crate::tables::nft::NFLOG_GROUP as GROUP;
 use mycni_common::contract::HOST_VETH_PREFIX;
 use mycni_common::{POLICY_MARK_MASK, POLICY_MARK_SHIFT};
 
@@ -118,7 +117,7 @@ fn chains(v6: bool) -> String {
             s,
             "add rule {t} {} ct state new log group {GROUP} prefix \"{}\"",
             admit_chain(d, n),
-            prefix(NftVerdict::PolicyAllow { direction: d })
+            log_prefix(Logged::Allow(d))
         );
         for r in Reason::ALL {
             let chain = to(d, r);
@@ -126,10 +125,7 @@ fn chains(v6: bool) -> String {
             let _ = writeln!(
                 s,
                 "add rule {t} {chain} add @logged{n} {{ {ip} saddr . {ip} daddr . meta l4proto . th dport limit rate 1/second burst 1 packets }} log group {GROUP} prefix \"{}\"",
-                prefix(NftVerdict::PolicyDrop {
-                    direction: d,
-                    reason: r
-                })
+                log_prefix(Logged::Drop(d, r))
             );
             let _ = writeln!(
                 s,
@@ -167,6 +163,46 @@ fn chains(v6: bool) -> String {
         to(ing, Reason::Denied),
     );
     s
+}
+
+/// What a logged packet of the table says (its NFLOG prefix).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logged {
+    /// A new connection an allow rule of `direction` admitted.
+    Allow(Direction),
+    /// Dropped in `direction` for `reason`.
+    Drop(Direction, Reason),
+}
+
+/// The NFLOG prefix of `l` (at most 127 bytes; these are under 40).
+pub fn log_prefix(l: Logged) -> String {
+    match l {
+        Logged::Allow(d) => format!("mycni allow {}", dir_label(d)),
+        Logged::Drop(d, r) => format!("mycni drop {} {}", dir_label(d), r.label()),
+    }
+}
+
+/// What a prefix [`log_prefix`] wrote says; None for any other.
+pub fn parse_log_prefix(s: &str) -> Option<Logged> {
+    let mut w = s.split(' ');
+    if w.next()? != "mycni" {
+        return None;
+    }
+    let dir = |s: Option<&str>| match s? {
+        "egress" => Some(Direction::Egress),
+        "ingress" => Some(Direction::Ingress),
+        _ => None,
+    };
+    let l = match w.next()? {
+        "allow" => Logged::Allow(dir(w.next())?),
+        "drop" => {
+            let d = dir(w.next())?;
+            let label = w.next()?;
+            Logged::Drop(d, Reason::ALL.into_iter().find(|r| r.label() == label)?)
+        }
+        _ => return None,
+    };
+    w.next().is_none().then_some(l)
 }
 
 fn dir_label(d: Direction) -> &'static str {

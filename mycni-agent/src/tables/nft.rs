@@ -7,6 +7,10 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
 
+/// The NFLOG group every table of mycni's logs its verdicts to (the flows
+/// room reads it; `flows::nflog`). Other NFLOG users of a node pick another.
+pub const NFLOG_GROUP: u16 = 1717;
+
 /// Applies `script` with `nft -f -`: nft runs the whole file as one
 /// transaction, so a table is never seen half-written.
 pub fn apply(script: &str) -> Result<()> {

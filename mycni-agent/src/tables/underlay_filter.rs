@@ -74,8 +74,7 @@ impl Family for Ipv6Addr {
 fn chain_and_rule<A: Family>(port: u16) -> String {
     let f = A::NFT;
     let saddr = A::SADDR;
-    let prefix = crate::flows::nflog::prefix(crate::flows::NftVerdict::UnderlayDrop);
-    let group = crate::flows::nflog::GROUP;
+    let (prefix, group) = (LOG_PREFIX, super::nft::NFLOG_GROUP);
     format!(
         "add chain {f} {TABLE} stranger\n\
          flush chain {f} {TABLE} stranger\n\
@@ -86,6 +85,9 @@ fn chain_and_rule<A: Family>(port: u16) -> String {
          add rule {f} {TABLE} {CHAIN} udp dport {port} {saddr} != @{SET} counter goto stranger comment \"mycni: VXLAN from a host that is not a peer node\"\n"
     )
 }
+
+/// The NFLOG prefix of the filter's drops.
+pub const LOG_PREFIX: &str = "mycni underlay-drop";
 
 /// Senders whose dropped VXLAN was logged in the last seconds.
 fn logged_set<A: Family>() -> String {
