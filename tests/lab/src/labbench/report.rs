@@ -106,6 +106,7 @@ pub(super) fn render(
         "fast direct/kernel direct (stream >= 1.1, UDP >= 1.3)",
         "IPv6 fast/kernel (stream >= 1.1, UDP >= 1.3)",
         "IPv6/IPv4 fast (tc encap)",
+        "fast, flow events on/off (stream, UDP >= 0.98)",
     ];
     let head: Vec<&str> = cols.iter().map(|v| v.label()).chain(ratio_cols).collect();
     let _ = writeln!(w, "| measure | node rules | {} |", head.join(" | "));
@@ -167,6 +168,11 @@ pub(super) fn render(
                         None,
                     )
                 },
+                ratio_runs(
+                    &runs(Variant::Fast, rules),
+                    &runs(Variant::FastQuiet, rules),
+                    None,
+                ),
             ]);
             let _ = writeln!(
                 w,

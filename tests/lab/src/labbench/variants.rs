@@ -27,6 +27,9 @@ pub(super) enum Variant {
     /// pods over their IPv6 addresses (IPv6 inner, the IPv4 underlay).
     Kernel6,
     Fast6,
+    /// The tc-encap fast path with the programs' flow events off
+    /// (`--flow-events=false`): what the events cost, `Fast` over it.
+    FastQuiet,
 }
 
 /// The agents' datapath flags while a lab variant runs.
@@ -35,8 +38,13 @@ pub(super) enum Agents {
     /// `--datapath kernel --direct-routing <direct>`: no tc program
     /// attached anywhere.
     Kernel { direct: bool },
-    /// `--datapath ebpf --tc-encap <tc_encap> --direct-routing <direct>`.
-    Fast { tc_encap: bool, direct: bool },
+    /// `--datapath ebpf --tc-encap <tc_encap> --direct-routing <direct>
+    /// --flow-events <events>`.
+    Fast {
+        tc_encap: bool,
+        direct: bool,
+        events: bool,
+    },
 }
 
 impl Agents {
@@ -45,13 +53,20 @@ impl Agents {
     pub(super) fn flags(self) -> Vec<(&'static str, &'static str)> {
         let b = |v: bool| if v { "true" } else { "false" };
         match self {
-            Agents::Kernel { direct } => {
-                vec![("--datapath", "kernel"), ("--direct-routing", b(direct))]
-            }
-            Agents::Fast { tc_encap, direct } => vec![
+            Agents::Kernel { direct } => vec![
+                ("--datapath", "kernel"),
+                ("--direct-routing", b(direct)),
+                ("--flow-events", "true"),
+            ],
+            Agents::Fast {
+                tc_encap,
+                direct,
+                events,
+            } => vec![
                 ("--datapath", "ebpf"),
                 ("--tc-encap", b(tc_encap)),
                 ("--direct-routing", b(direct)),
+                ("--flow-events", b(events)),
             ],
         }
     }
@@ -65,7 +80,7 @@ impl Agents {
 
 impl Variant {
     /// The table's order, which is also an even run's.
-    pub(super) const ALL: [Variant; 10] = [
+    pub(super) const ALL: [Variant; 11] = [
         Variant::Direct,
         Variant::Underlay,
         Variant::Overlay,
@@ -76,6 +91,7 @@ impl Variant {
         Variant::FastDirect,
         Variant::Kernel6,
         Variant::Fast6,
+        Variant::FastQuiet,
     ];
 
     /// The order of one run. Variants sharing the agents' flags sit next to
@@ -85,7 +101,7 @@ impl Variant {
     /// which runs the same agents); odd runs go the other way, so drift in
     /// the machine's load does not always favour the same column, and
     /// start where the previous run ended, without a restart.
-    pub(super) fn run_order(run: usize) -> [Variant; 10] {
+    pub(super) fn run_order(run: usize) -> [Variant; 11] {
         let even = [
             Variant::Direct,
             Variant::Underlay,
@@ -94,6 +110,7 @@ impl Variant {
             Variant::Kernel,
             Variant::KernelDirect,
             Variant::FastDirect,
+            Variant::FastQuiet,
             Variant::Fast,
             Variant::Fast6,
             Variant::FastVxlan,
@@ -120,6 +137,7 @@ impl Variant {
             Variant::FastDirect => "fast path, direct routing",
             Variant::Kernel6 => "kernel path, IPv6",
             Variant::Fast6 => "fast path (tc encap), IPv6",
+            Variant::FastQuiet => "fast path (tc encap), flow events off",
         }
     }
 
@@ -138,14 +156,22 @@ impl Variant {
             Variant::Fast | Variant::Fast6 => Some(Agents::Fast {
                 tc_encap: true,
                 direct: false,
+                events: true,
+            }),
+            Variant::FastQuiet => Some(Agents::Fast {
+                tc_encap: true,
+                direct: false,
+                events: false,
             }),
             Variant::FastVxlan => Some(Agents::Fast {
                 tc_encap: false,
                 direct: false,
+                events: true,
             }),
             Variant::FastDirect => Some(Agents::Fast {
                 tc_encap: true,
                 direct: true,
+                events: true,
             }),
             Variant::KernelDirect => Some(Agents::Kernel { direct: true }),
             // The references with no tc program attached anywhere; the
@@ -177,6 +203,7 @@ impl Variant {
                 | Variant::FastDirect
                 | Variant::Kernel6
                 | Variant::Fast6
+                | Variant::FastQuiet
         )
     }
 
@@ -197,7 +224,8 @@ impl Variant {
             | Variant::Overlay
             | Variant::FastVxlan
             | Variant::Kernel6
-            | Variant::Fast6 => &[Rules::None],
+            | Variant::Fast6
+            | Variant::FastQuiet => &[Rules::None],
         }
     }
 }
