@@ -413,15 +413,15 @@ mod tests {
         assert_eq!(even[0], Variant::Direct);
         assert_eq!(odd[0], Variant::Direct);
         // An odd run starts where the even one before it ended.
-        assert_eq!(odd[1], even[9]);
+        assert_eq!(odd[1], even[10]);
         let mut sorted = odd;
         sorted.sort();
         assert_eq!(sorted, Variant::ALL);
-        // Four restarts per run: kernel, kernel direct, fast direct, fast,
-        // fast via vxlan.1.
+        // Five restarts per run: kernel, kernel direct, fast direct, fast
+        // with events off, fast, fast via vxlan.1.
         let agents: Vec<Agents> = even.iter().filter_map(|v| v.agents()).collect();
         let switches = agents.windows(2).filter(|w| w[0] != w[1]).count();
-        assert_eq!(switches, 4);
+        assert_eq!(switches, 5);
         assert!(Variant::FastDirect.is_direct() && Variant::KernelDirect.is_direct());
         assert!(!Variant::Overlay.is_direct() && !Variant::Fast.is_direct());
         // The IPv6 columns: the IPv4 twins' agents, pod to pod, no rules.
@@ -437,7 +437,8 @@ mod tests {
             Some(vec![
                 ("--datapath", "ebpf"),
                 ("--tc-encap", "true"),
-                ("--direct-routing", "true")
+                ("--direct-routing", "true"),
+                ("--flow-events", "true")
             ])
         );
     }

@@ -113,7 +113,7 @@ fn render_shows_the_columns_the_floors_and_the_targets() {
         "| fast path, direct routing | kernel path, IPv6 | fast path (tc encap), IPv6 |"
     ));
     assert!(header.ends_with(
-        "| fast direct/underlay (p50 <= 1.10; stream, UDP >= 0.90) | fast direct/kernel direct (stream >= 1.1, UDP >= 1.3) | IPv6 fast/kernel (stream >= 1.1, UDP >= 1.3) | IPv6/IPv4 fast (tc encap) |"
+        "| fast direct/underlay (p50 <= 1.10; stream, UDP >= 0.90) | fast direct/kernel direct (stream >= 1.1, UDP >= 1.3) | IPv6 fast/kernel (stream >= 1.1, UDP >= 1.3) | IPv6/IPv4 fast (tc encap) | fast, flow events on/off (stream, UDP >= 0.98) |"
     ));
     let cells = header.matches('|').count() - 1;
     let sep = report
@@ -127,37 +127,37 @@ fn render_shows_the_columns_the_floors_and_the_targets() {
     assert_eq!(
         p50[2..],
         [
-            "11.5", "15.1", "19.0", "22.7", "19.5", "16.0", "18.0", "15.5", "24.0", "16.8",
-            "1.06 ok", "0.70", "1.29", "0.86", "1.03 ok", "0.86", "0.70", "-"
+            "11.5", "15.1", "19.0", "22.7", "19.5", "16.0", "18.0", "15.5", "24.0", "16.8", "-",
+            "1.06 ok", "0.70", "1.29", "0.86", "1.03 ok", "0.86", "0.70", "-", "-"
         ]
     );
     // 15.1 / 16.0 of the underlay's stream and UDP rate, 22.7 / 16.0 of
     // the kernel path's.
     let stream = row(&report, "TCP stream (Gbit/s)", "none");
-    assert_eq!(stream[12..14], ["0.94 ok", "1.42 ok"]);
+    assert_eq!(stream[13..15], ["0.94 ok", "1.42 ok"]);
     let udp = row(&report, "UDP 64 B rx (kpps)", "none");
-    assert_eq!(udp[12..14], ["0.94 ok", "1.42 ok"]);
+    assert_eq!(udp[13..15], ["0.94 ok", "1.42 ok"]);
     for label in ["UDP 64 B delivered (kpps)", "UDP 64 B per CPU-s (kpps)"] {
         let r = row(&report, label, "none");
         assert_eq!(r.len(), cells);
-        assert_eq!(r[12..14], ["0.94 ok", "1.42 ok"]);
+        assert_eq!(r[13..15], ["0.94 ok", "1.42 ok"]);
         // IPv6: 24.0 / 16.8 of the IPv6 kernel path's, 16.0 / 16.8 of
         // the IPv4 fast path's.
-        assert_eq!(r[18..], ["1.43 ok", "0.95"]);
+        assert_eq!(r[19..21], ["1.43 ok", "0.95"]);
     }
     // Direct routing: 15.1 / 15.5 of the underlay's, 18.0 / 15.5 of the
     // kernel path's with direct routing.
-    assert_eq!(stream[16..18], ["0.97 ok", "1.16 ok"]);
+    assert_eq!(stream[17..19], ["0.97 ok", "1.16 ok"]);
     assert_eq!(stream[10..12], ["4.17", "5.95"]);
-    assert_eq!(stream[18..], ["1.43 ok", "0.95"]);
+    assert_eq!(stream[19..21], ["1.43 ok", "0.95"]);
     // Rule rows: the direct veth and the underlay repeat their baseline,
     // the overlay and the fast path via vxlan.1 were not measured.
     let kp = row(&report, "TCP latency p50 (us)", "kube-proxy, 2000 svc");
     assert_eq!(
         kp[2..],
         [
-            "(11.5)", "(15.1)", "-", "22.7", "-", "16.0", "18.0", "15.5", "-", "-", "1.06 ok",
-            "0.70", "-", "-", "1.03 ok", "0.86", "-", "-"
+            "(11.5)", "(15.1)", "-", "22.7", "-", "16.0", "18.0", "15.5", "-", "-", "-", "1.06 ok",
+            "0.70", "-", "-", "1.03 ok", "0.86", "-", "-", "-"
         ]
     );
     let share = row(&report, "fast share of pod packets (%)", "none");
@@ -205,7 +205,7 @@ fn render_shows_medians_with_their_spread() {
     let p50 = row(&report, "TCP latency p50 (us)", "none");
     assert_eq!(p50[7], "17.0 (16.0–18.0)");
     // Ratios are of medians: 17.0 / 15.1.
-    assert_eq!(p50[12], "1.13 MISS");
+    assert_eq!(p50[13], "1.13 MISS");
     assert_eq!(spread(Measure::Stream, &[]), "-");
     assert_eq!(spread(Measure::Stream, &[1.234]), "1.23");
 }
@@ -218,10 +218,10 @@ fn render_without_references_still_renders() {
     let report = render(&r, &options(), Duration::from_secs(1), "", "");
     let p50 = row(&report, "TCP latency p50 (us)", "none");
     assert_eq!(
-        p50[2..12],
-        ["-", "-", "-", "-", "-", "19.5", "-", "-", "-", "-"]
+        p50[2..13],
+        ["-", "-", "-", "-", "-", "19.5", "-", "-", "-", "-", "-"]
     );
-    assert_eq!(p50[12..], ["-", "-", "-", "-", "-", "-", "-", "-"]);
+    assert_eq!(p50[13..], ["-", "-", "-", "-", "-", "-", "-", "-", "-"]);
     assert!(report.contains("**Floors.**"));
     assert!(!report.contains("Here, p50"));
     assert!(!report.contains("**Direct routing.**"));
@@ -241,9 +241,9 @@ fn ratios_show_their_run_by_run_spread() {
     let report = render(&r, &options(), Duration::from_secs(1), "", "");
     let p50 = row(&report, "TCP latency p50 (us)", "none");
     // Medians 16.5 / 15.0; run by run 1.00, 1.10, 1.10.
-    assert_eq!(p50[12], "1.10 ok (1.00–1.10)");
+    assert_eq!(p50[13], "1.10 ok (1.00–1.10)");
     // The kernel path has one run: no pairs, the ratio alone.
-    assert_eq!(p50[13], "0.73");
+    assert_eq!(p50[14], "0.73");
     assert_eq!(ratio_runs(&[1.0, 2.0], &[0.0, 1.0], None), "3.00");
     assert_eq!(ratio_runs(&[], &[1.0], None), "-");
 }
@@ -292,10 +292,22 @@ fn render_shows_the_programs_own_cost() {
     assert_eq!(pod.len(), cells);
     // Fast columns only: via vxlan.1 ran without program figures.
     assert_eq!(
-        pod[2..12],
-        ["", "", "", "", "-", "880 (850–900)", "", "700", "", "-"]
+        pod[2..13],
+        [
+            "",
+            "",
+            "",
+            "",
+            "-",
+            "880 (850–900)",
+            "",
+            "700",
+            "",
+            "-",
+            "-"
+        ]
     );
-    assert!(pod[12..].iter().all(String::is_empty));
+    assert!(pod[13..].iter().all(String::is_empty));
     let under = row(&report, "from_underlay ns/run (node2)", "none");
     assert_eq!(under[7], "560 (550–600)");
     assert_eq!(row(&report, "from_pod ns/run (node2)", "none")[7], "-");
