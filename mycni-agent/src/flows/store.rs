@@ -115,7 +115,7 @@ impl Store {
     }
 
     pub fn held(&self) -> usize {
-        self.history.lock().map(|h| h.merged().len()).unwrap_or(0)
+        self.history.lock().map(|h| h.len()).unwrap_or(0)
     }
 }
 
@@ -129,6 +129,13 @@ struct Histories {
 }
 
 impl Histories {
+    /// How many records [`Self::merged`] gives, without building it: the
+    /// decisions older than everything `all` still holds, plus `all`.
+    fn len(&self) -> usize {
+        let oldest = self.all.front().map_or(u64::MAX, |e| e.0);
+        self.all.len() + self.decided.iter().filter(|e| e.0 < oldest).count()
+    }
+
     /// Both histories in arrival order, each record once.
     fn merged(&self) -> Vec<Arc<Record>> {
         let (mut a, mut d) = (self.all.iter().peekable(), self.decided.iter().peekable());

@@ -372,6 +372,7 @@ fn decisions_outlive_a_flood_of_connections() {
     }
     let lines = s.matching(&Filter::default());
     assert_eq!(lines.len(), 9, "8 of everything and the drop kept apart");
+    assert_eq!(s.held(), 9);
     assert_eq!(
         lines[0].flow.verdict, "DROPPED",
         "the drop first: it came first"

@@ -317,23 +317,7 @@ fn drops_on_unwatched_interfaces_are_not_reported() -> Result<()> {
     let other = NetNs::new("node")?;
     let pod3 = NetNs::new("pod")?;
     let veth3 = unique("vh");
-    other.exec(
-        "ip",
-        &[
-            "link",
-            "add",
-            &veth3,
-            "index",
-            &watched.to_string(),
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            pod3.name(),
-        ],
-    )?;
+    other.add_veth(&veth3, &pod3, Some(watched))?;
     setup_pod(&other, &pod3, &veth3, "10.234.2.1", "10.234.2.2")?;
     rp_filter(&other, &veth3)?;
 

@@ -69,6 +69,18 @@ impl NetNs {
         Path::new("/run/netns").join(&self.name)
     }
 
+    /// A veth pair: `host_if` here (with ifindex `index`, if given), its
+    /// peer `eth0` in `peer`, both down and unaddressed.
+    pub fn add_veth(&self, host_if: &str, peer: &NetNs, index: Option<u32>) -> Result<()> {
+        let index = index.map(|i| i.to_string());
+        let mut args = vec!["link", "add", host_if];
+        if let Some(i) = &index {
+            args.extend(["index", i.as_str()]);
+        }
+        args.extend(["type", "veth", "peer", "name", "eth0", "netns", peer.name()]);
+        self.exec("ip", &args).map(drop)
+    }
+
     /// Runs a program inside the namespace (`ip netns exec`).
     pub fn exec(&self, program: &str, args: &[&str]) -> Result<String> {
         let mut full = vec!["netns", "exec", self.name.as_str(), program];
@@ -151,21 +163,7 @@ impl VethPair {
         let node = NetNs::new("node")?;
         let pod = NetNs::new("pod")?;
         let host_if = unique("vh");
-        node.exec(
-            "ip",
-            &[
-                "link",
-                "add",
-                &host_if,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "eth0",
-                "netns",
-                pod.name(),
-            ],
-        )?;
+        node.add_veth(&host_if, &pod, None)?;
         node.exec(
             "ip",
             &["addr", "add", &format!("{node_ip}/24"), "dev", &host_if],
@@ -218,4 +216,17 @@ impl VethPair {
         )?;
         out.trim().parse().context("parse ifindex")
     }
+}
+
+/// The Internet checksum: ones' complement sum over `data`, folded and
+/// inverted (RFC 1071), for packets tests make byte by byte.
+pub fn csum(data: &[u8]) -> u16 {
+    let mut sum: u32 = data
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
 }

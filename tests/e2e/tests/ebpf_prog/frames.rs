@@ -2,17 +2,7 @@
 
 use super::*;
 
-/// Ones' complement sum over `data`, folded and inverted (RFC 1071).
-pub(crate) fn csum(data: &[u8]) -> u16 {
-    let mut sum: u32 = data
-        .chunks(2)
-        .map(|w| u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
-}
+pub(crate) use mycni_testkit::csum;
 
 pub(crate) fn ip_hlen(frame: &[u8]) -> usize {
     usize::from(frame[IP] & 0x0f) * 4

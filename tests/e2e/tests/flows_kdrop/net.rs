@@ -39,21 +39,7 @@ pub(crate) fn add_pod(
     node_ip: &str,
     pod_ip: &str,
 ) -> Result<()> {
-    node.exec(
-        "ip",
-        &[
-            "link",
-            "add",
-            veth,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            pod.name(),
-        ],
-    )?;
+    node.add_veth(veth, pod, None)?;
     setup_pod(node, pod, veth, node_ip, pod_ip)
 }
 
@@ -165,14 +151,4 @@ pub(crate) fn raw_tcp(pod: &NetNs, src: SocketAddrV4, dst: SocketAddrV4, flags: 
     })?
 }
 
-/// Ones' complement sum, folded and inverted (RFC 1071).
-pub(crate) fn csum(data: &[u8]) -> u16 {
-    let mut sum: u32 = data
-        .chunks(2)
-        .map(|w| u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
-}
+pub(crate) use mycni_testkit::csum;
