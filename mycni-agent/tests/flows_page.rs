@@ -65,6 +65,7 @@ fn store() -> Arc<Store> {
             rule: Some(0),
         }],
         denied_by: vec![],
+        reply: false,
     };
     let deny = What::Nft {
         verdict: NftVerdict::PolicyDrop {
@@ -78,6 +79,7 @@ fn store() -> Arc<Store> {
             kind: "NetworkPolicy".into(),
             rule: None,
         }],
+        reply: false,
     };
     let a = ("y", "a", "10.244.1.4");
     let xa = ("x", "a", "10.244.0.4");

@@ -142,13 +142,13 @@ impl Directory {
 
     fn nft(&self, log: NftLog) -> Record {
         let (from, to) = (self.who(log.src), self.who(log.dst));
-        let (mut allowed_by, mut denied_by) = (Vec::new(), Vec::new());
+        let (mut allowed_by, mut denied_by, mut reply) = (Vec::new(), Vec::new(), false);
         match log.verdict {
             NftVerdict::PolicyAllow { direction } => {
                 allowed_by = self.allowed_by(&log, &from, &to, direction);
             }
             NftVerdict::PolicyDrop { direction, .. } => {
-                denied_by = self.isolating(&from, &to, direction);
+                (denied_by, reply) = self.isolating(&from, &to, direction);
             }
             NftVerdict::UnderlayDrop => {}
         }
@@ -172,6 +172,7 @@ impl Directory {
                 verdict: log.verdict,
                 allowed_by,
                 denied_by,
+                reply,
             },
         }
     }
@@ -211,14 +212,15 @@ impl Directory {
     }
 
     /// The policies isolating the pod whose isolation in `d` dropped the
-    /// packet: the sender for egress, the receiver for ingress (or the
-    /// other end, for a reply the table cut).
-    fn isolating(&self, from: &Who, to: &Who, d: Direction) -> Vec<PolicyRef> {
+    /// packet: the sender for egress, the receiver for ingress; or the
+    /// other end, for a reply the table cut (the table judges a reply as
+    /// its connection), and then true.
+    fn isolating(&self, from: &Who, to: &Who, d: Direction) -> (Vec<PolicyRef>, bool) {
         let (first, second) = match d {
             Direction::Egress => (from, to),
             Direction::Ingress => (to, from),
         };
-        for who in [first, second] {
+        for (who, reply) in [(first, false), (second, true)] {
             let Some(meta) = who.pod() else { continue };
             let Some(pod) = self.cluster.pods.get(&meta.key) else {
                 continue;
@@ -230,10 +232,10 @@ impl Directory {
                 .map(|p| policy_ref(&p.key, None))
                 .collect();
             if !by.is_empty() {
-                return by;
+                return (by, reply);
             }
         }
-        Vec::new()
+        (Vec::new(), false)
     }
 }
 
@@ -292,6 +294,9 @@ pub enum What {
         verdict: NftVerdict,
         allowed_by: Vec<PolicyRef>,
         denied_by: Vec<PolicyRef>,
+        /// The packet is its connection's reply: the isolated pod is the
+        /// packet's other end (a live connection a policy change cut).
+        reply: bool,
     },
 }
 
@@ -309,6 +314,34 @@ impl Record {
             What::Datapath { kind, .. } => *kind == FLOW_DROP,
             What::Nft { verdict, .. } => !matches!(verdict, NftVerdict::PolicyAllow { .. }),
         }
+    }
+
+    /// For a policy drop: the pod end whose isolation dropped it, the
+    /// other end, the other end's address and the connection's port.
+    pub fn isolated(&self) -> Option<(&Who, &Who, IpAddr, u16)> {
+        let What::Nft {
+            verdict: NftVerdict::PolicyDrop { direction, .. },
+            reply,
+            ..
+        } = &self.what
+        else {
+            return None;
+        };
+        let (client, server) = (
+            (&self.from, self.src, self.sport),
+            (&self.to, self.dst, self.dport),
+        );
+        // A reply runs server -> client: swap back to the connection's way.
+        let (client, server) = if *reply {
+            (server, client)
+        } else {
+            (client, server)
+        };
+        let port = server.2;
+        Some(match direction {
+            Direction::Egress => (client.0, server.0, server.1, port),
+            Direction::Ingress => (server.0, client.0, client.1, port),
+        })
     }
 
     /// The record as served.
@@ -390,7 +423,9 @@ impl Record {
                 verdict,
                 allowed_by,
                 denied_by,
+                reply,
             } => {
+                f.is_reply = Some(*reply);
                 f.trace_observation_point = "FROM_STACK".into();
                 f.event = "verdict".into();
                 match *verdict {

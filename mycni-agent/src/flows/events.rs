@@ -77,10 +77,7 @@ pub fn event_for(r: &Record) -> Option<(Event, ObjectReference)> {
     else {
         return None;
     };
-    let (isolated, other, other_ip) = match direction {
-        Direction::Egress => (&r.from, &r.to, r.dst),
-        Direction::Ingress => (&r.to, &r.from, r.src),
-    };
+    let (isolated, other, other_ip, port) = r.isolated()?;
     let Who::Pod(pod) = isolated else {
         return None;
     };
@@ -98,9 +95,9 @@ pub fn event_for(r: &Record) -> Option<(Event, ObjectReference)> {
         .iter()
         .map(|p| format!("{}/{}", p.namespace, p.name))
         .collect();
-    let (way, port) = match direction {
-        Direction::Egress => (format!("egress to {peer}"), r.dport),
-        Direction::Ingress => (format!("ingress from {peer}"), r.dport),
+    let way = match direction {
+        Direction::Egress => format!("egress to {peer}"),
+        Direction::Ingress => format!("ingress from {peer}"),
     };
     let why = match reason {
         crate::policy::counters::Reason::Denied if !by.is_empty() => format!(

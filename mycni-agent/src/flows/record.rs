@@ -34,6 +34,9 @@ pub struct Flow {
     pub source: Endpoint,
     pub destination: Endpoint,
     pub node_name: String,
+    /// The packet is its connection's reply (known for nftables verdicts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub is_reply: Option<bool>,
     /// INGRESS or EGRESS: the side of the policy that decided (policy
     /// verdicts only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -269,6 +272,9 @@ impl Line {
         let mut why = Vec::new();
         if let Some(r) = &f.drop_reason_desc {
             why.push(r.clone());
+        }
+        if f.is_reply == Some(true) {
+            why.push("reply".into());
         }
         let named = |by: &[PolicyRef], what: &str| {
             (!by.is_empty()).then(|| {

@@ -79,9 +79,9 @@ impl FlowMetrics {
                 .map(|p| (p.key.namespace.clone(), p.key.name.clone()))
         };
         // The isolated side for policy drops; else whichever end is ours.
-        let who = match (&r.what, direction) {
-            (What::Nft { .. }, "egress") => local(&r.from).or_else(|| local(&r.to)),
-            _ => local(&r.to).or_else(|| local(&r.from)),
+        let who = match r.isolated() {
+            Some((isolated, other, ..)) => local(isolated).or_else(|| local(other)),
+            None => local(&r.to).or_else(|| local(&r.from)),
         };
         let Some(mut who) = who else { return };
         let max = self.pod_series.load(Ordering::Relaxed) as usize;

@@ -140,6 +140,31 @@ fn a_kernel_drop_carries_the_kernels_reason() {
 }
 
 #[test]
+fn a_cut_reply_names_the_isolated_pod_at_its_source() {
+    // x/b's reply to x/c, dropped when the table re-judged the connection
+    // c -> b (b's ingress): the isolated pod is the packet's source.
+    let (c, b) = (pod_ip("x", "c", false), pod_ip("x", "b", false));
+    let r = dir().record(nft(
+        b,
+        c,
+        NftVerdict::PolicyDrop {
+            direction: Direction::Ingress,
+            reason: Reason::Denied,
+        },
+    ));
+    let l = r.line("node-1", &NoNames);
+    assert_eq!(l.flow.is_reply, Some(true));
+    assert_eq!(l.flow.ingress_denied_by.len(), 1, "{}", l.human());
+    assert!(l.human().contains("POLICY_DENIED; reply;"), "{}", l.human());
+    let (isolated, other, other_ip, port) = r.isolated().expect("a policy drop");
+    assert_eq!(isolated.pod().map(|p| p.key.name.as_str()), Some("b"));
+    assert_eq!(other.pod().map(|p| p.key.name.as_str()), Some("c"));
+    assert_eq!((other_ip, port), (c, 40000));
+    let (_, to) = super::events::event_for(&r).expect("an event");
+    assert_eq!(to.name.as_deref(), Some("b"));
+}
+
+#[test]
 fn a_policy_drop_names_the_isolated_pod_and_its_policies() {
     // x/c may not reach x/b: b is isolated for ingress by b-from-a.
     let (c, b) = (pod_ip("x", "c", false), pod_ip("x", "b", false));

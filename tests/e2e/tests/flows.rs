@@ -92,7 +92,14 @@ fn flows_show_policy_verdicts_and_paths_filtered_across_nodes() -> Result<()> {
             "{}",
             d.human()
         );
-        ensure!(f.destination.namespace == "x", "{}", d.human());
+        // A reply the table cut (a connection the policy no longer
+        // admits) runs from the isolated pod.
+        let isolated = if f.is_reply == Some(true) {
+            &f.source
+        } else {
+            &f.destination
+        };
+        ensure!(isolated.namespace == "x", "{}", d.human());
         ensure!(
             f.drop_reason_desc.as_deref() == Some("POLICY_DENIED")
                 && f.traffic_direction.as_deref() == Some("INGRESS"),
