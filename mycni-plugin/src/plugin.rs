@@ -20,8 +20,8 @@ use crate::error::{CniError, Code, Result};
 use crate::ipam::Ipam;
 use crate::log;
 use crate::netlink::{
-    GATEWAY, GATEWAY_V6, GATEWAY_V6_PREFIX, Link, Netlink, cidr, in_netns, ipv6_conf, plugin_route,
-    read_sysctl, write_sysctl,
+    GATEWAY, GATEWAY_V6, GATEWAY_V6_PREFIX, Link, Netlink, cidr, in_netns, ipv6_conf, netlink_in,
+    plugin_route, read_sysctl, write_sysctl,
 };
 use crate::types::{CniResult, Interface, IpConfig, Route};
 
@@ -173,7 +173,7 @@ pub fn add(conf: &NetConf, env: &Env) -> Result<CniResult> {
     let rt = runtime()?;
     rt.block_on(async {
         let host = Netlink::current()?;
-        let pod = Netlink::in_netns(&netns)?;
+        let pod = netlink_in(&netns)?;
         if pod.link_by_name(&env.ifname).await?.is_some() {
             return Err(CniError::new(
                 Code::InvalidEnv,
@@ -528,7 +528,7 @@ async fn is_container_peer(host_link: &Link, env: &Env) -> Result<bool> {
     let Ok(netns) = File::open(&env.netns) else {
         return Ok(false);
     };
-    let pod = Netlink::in_netns(&netns)?;
+    let pod = netlink_in(&netns)?;
     Ok(pod.link_by_name(&env.ifname).await?.is_some_and(|p| {
         p.peer_index == Some(host_link.index) && host_link.peer_index == Some(p.index)
     }))

@@ -11,7 +11,8 @@ use crate::config::{Env, NetConf};
 use crate::error::{CniError, Code, Result};
 use crate::ipam::Ipam;
 use crate::netlink::{
-    GATEWAY, GATEWAY_V6, GATEWAY_V6_PREFIX, Link, Netlink, cidr, in_netns, ipv6_conf, read_sysctl,
+    GATEWAY, GATEWAY_V6, GATEWAY_V6_PREFIX, Link, Netlink, cidr, in_netns, ipv6_conf, netlink_in,
+    read_sysctl,
 };
 use crate::types::CniResult;
 
@@ -43,7 +44,7 @@ pub fn check(conf: &NetConf, env: &Env) -> Result<()> {
     let host_name = host_veth_name(env);
     runtime()?.block_on(async {
         let host = Netlink::current()?;
-        let pod = Netlink::in_netns(&netns)?;
+        let pod = netlink_in(&netns)?;
         let hl: Link = host
             .link_by_name(&host_name)
             .await?
