@@ -45,6 +45,9 @@ pub const REMOTE6_MAP: &str = "mycni_remote6";
 pub const LOCAL6_MAP: &str = "mycni_local6";
 /// The NetworkPolicy epoch (one `u32`, see `POLICY_MARK_SHIFT`).
 pub const POLICY_MAP: &str = "mycni_policy";
+/// The generation of the programs' next-hop cache (one `u32`; 0: no
+/// cache), bumped by the agent on every routing notification.
+pub const NEXTHOP_GEN_MAP: &str = "mycni_nexthop_gen";
 
 /// Capacity of the remote-podCIDR trie: one entry per peer Node.
 pub const REMOTE_MAX: u32 = 16_384;

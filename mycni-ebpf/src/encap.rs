@@ -19,6 +19,7 @@ use mycni_common::{
 use crate::forward::{Route, dec_ttl, deliver, fib_lookup4, via_vxlan, zero_in_place};
 use crate::gate::{From, Next, inspect};
 use crate::maps::PEERS;
+use crate::nexthop;
 use crate::parse::{
     ENCAP, ETH_HLEN, ETH_P_IP, ETH_P_IPV6, IP_HLEN, IP_MF_OFFSET, IPPROTO_UDP, Ip, PACKET_HOST,
     Tuple, UDP_HLEN, VXLAN_FLAG_I, VXLAN_HLEN, family_at, ip_checksum, linear, skb,
@@ -46,17 +47,24 @@ pub(crate) fn encap_plan(
         return Err(DpPath::FastVxlanGso);
     }
     // What one packet on the wire carries: the route's MTU must take it.
-    let inner = ip.wire_len(ctx);
+    let outer = ip.wire_len(ctx) + VXLAN_OVERHEAD;
+    // The question below depends on the peer alone (and the packet's
+    // length, checked against the route's MTU): its answer can be reused.
+    let stamp = nexthop::stamp();
+    if let Some(route) = nexthop::hit(&stamp, node.host_ip, cfg.underlay_ifindex, outer) {
+        return Ok(route);
+    }
     // From the sender's side, out of vxlan.1's `dev`: the lookup vxlan.1
     // itself makes for the outer packet.
     fib_lookup4(ctx, BPF_FIB_LOOKUP_OUTPUT, cfg.underlay_ifindex, |p| {
         p.l4_protocol = IPPROTO_UDP;
         p.dport = cfg.vxlan_port.to_be();
-        p.__bindgen_anon_1.tot_len = (inner + VXLAN_OVERHEAD) as u16;
+        p.__bindgen_anon_1.tot_len = outer as u16;
         p.ifindex = cfg.underlay_ifindex;
         p.__bindgen_anon_3.ipv4_src = cfg.host_ip;
         p.__bindgen_anon_4.ipv4_dst = node.host_ip;
     })
+    .inspect(|route| nexthop::fill(&stamp, node.host_ip, route))
     .map_err(|rc| {
         if rc == BPF_FIB_LKUP_RET_FRAG_NEEDED {
             DpPath::FastVxlanMtu

@@ -166,6 +166,8 @@ pub(crate) fn direct(ctx: &TcContext, cfg: &DpConfig, ip: &Ip) -> Result<DpPath,
 pub(crate) struct Route {
     pub(crate) ifindex: u32,
     pub(crate) macs: Option<([u8; 6], [u8; 6])>,
+    /// The route's MTU when the lookup checked one (0: not known).
+    pub(crate) mtu: u32,
 }
 
 impl Route {
@@ -199,6 +201,8 @@ pub(crate) fn fib_lookup4(
     let p = unsafe { zero_in_place(&mut slot) };
     p.family = AF_INET;
     fill(p);
+    // SAFETY: a plain u16 of the union, just written (or zero).
+    let checks_mtu = unsafe { p.__bindgen_anon_1.tot_len } != 0;
     // SAFETY: the helper reads and fills `p`, of the size given.
     let rc = unsafe {
         bpf_fib_lookup(
@@ -214,9 +218,18 @@ pub(crate) fn fib_lookup4(
     // SAFETY: reading the MAC member of the union; the helper filled it on
     // success (and it is plain bytes either way).
     let found = unsafe { p.__bindgen_anon_6.__bindgen_anon_2 };
+    // On success the helper wrote the route's MTU over `tot_len` when it
+    // was asked to check one.
+    let mtu = if checks_mtu {
+        // SAFETY: a plain u16 of the union.
+        u32::from(unsafe { p.__bindgen_anon_1.mtu_result })
+    } else {
+        0
+    };
     Ok(Route {
         ifindex: p.ifindex,
         macs: (rc == BPF_FIB_LKUP_RET_SUCCESS).then_some((found.dmac, found.smac)),
+        mtu,
     })
 }
 

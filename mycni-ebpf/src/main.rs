@@ -67,6 +67,7 @@ mod forward;
 mod gate;
 mod kdrop;
 mod maps;
+mod nexthop;
 mod parse;
 
 use aya_ebpf::{bindings::TC_ACT_REDIRECT, macros::classifier, programs::TcContext};

@@ -80,6 +80,35 @@ pub(crate) static CONFIG: Array<DpConfig, 1> = Array::new();
 #[btf_map(name = "mycni_policy")]
 pub(crate) static POLICY: Array<u32, 1> = Array::new();
 
+/// Bumped by the agent on every link, address, route and neighbour
+/// notification of its namespace (`nexthop`); 0: no next-hop cache.
+#[btf_map(name = "mycni_nexthop_gen")]
+pub(crate) static NEXTHOP_GEN: Array<u32, 1> = Array::new();
+
+/// Per CPU, peers' underlay next hops as the FIB gave them (`nexthop`), in
+/// slots by a hash of the peer's host IP. Not pinned: a new program starts
+/// with none.
+#[btf_map(name = "mycni_nexthops")]
+pub(crate) static NEXTHOPS: PerCpuArray<NextHop, NEXTHOP_SLOTS> = PerCpuArray::new();
+
+/// Slots of `mycni_nexthops` per CPU (40 bytes each); a power of two.
+pub(crate) const NEXTHOP_SLOTS: usize = 1_024;
+
+/// A slot of `mycni_nexthops`; all zero (`generation` 0) matches nothing.
+#[repr(C)]
+pub(crate) struct NextHop {
+    pub(crate) host_ip: u32,
+    pub(crate) generation: u32,
+    pub(crate) ifindex: u32,
+    /// The route's MTU (`mtu_result`).
+    pub(crate) mtu: u32,
+    /// `bpf_jiffies64` when the lookup was made.
+    pub(crate) filled: u64,
+    pub(crate) dmac: [u8; 6],
+    pub(crate) smac: [u8; 6],
+    pub(crate) _pad: [u8; 4],
+}
+
 /// Peer podCIDRs, mirrored from the routes the agent programs on `vxlan.1`.
 #[btf_map(name = "mycni_remote")]
 pub(crate) static REMOTE: RemoteMap<4> = LpmTrie::new();

@@ -186,6 +186,32 @@ fn subscribe(signals: &Signals, watched: &Arc<Watched>) -> Option<JoinHandle<()>
     }
 }
 
+/// Turns the programs' next-hop cache on: a first bump (what an earlier
+/// agent's programs cached is stale by then) and one on every kernel
+/// notification from now on. Subscribed before the socket is, so no
+/// change goes unbumped. Without the map the cache stays off (generation
+/// 0): the programs ask the FIB for every packet, as before.
+fn nexthop_cache(pin_dir: &std::path::Path, watched: &Watched) {
+    let generation = match crate::datapath::NexthopGen::open(pin_dir)
+        .and_then(|g| g.bump().map(|_| g))
+    {
+        Ok(g) => g,
+        Err(e) => {
+            tracing::warn!(error = %e, "no next-hop cache: every encapsulated packet asks the FIB");
+            return;
+        }
+    };
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    watched.on_any_notification(Box::new(move || {
+        if let Err(e) = generation.bump()
+            && !failed.swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            // Entries then live out their TTL (1 s at HZ=250).
+            tracing::warn!(error = %e, "cannot invalidate the next-hop cache");
+        }
+    }));
+}
+
 /// A failure's backoff: doubles from [`RETRY_MIN`] up to [`RETRY_MAX`].
 fn backoff(last: Option<Duration>) -> Duration {
     last.map_or(RETRY_MIN, |d| (d * 2).min(RETRY_MAX))
@@ -235,6 +261,9 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
     let signals = Signals::default();
     let watched = Watched::new(cfg.vxlan_name.clone(), cfg.iface.clone());
     watched.set_ipv6_underlay(vx.is_none());
+    if fast.active() {
+        nexthop_cache(&cfg.pin_dir, &watched);
+    }
     let mut subscription = subscribe(&signals, &watched);
     let _pins = if fast.active() {
         crate::watch::kernel::spawn_pins(&cfg.pin_dir, signals.overlay.clone())

@@ -15,8 +15,8 @@ use mycni_common::flow::{
 };
 use mycni_common::{
     CONFIG_MAP, COUNTERS_LEN, COUNTERS_MAP, DpConfig, DpFamily, DpPath, LOCAL_MAP, LOCAL6_MAP,
-    LocalEndpoint, PEERS_MAP, POLICY_MAP, PathCounter, PeerNode, REMOTE_MAP, REMOTE6_MAP,
-    RemoteNode,
+    LocalEndpoint, NEXTHOP_GEN_MAP, PEERS_MAP, POLICY_MAP, PathCounter, PeerNode, REMOTE_MAP,
+    REMOTE6_MAP, RemoteNode,
 };
 
 use super::error::DatapathError;
@@ -32,6 +32,7 @@ pub const MAPS: &[&str] = &[
     REMOTE6_MAP,
     LOCAL6_MAP,
     POLICY_MAP,
+    NEXTHOP_GEN_MAP,
     // Pinned so that events survive an agent restart (the new agent's
     // reader goes on where the old one stopped) and `bpftool` finds them.
     FLOWS_MAP,
@@ -57,6 +58,48 @@ pub fn write_policy_epoch(pin_dir: &Path, epoch: u32) -> Result<bool, aya::maps:
     let mut map: Array<MapData, u32> = Array::try_from(aya::maps::Map::Array(data))?;
     map.set(0, &epoch, 0)?;
     Ok(true)
+}
+
+/// The generation of the programs' next-hop cache (`mycni_nexthop_gen`):
+/// bumping it makes every cached next hop stale, so the next packet to
+/// each peer asks the FIB again. Held open: it is bumped on every kernel
+/// notification.
+pub struct NexthopGen(std::sync::Mutex<(Array<MapData, u32>, u32)>);
+
+impl NexthopGen {
+    pub fn open(pin_dir: &Path) -> Result<Self, aya::maps::MapError> {
+        let data = pin_dir.open_data(NEXTHOP_GEN_MAP)?;
+        let map: Array<MapData, u32> = Array::try_from(aya::maps::Map::Array(data))?;
+        let last = map.get(&0, 0)?;
+        Ok(NexthopGen(std::sync::Mutex::new((map, last))))
+    }
+
+    /// The generation in force (0: the cache is off).
+    pub fn current(&self) -> Result<u32, aya::maps::MapError> {
+        let g = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        g.0.get(&0, 0)
+    }
+
+    /// A generation no entry holds yet: one after the last this handle
+    /// wrote (or found), never 0, which turns the cache off. One write,
+    /// no read: it runs on every kernel notification, thousands while a
+    /// pass programs thousands of peers.
+    pub fn bump(&self) -> Result<u32, aya::maps::MapError> {
+        let mut g = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let next = match g.1.wrapping_add(1) {
+            0 => 1,
+            n => n,
+        };
+        g.0.set(0, &next, 0)?;
+        g.1 = next;
+        Ok(next)
+    }
 }
 
 /// Where the fast path's maps are opened: under the directory the agent

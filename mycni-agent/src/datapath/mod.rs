@@ -59,9 +59,9 @@ mod room;
 pub use counters::{DatapathMetrics, register_metrics};
 pub use error::DatapathError;
 pub use maps::{
-    AttachedMaps, FlowStats, HashMapOf, LOCAL, LOCAL6, MAPS, MapAddr, MapSource, PEERS, REMOTE,
-    REMOTE6, SyncStats, TrieMap, read_config, read_counters, read_family_counters, read_flow_stats,
-    read_policy_epoch, write_config, write_policy_epoch,
+    AttachedMaps, FlowStats, HashMapOf, LOCAL, LOCAL6, MAPS, MapAddr, MapSource, NexthopGen, PEERS,
+    REMOTE, REMOTE6, SyncStats, TrieMap, read_config, read_counters, read_family_counters,
+    read_flow_stats, read_policy_epoch, write_config, write_policy_epoch,
 };
 pub use programs::{
     Datapath, PROG_FROM_POD, Prog, detach, detach_all, embedded_object, link_pin_path, pinned_links,

@@ -340,8 +340,30 @@ fn streams_survive_detaching_every_program_and_restarting_the_agent_and_maps_sta
         "the fast path did not resume after the restart"
     );
 
-    // Entries the kernel does not back are removed by the next full pass.
+    // The restarted agent turned the next-hop cache on, and a routing
+    // change in the node makes every cached next hop stale at once.
     let pin = l.spec.pin_dir(1);
+    let generation = mycni_agent::datapath::NexthopGen::open(&pin)?;
+    let g0 = generation.current()?;
+    ensure!(g0 != 0, "the agent left the next-hop cache off");
+    let ns1 = l.spec.node_name(1);
+    ns_sh(&ns1, "ip", &["route", "add", "192.0.2.77/32", "dev", "lo"])?;
+    let t0 = std::time::Instant::now();
+    while generation.current()? == g0 {
+        ensure!(
+            t0.elapsed() < Duration::from_secs(1),
+            "a route change left the next-hop cache's generation at {g0}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    eprintln!(
+        "next-hop generation {g0} -> {} {:?} after a route change",
+        generation.current()?,
+        t0.elapsed()
+    );
+    ns_sh(&ns1, "ip", &["route", "del", "192.0.2.77/32", "dev", "lo"])?;
+
+    // Entries the kernel does not back are removed by the next full pass.
     let map = |m: &str| pin.join(m).to_string_lossy().into_owned();
     sh(
         "bpftool",

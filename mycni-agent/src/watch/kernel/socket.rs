@@ -86,8 +86,12 @@ pub fn spawn(signals: Signals, watched: Arc<Watched>) -> std::io::Result<JoinHan
 /// One datagram, classified; an overrun (ENOBUFS) is every kind of wake.
 async fn recv(sock: &TokioSocket, watched: &Watched) -> std::io::Result<Wake> {
     match sock.recv_from_full().await {
-        Ok((buf, _)) => Ok(classify_datagram(&buf, &watched.snapshot())),
+        Ok((buf, _)) => {
+            watched.notified();
+            Ok(classify_datagram(&buf, &watched.snapshot()))
+        }
         Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+            watched.notified();
             tracing::debug!("kernel notifications overran the socket buffer");
             Ok(Wake::ALL)
         }

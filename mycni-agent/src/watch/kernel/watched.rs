@@ -102,6 +102,18 @@ pub struct Watched {
     /// None before the first pass: then only deletions of the agent's
     /// kind of state wake a pass (the first pass runs anyway).
     pub(super) expected: Mutex<Option<Arc<Expected>>>,
+    /// Called on every notification datagram (and on an overrun), before
+    /// it is classified: what must hear of any routing change at once.
+    pub(super) on_any: std::sync::OnceLock<OnAny>,
+}
+
+/// What runs on every notification.
+pub struct OnAny(Box<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for OnAny {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OnAny")
+    }
 }
 
 impl Watched {
@@ -114,7 +126,20 @@ impl Watched {
             ipv6_underlay: AtomicBool::new(false),
             underlay6_index: AtomicU32::new(0),
             expected: Mutex::new(None),
+            on_any: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Sets what runs on every notification (once; later calls are
+    /// ignored).
+    pub fn on_any_notification(&self, f: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.on_any.set(OnAny(f));
+    }
+
+    pub(super) fn notified(&self) {
+        if let Some(f) = self.on_any.get() {
+            (f.0)();
+        }
     }
 
     /// Set before a pass writes, so the notifications of its own writes

@@ -1,5 +1,7 @@
 //! Datapath v2: encapsulation and decapsulation in tc.
 
+use mycni_common::net::Mac;
+
 use super::*;
 
 /// A raw AF_PACKET socket bound to `ifname` (receives every protocol).
@@ -194,6 +196,89 @@ fn encap_falls_back_to_vxlan1_when_unsure() -> Result<()> {
         )?;
         Ok(())
     })
+}
+
+#[test]
+fn encap_remembers_the_next_hop_until_the_kernel_may_have_changed() -> Result<()> {
+    let node = Node::new("encapnh")?.with_underlay()?;
+    node.run(|dp| {
+        // The cache is per CPU: every run on one.
+        pin_to_cpu0()?;
+        dp.configure(&encap_config()?)?;
+        let at_r = TcpListener::bind(SocketAddrV4::new(POD_R, SERVER_PORT))?;
+        let a_r = tcp_conn(POD_A, SocketAddrV4::new(POD_R, SERVER_PORT), &at_r)?;
+        ensure_ct(a_r.flow, &["ESTABLISHED"])?;
+        let pkt = from_a(&tcp(a_r.flow, ACK, b"x"));
+        let dmac = |what: &str| -> Result<[u8; 6]> {
+            let (path, out) = dp.run(POD, &pkt)?;
+            ensure!(path == DpPath::FastEncap, "{what}: {}", path.name());
+            Ok(out.data[..6].try_into()?)
+        };
+        let moved = [0x02, 0x55, 0, 0, 0, 0x99];
+        let move_peer = |mac: [u8; 6]| {
+            node_exec(&[
+                "neigh",
+                "replace",
+                &UL_PEER.to_string(),
+                "lladdr",
+                &Mac(mac).to_string(),
+                "dev",
+                "ul0",
+                "nud",
+                "permanent",
+            ])
+        };
+        // Generation 0 (no agent): every packet asks the FIB.
+        ensure!(dmac("no cache")? == UL_PEER_MAC, "no cache");
+        move_peer(moved)?;
+        ensure!(dmac("no cache, moved")? == moved, "generation 0 cached");
+        move_peer(UL_PEER_MAC)?;
+
+        let generation = mycni_agent::datapath::NexthopGen::open(dp.pin)?;
+        generation.bump()?;
+        ensure!(dmac("filled")? == UL_PEER_MAC, "filled");
+        move_peer(moved)?;
+        // Not bumped: the copy answers (what the cache saves is this lookup).
+        ensure!(
+            dmac("cached")? == UL_PEER_MAC,
+            "the second packet asked the FIB"
+        );
+        // Longer than the route's MTU: the FIB decides, as without a cache.
+        let big = from_a(&tcp(a_r.flow, ACK, &[1; 1451 - 40]));
+        dp.fast(
+            "over the MTU, cached",
+            POD,
+            &big,
+            DpPath::FastVxlanMtu,
+            TO_PEER,
+        )?;
+        // The agent bumps on the neighbour's notification.
+        generation.bump()?;
+        ensure!(dmac("bumped")? == moved, "a bump left the old next hop");
+        // Without a bump (no agent), an entry ages out: 250 jiffies, 2.5 s
+        // at the lowest HZ (100).
+        move_peer(UL_PEER_MAC)?;
+        ensure!(dmac("young")? == moved, "the cache was not used");
+        std::thread::sleep(Duration::from_millis(2_600));
+        ensure!(dmac("aged")? == UL_PEER_MAC, "an entry outlived its TTL");
+        Ok(())
+    })
+}
+
+/// Keeps the calling thread on CPU 0.
+fn pin_to_cpu0() -> Result<()> {
+    // SAFETY: a zeroed cpu_set_t is empty; CPU_SET writes inside it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: index 0 is within the set.
+    unsafe { libc::CPU_SET(0, &mut set) };
+    // SAFETY: the set is valid for its size; 0 is this thread.
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    ensure!(
+        rc == 0,
+        "sched_setaffinity: {}",
+        std::io::Error::last_os_error()
+    );
+    Ok(())
 }
 
 /// `ip` in the calling thread's namespace.

@@ -128,6 +128,73 @@ fn cost_per_packet_with_events_on_and_off() -> Result<()> {
     })
 }
 
+/// What the next-hop cache saves: `mycni_from_pod`'s ns per encapsulated
+/// packet with the cache off (generation 0: a FIB lookup each) and on
+/// (a hit), alternating in turns, medians. A measurement:
+/// `--ignored --nocapture --test-threads 1 nexthop_cost`.
+#[test]
+#[ignore]
+fn nexthop_cost_per_encapsulated_packet() -> Result<()> {
+    let node = Node::new("nhcost")?.with_underlay()?;
+    node.run(|dp| {
+        dp.configure(&encap_config()?)?;
+        let at_r = TcpListener::bind(SocketAddrV4::new(POD_R, SERVER_PORT))?;
+        let a_r = tcp_conn(POD_A, SocketAddrV4::new(POD_R, SERVER_PORT), &at_r)?;
+        let udp_ar = UdpPair::new(POD_A, POD_R)?;
+        udp_ar.exchange(true)?;
+        // Conntrack assures a UDP flow only after traffic 2 s apart.
+        std::thread::sleep(Duration::from_millis(2_100));
+        udp_ar.exchange(true)?;
+        let pod = dp.dp.program_fd(POD)?;
+        let generation = mycni_agent::datapath::NexthopGen::open(dp.pin)?;
+        let data = aya::maps::MapData::from_pin(dp.pin.join(mycni_common::NEXTHOP_GEN_MAP))?;
+        let mut raw: aya::maps::Array<_, u32> =
+            aya::maps::Array::try_from(aya::maps::Map::Array(data))?;
+        let pkts = [
+            ("fast_encap TCP 64 B", from_a(&tcp(a_r.flow, ACK, &[0; 64]))),
+            ("fast_encap UDP 64 B", from_a(&udp(udp_ar.flow, &[0; 64]))),
+        ];
+        for (what, p) in &pkts {
+            let (path, _) = dp.run(POD, p)?;
+            ensure!(path == DpPath::FastEncap, "{what}: {}", path.name());
+        }
+        let mut runs: [[Vec<u32>; 2]; 2] = Default::default();
+        for turn in 0..20 {
+            let order = if turn % 2 == 0 {
+                [false, true]
+            } else {
+                [true, false]
+            };
+            for on in order {
+                if on {
+                    generation.bump()?;
+                } else {
+                    raw.set(0, &0, 0)?;
+                }
+                for (i, (_, p)) in pkts.iter().enumerate() {
+                    for _ in 0..300 {
+                        runs[usize::from(on)][i].push(run_repeat(pod, p, 101, 1)?);
+                    }
+                }
+            }
+        }
+        let median = |v: &mut Vec<u32>| {
+            v.sort_unstable();
+            v[v.len() / 2]
+        };
+        for (i, (what, _)) in pkts.iter().enumerate() {
+            let off = median(&mut runs[0][i]);
+            let on = median(&mut runs[1][i]);
+            eprintln!(
+                "{what:<24} FIB each {off:5} ns  cached {on:5} ns  ({:+} ns, {:.2}x)",
+                i64::from(on) - i64::from(off),
+                f64::from(on) / f64::from(off)
+            );
+        }
+        Ok(())
+    })
+}
+
 /// The agent's side of an event: what the reader does with each record
 /// of a full ring (convert to an observation at wall time, send to the
 /// sink), in ns of CPU per event. A measurement: `--ignored --nocapture`.
