@@ -186,6 +186,13 @@ impl NetConf {
         })
     }
 
+    /// The plugin's state dir: the ready marker's directory (the agent
+    /// writes the conflist naming the marker, so the two cannot disagree).
+    /// Pod records and what delegated IPAM binaries speak are kept there.
+    pub fn state_dir(&self) -> Option<&std::path::Path> {
+        self.ready_file.parent()
+    }
+
     /// The IPAM type, or a config error for commands that need one.
     pub fn require_ipam(&self) -> Result<&str> {
         self.ipam_type

@@ -286,16 +286,27 @@ async fn add_steps(
     host_name: &str,
     undo: &mut Vec<Undo>,
 ) -> Result<CniResult> {
-    let ips = ipam.add(conf, env)?;
-    undo.push(Undo::Ipam);
+    // A delegated IPAM runs (a process of its own, several ms for a Go
+    // binary) while the veth is made: the veth does not need the addresses.
+    let leasing = ipam.start_add(conf, env)?;
+    let created = host
+        .create_veth_in(host_name, &env.ifname, netns, conf.mtu)
+        .await;
+    let ips = leasing.finish();
+    // Undone in reverse: the veth (and with it the host route) goes before
+    // its addresses are released for another pod.
+    if ips.is_ok() {
+        undo.push(Undo::Ipam);
+    }
+    if let Ok(link) = &created {
+        undo.push(Undo::Link(link.index));
+    }
+    let ips = ips?;
     fault("ipam")?;
+    let host_link = created?;
+    fault("veth")?;
     let pod_ips = PodIps::of(&ips.iter().map(|i| i.address.addr()).collect::<Vec<_>>());
     let alias = alias(&conf.name, &env.container_id, &env.ifname);
-    let host_link = host
-        .create_veth_in(host_name, &env.ifname, netns, conf.mtu)
-        .await?;
-    undo.push(Undo::Link(host_link.index));
-    fault("veth")?;
     // Before the veth is up, so the agent can know the pod by its first
     // packet; after it exists, so GC never takes the record for a leftover.
     record::write(

@@ -4,20 +4,27 @@
 //! 1.1.x, for one, speaks up to 1.0.0: a 1.1.0 config handed on unchanged
 //! fails with "incompatible CNI versions".
 //!
-//! For ADD and DEL the delegate is handed the config's own version first,
-//! and asked for its versions (VERSION) only when it refuses that one
-//! (code 1): a plugin
+//! The delegate is not asked for its versions (VERSION) on every call.
+//! What it answered once is remembered per binary (`cache`: path, inode,
+//! size and times in the plugin's state dir), and a version is picked from
+//! that; without an answer remembered, ADD and DEL go out in the config's
+//! own version. Only a refusal (code 1) makes the plugin ask: a plugin
 //! checks the version before it does anything (libcni's skel does, before
 //! the command), so a refused ADD has leased nothing and is sent again in
-//! the version negotiated. The common case, a delegate that speaks the
-//! config's version, costs one exec per verb instead of two; the version
-//! chosen is the same either way (the highest both speak, not above the
-//! config's, is the config's own when the delegate speaks it).
+//! the version negotiated. The common case costs one exec per verb; the
+//! version chosen is the same either way (the highest both speak, not
+//! above the config's, is the config's own when the delegate speaks it).
+//!
+//! A verb is started (`start`: the process spawned, its stdin written) and
+//! finished (`Pending::finish`: its answer read, a refusal negotiated)
+//! apart, so ADD makes the veth while a delegated IPAM runs.
 
-use std::cell::Cell;
+mod cache;
+
+use std::cell::{Cell, OnceCell};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 
 use serde_json::Value;
 
@@ -26,27 +33,46 @@ use crate::error::{CniError, Code, Result};
 use crate::log;
 use crate::types::CniResult;
 use crate::version::{self, Version};
+use cache::VersionCache;
 
 /// An IPAM plugin and the version this invocation talks to it in.
 #[derive(Debug)]
 pub struct Delegate {
     bin: PathBuf,
-    /// The version negotiated, once the delegate refused the config's.
+    /// The version negotiated by this invocation (VERSION asked).
     negotiated: Cell<Option<Version>>,
+    /// Where the binary's versions are remembered; None without a state dir.
+    cache: Option<VersionCache>,
+    /// The versions remembered, read on first use.
+    remembered: OnceCell<Option<Vec<String>>>,
+}
+
+/// A verb started on the delegate: [`Pending::finish`] reads its answer.
+#[must_use = "a started delegate must be finished: it may hold a lease"]
+pub struct Pending<'a> {
+    delegate: &'a Delegate,
+    conf: &'a NetConf,
+    command: &'a str,
+    version: Version,
+    /// None when `version` has no such command.
+    child: Option<Child>,
 }
 
 impl Delegate {
-    /// The delegate `bin`, spoken to in the config's version until it
-    /// refuses it.
-    pub fn new(bin: PathBuf) -> Self {
+    /// The delegate `bin`; what it speaks is remembered under `state_dir`.
+    pub fn new(bin: PathBuf, state_dir: Option<&Path>) -> Self {
+        let cache = state_dir.and_then(|d| VersionCache::new(d, &bin));
         Self {
             bin,
             negotiated: Cell::new(None),
+            cache,
+            remembered: OnceCell::new(),
         }
     }
 
-    /// Asks the delegate for its versions (the VERSION command) and picks
-    /// the highest one both speak that is not newer than the config's.
+    /// Asks the delegate for its versions (the VERSION command), remembers
+    /// them, and picks the highest one both speak that is not newer than
+    /// the config's.
     fn negotiate(&self, conf: &NetConf) -> Result<Version> {
         let bin = &self.bin;
         let ask = serde_json::json!({ "cniVersion": conf.cni_version.as_str() }).to_string();
@@ -61,6 +87,9 @@ impl Delegate {
                 ),
             )
         })?;
+        if let Some(cache) = &self.cache {
+            cache.store(&theirs);
+        }
         let version = pick(conf.cni_version, &theirs).ok_or_else(|| {
             CniError::new(
                 Code::IncompatibleVersion,
@@ -73,7 +102,17 @@ impl Delegate {
                 ),
             )
         })?;
+        self.negotiated.set(Some(version));
         Ok(version)
+    }
+
+    /// The version the remembered answer gives for this config, if there is
+    /// one and it has a version in common with the config.
+    fn remembered(&self, conf: &NetConf) -> Option<Version> {
+        let theirs = self
+            .remembered
+            .get_or_init(|| self.cache.as_ref().and_then(VersionCache::load));
+        pick(conf.cni_version, theirs.as_deref()?)
     }
 
     pub fn name(&self) -> String {
@@ -85,30 +124,33 @@ impl Delegate {
     /// 1.1.0): the delegate then has nothing to check or collect, as libcni
     /// skips such a plugin.
     pub fn exec(&self, command: &str, conf: &NetConf) -> Result<Option<Vec<u8>>> {
-        // Only ADD and DEL, which every version has, go out unasked: a
-        // delegate that lacks a newer verb (host-local 1.0.0 and GC) says
-        // "unknown command" rather than refusing the version, so those
-        // verbs (CHECK, STATUS, GC: the rare ones) negotiate first.
-        if !matches!(command, "ADD" | "DEL") && self.negotiated.get().is_none() {
-            self.negotiated.set(Some(self.negotiate(conf)?));
-        }
-        let tried = self.negotiated.get().unwrap_or(conf.cni_version);
-        match self.exec_in(command, conf, tried) {
-            Err(e) if e.code == Code::IncompatibleVersion && self.negotiated.get().is_none() => {
-                let version = self.negotiate(conf)?;
-                self.negotiated.set(Some(version));
-                if version == tried {
-                    // It lists the version it refused: its refusal stands.
-                    return Err(e);
-                }
-                self.exec_in(command, conf, version)
-            }
-            r => r,
-        }
+        self.start(command, conf)?.finish()
     }
 
-    /// [`Delegate::exec`] in `version`.
-    fn exec_in(&self, command: &str, conf: &NetConf, version: Version) -> Result<Option<Vec<u8>>> {
+    /// Starts `command` on the delegate, in the version negotiated, else
+    /// the one remembered, else (ADD and DEL) the config's own.
+    pub fn start<'a>(&'a self, command: &'a str, conf: &'a NetConf) -> Result<Pending<'a>> {
+        let version = match self.negotiated.get().or_else(|| self.remembered(conf)) {
+            Some(v) => v,
+            // Only ADD and DEL, which every version has, go out unasked: a
+            // delegate that lacks a newer verb (host-local 1.0.0 and GC)
+            // says "unknown command" rather than refusing the version, so
+            // those verbs (CHECK, STATUS, GC: the rare ones) negotiate first.
+            None if matches!(command, "ADD" | "DEL") => conf.cni_version,
+            None => self.negotiate(conf)?,
+        };
+        Ok(Pending {
+            delegate: self,
+            conf,
+            command,
+            version,
+            child: self.spawn_in(command, conf, version)?,
+        })
+    }
+
+    /// Spawns `command` in `version`, its stdin written and closed; None
+    /// when the version has no such command.
+    fn spawn_in(&self, command: &str, conf: &NetConf, version: Version) -> Result<Option<Child>> {
         let has = match command {
             "CHECK" => version.has_check(),
             "STATUS" | "GC" => version.has_status_gc(),
@@ -127,7 +169,41 @@ impl Delegate {
         } else {
             downgrade(&conf.raw, version)?
         };
-        exec_plugin(&self.bin, command, &stdin).map(Some)
+        spawn_plugin(&self.bin, command, &stdin).map(Some)
+    }
+}
+
+impl Pending<'_> {
+    /// The delegate's answer. A version it refuses that this invocation
+    /// did not negotiate (the config's, or one remembered) is negotiated
+    /// now and the verb sent again in the version agreed.
+    pub fn finish(self) -> Result<Option<Vec<u8>>> {
+        let Pending {
+            delegate,
+            conf,
+            command,
+            version,
+            child,
+        } = self;
+        let Some(child) = child else {
+            return Ok(None);
+        };
+        match wait_plugin(&delegate.bin, command, child) {
+            Err(e)
+                if e.code == Code::IncompatibleVersion && delegate.negotiated.get().is_none() =>
+            {
+                let agreed = delegate.negotiate(conf)?;
+                if agreed == version {
+                    // It lists the version it refused: its refusal stands.
+                    return Err(e);
+                }
+                match delegate.spawn_in(command, conf, agreed)? {
+                    Some(child) => wait_plugin(&delegate.bin, command, child).map(Some),
+                    None => Ok(None),
+                }
+            }
+            r => r.map(Some),
+        }
     }
 }
 
@@ -188,6 +264,13 @@ pub fn find_plugin(path: &[PathBuf], name: &str) -> Result<PathBuf> {
 /// CNI_COMMAND set to `command`), the network config on stdin; returns its
 /// stdout on success, or its own error (code and message) on failure.
 fn exec_plugin(bin: &Path, command: &str, stdin_bytes: &[u8]) -> Result<Vec<u8>> {
+    wait_plugin(bin, command, spawn_plugin(bin, command, stdin_bytes)?)
+}
+
+/// [`exec_plugin`]'s first half: the process started, its stdin written
+/// and closed. A config fits the pipe's buffer, and a plugin reads its
+/// stdin before it answers, so this does not wait for the plugin.
+fn spawn_plugin(bin: &Path, command: &str, stdin_bytes: &[u8]) -> Result<Child> {
     let mut child = Command::new(bin)
         .env("CNI_COMMAND", command)
         .stdin(Stdio::piped())
@@ -204,6 +287,11 @@ fn exec_plugin(bin: &Path, command: &str, stdin_bytes: &[u8]) -> Result<Vec<u8>>
         // A plugin that exits without reading stdin gives EPIPE: its exit status says more.
         let _ = stdin.write_all(stdin_bytes);
     }
+    Ok(child)
+}
+
+/// [`exec_plugin`]'s second half: the plugin's answer.
+fn wait_plugin(bin: &Path, command: &str, child: Child) -> Result<Vec<u8>> {
     let out = child
         .wait_with_output()
         .map_err(|e| CniError::new(Code::Ipam, format!("IPAM plugin {}: {e}", bin.display())))?;
@@ -322,7 +410,7 @@ echo '{{"cniVersion":"1.0.0","ips":[{{"address":"10.1.0.2/24"}}]}}'
             br#"{"cniVersion":"1.0.0","name":"n","type":"mycni","ipam":{"type":"fake-ipam"}}"#,
         )
         .unwrap();
-        let d = Delegate::new(bin);
+        let d = Delegate::new(bin, None);
         let out = d.exec("ADD", &conf).unwrap().unwrap();
         assert!(String::from_utf8_lossy(&out).contains("10.1.0.2/24"));
         d.exec("DEL", &conf).unwrap();
@@ -337,7 +425,7 @@ echo '{{"cniVersion":"1.0.0","ips":[{{"address":"10.1.0.2/24"}}]}}'
             br#"{"cniVersion":"1.1.0","name":"n","type":"mycni","ipam":{"type":"fake-ipam"}}"#,
         )
         .unwrap();
-        let d = Delegate::new(bin.clone());
+        let d = Delegate::new(bin.clone(), None);
         let out = d.exec("ADD", &conf).unwrap().unwrap();
         assert!(String::from_utf8_lossy(&out).contains("10.1.0.2/24"));
         // Negotiated once: 1.0.0 from then on.
@@ -345,7 +433,7 @@ echo '{{"cniVersion":"1.0.0","ips":[{{"address":"10.1.0.2/24"}}]}}'
         assert_eq!(calls(&log), ["ADD", "VERSION", "ADD", "DEL"]);
         // A verb newer than the delegate's versions is asked after a
         // negotiation, and skipped: GC is 1.1.0's.
-        let d = Delegate::new(bin.clone());
+        let d = Delegate::new(bin.clone(), None);
         assert_eq!(d.exec("GC", &conf).unwrap(), None);
         assert_eq!(calls(&log)[4..], ["VERSION"]);
         // No version in common: the delegate's refusal, as before.
@@ -353,8 +441,81 @@ echo '{{"cniVersion":"1.0.0","ips":[{{"address":"10.1.0.2/24"}}]}}'
             br#"{"cniVersion":"0.3.1","name":"n","type":"mycni","ipam":{"type":"fake-ipam"}}"#,
         )
         .unwrap();
-        let e = Delegate::new(bin).exec("ADD", &old).unwrap_err();
+        let e = Delegate::new(bin, None).exec("ADD", &old).unwrap_err();
         assert_eq!(e.code, Code::IncompatibleVersion, "{e:?}");
+    }
+
+    fn conf_1_1_0() -> NetConf {
+        NetConf::parse(
+            br#"{"cniVersion":"1.1.0","name":"n","type":"mycni","ipam":{"type":"fake-ipam"}}"#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn what_a_binary_speaks_is_remembered_across_invocations() {
+        let dir = tempfile::tempdir().unwrap();
+        let (bin, log) = fake_delegate(dir.path());
+        let state = dir.path().join("state");
+        let conf = conf_1_1_0();
+        // The first invocation learns that the delegate speaks 1.0.0 at most.
+        let d = Delegate::new(bin.clone(), Some(&state));
+        d.exec("ADD", &conf).unwrap();
+        assert_eq!(calls(&log), ["ADD", "VERSION", "ADD"]);
+        // The next ones (each a new process: a new Delegate) ask no more,
+        // for ADD and DEL as for the verbs that negotiate first.
+        let d = Delegate::new(bin.clone(), Some(&state));
+        let out = d.exec("ADD", &conf).unwrap().unwrap();
+        assert!(String::from_utf8_lossy(&out).contains("10.1.0.2/24"));
+        d.exec("DEL", &conf).unwrap();
+        assert_eq!(calls(&log)[3..], ["ADD", "DEL"]);
+        let d = Delegate::new(bin, Some(&state));
+        assert_eq!(d.exec("GC", &conf).unwrap(), None, "GC is not in 1.0.0");
+        d.exec("CHECK", &conf).unwrap();
+        assert_eq!(calls(&log)[5..], ["CHECK"]);
+    }
+
+    #[test]
+    fn a_changed_binary_is_asked_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let (bin, log) = fake_delegate(dir.path());
+        let state = dir.path().join("state");
+        let conf = conf_1_1_0();
+        Delegate::new(bin.clone(), Some(&state))
+            .exec("ADD", &conf)
+            .unwrap();
+        // An upgrade puts another file at the same path.
+        let script = std::fs::read_to_string(&bin).unwrap();
+        std::fs::remove_file(&bin).unwrap();
+        std::fs::write(&bin, format!("{script}# upgraded\n")).unwrap();
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        Delegate::new(bin, Some(&state)).exec("ADD", &conf).unwrap();
+        assert_eq!(
+            calls(&log),
+            ["ADD", "VERSION", "ADD", "ADD", "VERSION", "ADD"]
+        );
+    }
+
+    #[test]
+    fn a_remembered_version_the_delegate_refuses_is_negotiated_afresh() {
+        let dir = tempfile::tempdir().unwrap();
+        let (bin, log) = fake_delegate(dir.path());
+        let state = dir.path().join("state");
+        let conf = conf_1_1_0();
+        // Wrong, as an entry of the same binary: it says 1.1.0.
+        VersionCache::new(&state, &bin)
+            .unwrap()
+            .store(&["1.0.0".to_string(), "1.1.0".to_string()]);
+        let d = Delegate::new(bin.clone(), Some(&state));
+        let out = d.exec("ADD", &conf).unwrap().unwrap();
+        assert!(String::from_utf8_lossy(&out).contains("10.1.0.2/24"));
+        assert_eq!(calls(&log), ["ADD", "VERSION", "ADD"]);
+        // Corrected: the next invocation goes straight to 1.0.0.
+        Delegate::new(bin, Some(&state)).exec("ADD", &conf).unwrap();
+        assert_eq!(calls(&log)[3..], ["ADD"]);
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! `StoreError`, which imports none of them. `conf` reads its config section,
 //! one range set per family (a pod gets one address of each, primary family
 //! first). `delegate` runs an IPAM plugin in the highest CNI version both
-//! sides speak. `tests` holds the tests of all of these.
+//! sides speak (`delegate/cache.rs`: what a binary speaks, remembered). `tests` holds the tests of all of these.
 
 mod conf;
 mod delegate;
@@ -185,37 +185,39 @@ impl Ipam {
             let ipam = conf.ipam.as_ref().ok_or_else(|| bad("no ipam section"))?;
             return Ok(Ipam::Builtin(Builtin::from_conf(ipam)?));
         }
-        Ok(Ipam::Delegate(Delegate::new(delegate::find_plugin(
-            &env.path, ty,
-        )?)))
+        Ok(Ipam::Delegate(Delegate::new(
+            delegate::find_plugin(&env.path, ty)?,
+            conf.state_dir(),
+        )))
     }
 
     /// ADD: the pod's addresses, at most one per family, primary family first (the
     /// config's first range set; a delegate answers in the order of its sets too).
     pub fn add(&self, conf: &NetConf, env: &Env) -> Result<Vec<IpConfig>> {
-        match self {
-            Ipam::Builtin(b) => Ok(b
-                .add(&conf.name, &env.container_id, &env.ifname)?
-                .into_iter()
-                .map(|address| IpConfig {
-                    address,
-                    gateway: None,
-                    interface: None,
-                })
-                .collect()),
-            Ipam::Delegate(d) => {
-                let out = d.exec("ADD", conf)?.unwrap_or_default();
-                let ips = delegated_ips(&d.name(), &out);
-                if ips.is_err() {
-                    // The delegate leased what it answered with: give it back, or it
-                    // leaks (its DEL is idempotent, whatever it holds).
-                    if let Err(e) = d.exec("DEL", conf) {
-                        crate::log::warn(&format!("releasing the delegate's lease: {e}"));
-                    }
-                }
-                ips
-            }
-        }
+        self.start_add(conf, env)?.finish()
+    }
+
+    /// [`Ipam::add`], started: the built-in IPAM leases at once, a delegate is started
+    /// and left running (a process of its own) until [`PendingAdd::finish`], so the
+    /// caller can do work meanwhile that does not need the addresses.
+    pub fn start_add<'a>(&'a self, conf: &'a NetConf, env: &Env) -> Result<PendingAdd<'a>> {
+        Ok(match self {
+            Ipam::Builtin(b) => PendingAdd::Leased(
+                b.add(&conf.name, &env.container_id, &env.ifname)?
+                    .into_iter()
+                    .map(|address| IpConfig {
+                        address,
+                        gateway: None,
+                        interface: None,
+                    })
+                    .collect(),
+            ),
+            Ipam::Delegate(d) => PendingAdd::Delegated {
+                delegate: d,
+                conf,
+                pending: d.start("ADD", conf)?,
+            },
+        })
     }
 
     /// DEL: release whatever the container holds; idempotent. `hints`: the addresses
@@ -269,6 +271,43 @@ impl Ipam {
         match self {
             Ipam::Builtin(b) => b.gc(&conf.name, keep).map(|_| ()),
             Ipam::Delegate(d) => d.exec("GC", conf).map(|_| ()),
+        }
+    }
+}
+
+/// An ADD started by [`Ipam::start_add`].
+#[must_use = "a started ADD must be finished: it may hold a lease"]
+pub enum PendingAdd<'a> {
+    Leased(Vec<IpConfig>),
+    Delegated {
+        delegate: &'a Delegate,
+        conf: &'a NetConf,
+        pending: delegate::Pending<'a>,
+    },
+}
+
+impl PendingAdd<'_> {
+    /// The addresses leased. A delegate's answer that gives none the plugin can use
+    /// is released again before the error is returned.
+    pub fn finish(self) -> Result<Vec<IpConfig>> {
+        match self {
+            PendingAdd::Leased(ips) => Ok(ips),
+            PendingAdd::Delegated {
+                delegate,
+                conf,
+                pending,
+            } => {
+                let out = pending.finish()?.unwrap_or_default();
+                let ips = delegated_ips(&delegate.name(), &out);
+                if ips.is_err() {
+                    // The delegate leased what it answered with: give it back, or it
+                    // leaks (its DEL is idempotent, whatever it holds).
+                    if let Err(e) = delegate.exec("DEL", conf) {
+                        crate::log::warn(&format!("releasing the delegate's lease: {e}"));
+                    }
+                }
+                ips
+            }
         }
     }
 }

@@ -12,10 +12,9 @@ use mycni_common::contract::{POD_RECORDS_DIR, PodRecord};
 use crate::config::{Env, NetConf};
 use crate::error::{CniError, Code, Result};
 
-/// `<state dir>/pods`, the state dir being the ready marker's: the agent
-/// writes the conflist naming both, so they cannot disagree.
+/// `<state dir>/pods` (see [`NetConf::state_dir`]).
 fn records_dir(conf: &NetConf) -> Option<PathBuf> {
-    Some(conf.ready_file.parent()?.join(POD_RECORDS_DIR))
+    Some(conf.state_dir()?.join(POD_RECORDS_DIR))
 }
 
 fn io_error(path: &Path, what: &str, e: std::io::Error) -> CniError {
