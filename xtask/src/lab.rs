@@ -76,7 +76,7 @@ fn prepare(build: Build) -> Result<()> {
             // The agent embeds the object at build time: without it every
             // node would come up on the kernel path, and the bench and the
             // soak measure the fast path.
-            crate::build_ebpf(true)?;
+            crate::build_ebpf()?;
             build_release()
         }
         Build::LabIfMissing if !lab.exists() => {

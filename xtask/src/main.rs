@@ -48,11 +48,12 @@ enum Command {
     Setup,
     /// Build the eBPF object (mycni-ebpf) for bpfel-unknown-none, with BTF.
     ///
-    /// The object lands in target/ebpf/bpfel-unknown-none/<profile>/mycni-ebpf;
-    /// mycni-agent embeds the release object at build time.
+    /// The object lands in target/ebpf/bpfel-unknown-none/release/mycni-ebpf,
+    /// which mycni-agent embeds at build time.
     BuildEbpf {
-        /// Optimised release build (what the agent embeds). Without it the
-        /// `ebpf-dev` profile is used: still optimised, plus debug assertions.
+        /// Accepted as before; there is one flavour, the optimised object
+        /// the agent embeds. (A debug-assertions flavour no longer fit the
+        /// verifier's 512-byte stack in `mycni_from_underlay`.)
         #[arg(long)]
         release: bool,
     },
@@ -127,7 +128,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Command::Setup => setup::run(),
-        Command::BuildEbpf { release } => build_ebpf(release).map(|_| ()),
+        Command::BuildEbpf { release: _ } => build_ebpf().map(|_| ()),
         Command::Test { args } => test(&args),
         Command::Shape => shape::run(),
         Command::Docs => docs::run(),
@@ -161,9 +162,9 @@ pub fn subcommands() -> BTreeSet<String> {
 
 /// Builds the eBPF object and checks that it carries BTF for the map types,
 /// because `bpftool map dump` is only readable with it.
-pub fn build_ebpf(release: bool) -> Result<PathBuf> {
+pub fn build_ebpf() -> Result<PathBuf> {
     let root = workspace_root();
-    let profile = if release { "release" } else { "ebpf-dev" };
+    const PROFILE: &str = "release";
     // debuginfo + --btf: bpf-linker turns DWARF into BTF for maps and programs.
     let rustflags = [
         "--cfg=bpf_target_arch=\"x86_64\"",
@@ -174,14 +175,14 @@ pub fn build_ebpf(release: bool) -> Result<PathBuf> {
     Cmd::new("cargo")
         .args(["build", "--package", "mycni-ebpf", "--bins", "--locked"])
         .args(["--target", EBPF_TARGET, "-Z", "build-std=core"])
-        .args(["--profile", profile])
+        .args(["--profile", PROFILE])
         .arg("--target-dir")
         .arg(root.join("target/ebpf"))
         .toolchain(EBPF_TOOLCHAIN)
         .env("CARGO_ENCODED_RUSTFLAGS", &rustflags)
         .cwd(&root)
         .run()?;
-    let object = ebpf_object(profile);
+    let object = ebpf_object(PROFILE);
     let btf = Cmd::new("bpftool")
         .args(["btf", "dump", "file"])
         .arg(&object)
@@ -210,7 +211,7 @@ fn test(extra: &[String]) -> Result<()> {
     setup::run()?;
     shape::run()?;
     docs::run()?;
-    build_ebpf(true)?;
+    build_ebpf()?;
     eprintln!("xtask: cargo fmt --check");
     Cmd::new("cargo")
         .args(["fmt", "--all", "--check"])
@@ -298,7 +299,7 @@ fn bench(args: &[String]) -> Result<()> {
         // object at build time, and every lab binary runs. The lab's build
         // has mycni-bench too; building it again alone would unify other
         // features and recompile half the dependencies.
-        build_ebpf(true)?;
+        build_ebpf()?;
         lab::build_release()?;
     } else {
         build_bench(which, &root)?;
