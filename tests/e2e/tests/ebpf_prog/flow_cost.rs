@@ -253,3 +253,96 @@ fn reader_cost_per_event() -> Result<()> {
         Ok(())
     })
 }
+
+/// The ring and the agent's reader at a given event rate: new connections
+/// (one event each) written by the program at 10,000 and 50,000 a second
+/// for 2 s, read by the agent's own reader task (`flows::ring::spawn`,
+/// its 10 ms pause included) on a runtime thread of its own, into a sink
+/// drained as the room would take it. Says what the ring lost (the
+/// programs' `lost` count), what the sink lost, and the reader thread's CPU
+/// as a share of one core. A measurement:
+/// `--ignored --nocapture --test-threads 1 ring_rate`.
+#[test]
+#[ignore]
+fn ring_rate_reader_keeps_up() -> Result<()> {
+    use mycni_agent::flows::Sink;
+    let node = Node::new("fevrate")?;
+    node.run(|dp| {
+        dp.configure(&with_events(config()))?;
+        let prog = dp.dp.program_fd(POD)?;
+        let mut port = 0u32;
+        for rate in [10_000u32, 50_000] {
+            let before = mycni_agent::datapath::read_flow_stats(dp.pin)?;
+            let (sink, mut rx) = Sink::new(mycni_agent::flows::SINK_CAPACITY);
+            let lost_sink = sink.clone();
+            let pin = dp.pin.to_path_buf();
+            let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+            let reader = std::thread::spawn(move || -> Result<(u64, f64)> {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                let (n, cpu) = rt.block_on(async move {
+                    let t0 = thread_cpu_ns();
+                    let task = mycni_agent::flows::ring::spawn(&pin, sink)?;
+                    let count = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+                    let c = count.clone();
+                    let drain = tokio::spawn(async move {
+                        while rx.recv().await.is_some() {
+                            c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    });
+                    while stop_rx.try_recv().is_err() {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    task.abort();
+                    drain.abort();
+                    let n = count.load(std::sync::atomic::Ordering::Relaxed);
+                    anyhow::Ok((n, thread_cpu_ns() - t0))
+                })?;
+                Ok((n, cpu as f64))
+            });
+            let t0 = Instant::now();
+            let total = rate * 2;
+            for i in 0..total {
+                port += 1;
+                let flow = Flow {
+                    src: SocketAddrV4::new(POD_A, 1_024 + (port % 60_000) as u16),
+                    dst: SocketAddrV4::new(UNKNOWN, 1_000 + (port / 60_000) as u16),
+                };
+                run_skb_from(prog, &from_a(&udp(flow, b"q")), 101)?;
+                // Paced: event i is due at i / rate seconds.
+                let due = Duration::from_secs_f64(f64::from(i + 1) / f64::from(rate));
+                while t0.elapsed() < due {
+                    std::hint::spin_loop();
+                }
+            }
+            let took = t0.elapsed();
+            std::thread::sleep(Duration::from_millis(200));
+            stop_tx.send(()).ok();
+            let (read, cpu_ns) = reader
+                .join()
+                .map_err(|_| anyhow::anyhow!("reader thread panicked"))??;
+            let after = mycni_agent::datapath::read_flow_stats(dp.pin)?;
+            let emitted = after.emitted - before.emitted;
+            let lost = after.lost - before.lost;
+            eprintln!(
+                "{rate:>6}/s for {took:.2?}: emitted {emitted}, ring lost {lost}, read {read}, sink lost {}, reader CPU {:.2} % of a core",
+                lost_sink.lost(),
+                cpu_ns / took.as_secs_f64() / 1e7
+            );
+            ensure!(emitted == u64::from(total), "{emitted} of {total} emitted");
+        }
+        Ok(())
+    })
+}
+
+/// The calling thread's CPU time, ns.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec for the call to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
