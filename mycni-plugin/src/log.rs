@@ -26,10 +26,15 @@ fn level_of(s: &str) -> u8 {
 pub fn init(file: &Path, level: &str, prefix: String) {
     let level = std::env::var("MYCNI_LOG_LEVEL").unwrap_or_else(|_| level.to_string());
     LEVEL.store(level_of(&level), Ordering::Relaxed);
-    if let Some(dir) = file.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    if let Ok(f) = OpenOptions::new().create(true).append(true).open(file)
+    let open = || OpenOptions::new().create(true).append(true).open(file);
+    // The directory exists on all but a node's first call: made only then.
+    let opened = match open() {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => file.parent().map_or(Err(e), |dir| {
+            std::fs::create_dir_all(dir).and_then(|()| open())
+        }),
+        other => other,
+    };
+    if let Ok(f) = opened
         && let Ok(mut s) = SINK.lock()
     {
         *s = Some(f);

@@ -3,6 +3,7 @@
 //! sysctls it sets (in its own namespace and in the pod's).
 
 use std::fs::File;
+use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsRawFd;
 
@@ -54,15 +55,26 @@ pub fn plugin_route<A: RouteFamily>(dst: Cidr<A>, gw: Option<A>, oif: u32) -> Ro
     }
 }
 
-/// Reads a sysctl of the calling thread's namespace.
+/// Reads a sysctl of the calling thread's namespace: open, one read,
+/// close (the values the plugin reads are a few bytes; `read_to_string`
+/// would also stat the file and read again to find its end).
 pub fn read_sysctl(path: &str) -> Result<String> {
-    std::fs::read_to_string(path)
-        .map(|s| s.trim().to_string())
-        .map_err(|e| CniError::new(Code::Io, format!("reading {path}: {e}")))
+    let err = |e: std::io::Error| CniError::new(Code::Io, format!("reading {path}: {e}"));
+    let mut buf = [0u8; 64];
+    let n = std::fs::File::open(path)
+        .and_then(|mut f| f.read(&mut buf))
+        .map_err(err)?;
+    Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string())
 }
 
+/// Writes a sysctl of the calling thread's namespace. Opened without
+/// O_CREAT and O_TRUNC (`fs::write` asks for both, which procfs ignores
+/// only after the slower lookup they cost).
 pub fn write_sysctl(path: &str, value: &str) -> Result<()> {
-    std::fs::write(path, value)
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(value.as_bytes()))
         .map_err(|e| CniError::new(Code::Kernel, format!("writing {value} to {path}: {e}")))
 }
 

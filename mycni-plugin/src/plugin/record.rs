@@ -45,20 +45,29 @@ pub(super) fn write(conf: &NetConf, env: &Env, host_veth: &str, ips: &[IpAddr]) 
     };
     let body = serde_json::to_vec(&record)
         .map_err(|e| CniError::new(Code::Io, format!("cannot encode the pod record: {e}")))?;
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o755)
-        .create(&dir)
-        .map_err(|e| io_error(&dir, "create the directory of the", e))?;
     let path = dir.join(host_veth);
     let tmp = dir.join(format!(".tmp-{host_veth}"));
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o644)
-        .open(&tmp)
-        .map_err(|e| io_error(&tmp, "create", e))?;
+    let open = || {
+        fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o644)
+            .open(&tmp)
+    };
+    // The directory exists on all but a node's first ADD: made only then.
+    let opened = match open() {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(&dir)
+                .map_err(|e| io_error(&dir, "create the directory of the", e))?;
+            open()
+        }
+        other => other,
+    };
+    let mut f = opened.map_err(|e| io_error(&tmp, "create", e))?;
     f.write_all(&body).map_err(|e| io_error(&tmp, "write", e))?;
     fs::rename(&tmp, &path).map_err(|e| io_error(&path, "publish", e))
 }
