@@ -174,14 +174,17 @@ pub fn add(conf: &NetConf, env: &Env) -> Result<CniResult> {
     rt.block_on(async {
         let host = Netlink::current()?;
         let pod = netlink_in(&netns)?;
-        if pod.link_by_name(&env.ifname).await?.is_some() {
+        let host_name = host_veth_name(env);
+        // Two lookups on two sockets, in flight together.
+        let (in_pod, stale) =
+            futures::join!(pod.link_by_name(&env.ifname), host.link_by_name(&host_name));
+        if in_pod?.is_some() {
             return Err(CniError::new(
                 Code::InvalidEnv,
                 format!("interface {} already exists in the container's network namespace", env.ifname),
             ));
         }
-        let host_name = host_veth_name(env);
-        if let Some(stale) = host.link_by_name(&host_name).await? {
+        if let Some(stale) = stale? {
             match stale.alias.as_deref().and_then(VethAlias::parse) {
                 Some(VethAlias {
                     container_id: cid, ..
@@ -287,24 +290,35 @@ async fn add_steps(
     undo: &mut Vec<Undo>,
 ) -> Result<CniResult> {
     // A delegated IPAM runs (a process of its own, several ms for a Go
-    // binary) while the veth is made: the veth does not need the addresses.
+    // binary) while the veth is made and looked up in the pod: neither
+    // needs the addresses.
     let leasing = ipam.start_add(conf, env)?;
-    let created = host
-        .create_veth_in(host_name, &env.ifname, netns, conf.mtu)
-        .await;
+    let created = async {
+        let host_link = host
+            .create_veth_in(host_name, &env.ifname, netns, conf.mtu)
+            .await?;
+        Ok::<_, CniError>((host_link, pod.link_by_name(&env.ifname).await))
+    }
+    .await;
     let ips = leasing.finish();
     // Undone in reverse: the veth (and with it the host route) goes before
     // its addresses are released for another pod.
     if ips.is_ok() {
         undo.push(Undo::Ipam);
     }
-    if let Ok(link) = &created {
+    if let Ok((link, _)) = &created {
         undo.push(Undo::Link(link.index));
     }
     let ips = ips?;
     fault("ipam")?;
-    let host_link = created?;
+    let (host_link, pod_link) = created?;
     fault("veth")?;
+    let pod_link = pod_link?.ok_or_else(|| {
+        CniError::new(
+            Code::Kernel,
+            format!("{} missing in the pod after creation", env.ifname),
+        )
+    })?;
     let pod_ips = PodIps::of(&ips.iter().map(|i| i.address.addr()).collect::<Vec<_>>());
     let alias = alias(&conf.name, &env.container_id, &env.ifname);
     // Before the veth is up, so the agent can know the pod by its first
@@ -317,19 +331,7 @@ async fn add_steps(
     )?;
     undo.push(Undo::Record);
     host_sysctls(host_name, pod_ips)?;
-    host.set_alias_and_up(host_link.index, &alias).await?;
-    fault("host")?;
-
-    let pod_link = pod.link_by_name(&env.ifname).await?.ok_or_else(|| {
-        CniError::new(
-            Code::Kernel,
-            format!("{} missing in the pod after creation", env.ifname),
-        )
-    })?;
-    if let Some(a) = pod_ips.v4 {
-        pod.add_address(pod_link.index, cidr(a, 32)?).await?;
-    }
-    if let Some(b) = pod_ips.v6 {
+    if pod_ips.v6.is_some() {
         // Before eth0 is up, which starts DAD on its link-local address
         // and would take router advertisements: the pod's addresses are
         // unique by the IPAM, and its only router is the host veth.
@@ -343,22 +345,34 @@ async fn add_steps(
             write_sysctl(&ipv6_conf(ifname, "accept_dad"), "0")?;
             write_sysctl(&ipv6_conf(ifname, "accept_ra"), "0")
         })?;
-        pod.add_ipv6_address_nodad(pod_link.index, cidr(b, 128)?)
-            .await?;
     }
-    pod.set_up(pod_link.index).await?;
     let host_mac = host_link.ethernet_mac().ok_or_else(|| {
         CniError::new(
             Code::Kernel,
             format!("host veth {host_name} has no Ethernet address"),
         )
     })?;
-    // Independent of each other once eth0 is up: in flight together, and
-    // with the host's on the other socket. The static neighbours save the
-    // first packet a neighbour round trip and work even where proxy ARP
-    // would not answer (no host route to 169.254.1.1).
+    // Every remaining change, as one batch per namespace in flight at once:
+    // the kernel takes a socket's requests in the order they were sent, so
+    // each batch keeps its order (an address before its interface is up,
+    // an interface up before a route through it) without a round trip per
+    // step. The static neighbours save the first packet a neighbour round
+    // trip and work even where proxy ARP would not answer (no host route to
+    // 169.254.1.1).
     let mut pod_steps: Vec<Step<'_>> = Vec::new();
-    let mut host_steps: Vec<Step<'_>> = Vec::new();
+    let mut host_steps: Vec<Step<'_>> =
+        vec![Box::pin(host.set_alias_and_up(host_link.index, &alias))];
+    if let Some(a) = pod_ips.v4 {
+        pod_steps.push(Box::pin(pod.add_address(pod_link.index, cidr(a, 32)?)));
+    }
+    if let Some(b) = pod_ips.v6 {
+        pod_steps.push(Box::pin(
+            pod.add_ipv6_address_nodad(pod_link.index, cidr(b, 128)?),
+        ));
+    }
+    pod_steps.push(Box::pin(pod.set_up(pod_link.index)));
+    // Where the steps that need eth0 up begin (results before it: "host").
+    let pod_up = pod_steps.len();
     if let Some(a) = pod_ips.v4 {
         let (gw_32, default, pod_32) = (
             cidr(GATEWAY, 32)?,
@@ -413,6 +427,14 @@ async fn add_steps(
         futures::future::join_all(pod_steps),
         futures::future::join_all(host_steps)
     );
+    let (mut host_done, mut pod_done) = (host_done.into_iter(), pod_done.into_iter());
+    // The host veth up with its alias, then the pod's addresses and eth0
+    // up, then the rest: the first error in the order the steps were meant.
+    host_done.next().transpose()?;
+    for r in pod_done.by_ref().take(pod_up) {
+        r?;
+    }
+    fault("host")?;
     for r in pod_done {
         r?;
     }
