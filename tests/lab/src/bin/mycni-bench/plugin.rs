@@ -1,6 +1,7 @@
 //! `mycni-bench plugin`: ADD and DEL latency of the mycni plugin (built-in
-//! IPAM, and host-local delegation) against the reference ptp + host-local,
-//! interleaved run by run so machine noise hits all alike.
+//! IPAM, and host-local delegation in the config's version and in 1.1.0,
+//! which host-local does not speak) against the reference ptp +
+//! host-local, interleaved run by run so machine noise hits all alike.
 
 use std::fmt::Write as _;
 use std::io::Write;
@@ -82,52 +83,75 @@ pub fn bench(runs: usize, mycni: &Path, base: Option<&Path>, out: Option<&Path>)
     }
     let d = dir.path();
     let log = d.join("plugin.log");
+    // mycni's state (pod records, what a delegated IPAM speaks) beside the
+    // ready file it is told of: here, not the host's /run/mycni.
+    let ready = d.join("ready");
+    let mycni_conf = |version: &str, name: &str, ipam: Value| {
+        json!({"cniVersion": version, "name": name, "type": "mycni", "logFile": log,
+            "readyFile": ready, "ipam": ipam})
+    };
+    let variant = |label, bin: &Path, conf| Variant {
+        label,
+        bin: bin.to_path_buf(),
+        conf,
+        add: vec![],
+        del: vec![],
+    };
+    let host_local = |subnet: &str, dir: &str| {
+        json!({"type": "host-local", "ranges": [[{"subnet": subnet}]], "dataDir": d.join(dir)})
+    };
     let mut variants = vec![
-        Variant {
-            label: "mycni + built-in IPAM",
-            bin: mycni.to_path_buf(),
-            conf: json!({"cniVersion": "1.0.0", "name": "benchA", "type": "mycni", "logFile": log,
-                "ipam": {"type": "mycni-ipam", "subnet": "10.201.0.0/16", "dataDir": d.join("a")}}),
-            add: vec![],
-            del: vec![],
-        },
-        Variant {
-            label: "mycni + host-local",
-            bin: mycni.to_path_buf(),
-            conf: json!({"cniVersion": "1.0.0", "name": "benchB", "type": "mycni", "logFile": log,
-                "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.202.0.0/16"}]], "dataDir": d.join("b")}}),
-            add: vec![],
-            del: vec![],
-        },
-        Variant {
-            label: "ptp + host-local (reference)",
-            bin: Path::new(REFERENCE_PLUGINS).join("ptp"),
-            conf: json!({"cniVersion": "1.0.0", "name": "benchC", "type": "ptp", "mtu": 1450,
-                "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.203.0.0/16"}]], "dataDir": d.join("c")}}),
-            add: vec![],
-            del: vec![],
-        },
+        variant(
+            "mycni + built-in IPAM",
+            mycni,
+            mycni_conf(
+                "1.0.0",
+                "benchA",
+                json!({"type": "mycni-ipam", "subnet": "10.201.0.0/16", "dataDir": d.join("a")}),
+            ),
+        ),
+        variant(
+            "mycni + host-local",
+            mycni,
+            mycni_conf("1.0.0", "benchB", host_local("10.202.0.0/16", "b")),
+        ),
+        variant(
+            "ptp + host-local (reference)",
+            &Path::new(REFERENCE_PLUGINS).join("ptp"),
+            json!({"cniVersion": "1.0.0", "name": "benchC", "type": "ptp", "mtu": 1450,
+                "ipam": host_local("10.203.0.0/16", "c")}),
+        ),
+        // What containerd 2 runs: the conflist's newest version, 1.1.0,
+        // newer than Debian's host-local speaks (1.0.0). ptp refuses it.
+        variant(
+            "mycni + host-local, cniVersion 1.1.0",
+            mycni,
+            mycni_conf("1.1.0", "benchF", host_local("10.206.0.0/16", "f")),
+        ),
     ];
     // The reference stays third: the report's ratios are against it.
     if let Some(base) = base {
-        for (label, ipam) in [
-            (
+        variants.extend([
+            variant(
                 "base mycni + built-in IPAM",
-                json!({"type": "mycni-ipam", "subnet": "10.204.0.0/16", "dataDir": d.join("d")}),
+                base,
+                mycni_conf(
+                    "1.0.0",
+                    "benchD",
+                    json!({"type": "mycni-ipam", "subnet": "10.204.0.0/16", "dataDir": d.join("d")}),
+                ),
             ),
-            (
+            variant(
                 "base mycni + host-local",
-                json!({"type": "host-local", "ranges": [[{"subnet": "10.205.0.0/16"}]], "dataDir": d.join("e")}),
+                base,
+                mycni_conf("1.0.0", "benchE", host_local("10.205.0.0/16", "e")),
             ),
-        ] {
-            variants.push(Variant {
-                label,
-                bin: base.to_path_buf(),
-                conf: json!({"cniVersion": "1.0.0", "name": format!("bench{}", variants.len()), "type": "mycni", "logFile": log, "ipam": ipam}),
-                add: vec![],
-                del: vec![],
-            });
-        }
+            variant(
+                "base mycni + host-local, cniVersion 1.1.0",
+                base,
+                mycni_conf("1.1.0", "benchG", host_local("10.207.0.0/16", "g")),
+            ),
+        ]);
     }
     // Warm caches (page cache of the binaries) before measuring.
     for i in 0..runs + 3 {
