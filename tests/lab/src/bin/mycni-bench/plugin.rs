@@ -97,9 +97,7 @@ pub fn bench(runs: usize, mycni: &Path, base: Option<&Path>, out: Option<&Path>)
         add: vec![],
         del: vec![],
     };
-    let host_local = |subnet: &str, dir: &str| {
-        json!({"type": "host-local", "ranges": [[{"subnet": subnet}]], "dataDir": d.join(dir)})
-    };
+    let host_local = |subnet: &str, dir: &str| json!({"type": "host-local", "ranges": [[{"subnet": subnet}]], "dataDir": d.join(dir)});
     let mut variants = vec![
         variant(
             "mycni + built-in IPAM",
