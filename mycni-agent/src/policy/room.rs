@@ -31,7 +31,7 @@ use super::counters::drop_counters;
 use super::inspect::View;
 use super::metrics::{PolicyMetrics, read_counters};
 use super::model::Key;
-use super::nft::{FAMILY, TABLE, diff_script, full_script, remove_script};
+use super::nft::{FAMILY, TABLE, diff_script, full_script, remove_script, whole_is_cheaper};
 use super::sets::{self, Desired};
 use super::{Cluster, compile_node};
 use crate::datapath::{read_policy_epoch, write_policy_epoch};
@@ -364,14 +364,26 @@ impl Room {
     /// Whether anything was written.
     async fn apply(&mut self, want: Desired) -> Result<bool> {
         let epoch = next_epoch(self.epoch);
+        let whole = match &self.applied {
+            Some(old) if whole_is_cheaper(old, &want) => {
+                tracing::info!(
+                    from = old.len(),
+                    to = want.len(),
+                    "many set elements go: writing the policy table whole"
+                );
+                true
+            }
+            Some(_) => false,
+            None => true,
+        };
         let script = match &self.applied {
-            Some(old) => match diff_script(old, &want, epoch) {
+            Some(old) if !whole => match diff_script(old, &want, epoch) {
                 None => return Ok(false),
                 Some(s) => s,
             },
-            None => full_script(&want, epoch),
+            _ => full_script(&want, epoch),
         };
-        let incremental = self.applied.is_some();
+        let incremental = !whole;
         let result = run_nft(script).await;
         let result = match result {
             Err(e) if incremental => {

@@ -7,5 +7,6 @@ pub(crate) mod fixture;
 mod naive;
 mod prop;
 mod rules;
+mod scale;
 mod timeline;
 mod upstream;

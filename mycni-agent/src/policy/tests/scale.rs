@@ -1,0 +1,150 @@
+//! Where a policy pass's time goes at the policy bench's scale (1,000
+//! policies, a 10,000-prefix ipBlock): compile, sets, the nft scripts, both
+//! ways. A measurement, not a check: `cargo test -p mycni-agent --release
+//! --lib policy::tests::scale -- --ignored --nocapture`.
+
+use std::time::Instant;
+
+use serde_json::json;
+
+use super::fixture::{labels, np};
+use crate::policy::nft::{diff_script, full_script, whole_is_cheaper};
+use crate::policy::{Cluster, Key, Pod, compile_node, sets};
+
+fn bench_cluster(policies: usize, prefixes: usize) -> Cluster {
+    let mut c = Cluster::default();
+    for (name, role, ip, node) in [
+        ("client", "client", "10.244.1.5", "node1"),
+        ("server", "server", "10.244.2.5", "node2"),
+    ] {
+        c.add_pod(Pod {
+            key: Key::new("bench", name),
+            labels: labels(&[("role", role)]),
+            ips: vec![ip.parse().expect("address")],
+            ports: vec![],
+            host_network: false,
+            node: Some(node.into()),
+        });
+    }
+    let ports = json!([{"port": 5001, "protocol": "TCP"}, {"port": 11111, "protocol": "UDP"}]);
+    c.add_policy(np(
+        "bench",
+        "allow-pair",
+        json!({
+            "podSelector": {"matchExpressions": [
+                {"key": "role", "operator": "In", "values": ["client", "server"]}]},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "client"}}}], "ports": ports}],
+            "egress": [{"to": [{"podSelector": {"matchLabels": {"role": "server"}}}], "ports": ports}],
+        }),
+    ));
+    for i in 1..policies {
+        let host = |net: u8| format!("172.{net}.{}.{}/32", (i >> 8) & 0xff, i & 0xff);
+        let port = 20_000 + (i % 40_000);
+        let spec = match i % 8 {
+            0 => json!({
+                "podSelector": {"matchLabels": {"role": "server"}},
+                "policyTypes": ["Ingress"],
+                "ingress": [{"from": [{"ipBlock": {"cidr": host(16)}}], "ports": [{"port": port}]}],
+            }),
+            4 => json!({
+                "podSelector": {"matchLabels": {"role": "client"}},
+                "policyTypes": ["Egress"],
+                "egress": [{"to": [{"ipBlock": {"cidr": host(17)}}], "ports": [{"port": port}]}],
+            }),
+            _ => json!({
+                "podSelector": {"matchLabels": {"app": format!("decoy-{i}")}},
+                "policyTypes": ["Ingress"],
+                "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": format!("t{i}")}}}],
+                             "ports": [{"port": port}]}],
+            }),
+        };
+        c.add_policy(np("bench", &format!("decoy-{i:05}"), spec));
+    }
+    if prefixes > 0 {
+        let base = u32::from(std::net::Ipv4Addr::new(100, 64, 0, 0));
+        let mut from: Vec<_> = (0..prefixes as u32 - 1)
+            .map(|k| json!({"ipBlock": {"cidr": format!("{}/32", std::net::Ipv4Addr::from(base + 2 * k))}}))
+            .collect();
+        from.push(json!({"ipBlock": {"cidr": "10.244.1.0/24"}}));
+        c.add_policy(np(
+            "bench",
+            "ip-block",
+            json!({
+                "podSelector": {"matchLabels": {"role": "server"}},
+                "policyTypes": ["Ingress"],
+                "ingress": [{"from": from, "ports": [{"port": 5001}]}],
+            }),
+        ));
+    }
+    c
+}
+
+#[test]
+#[ignore]
+fn a_pass_at_the_policy_benchs_scale() {
+    let empty = sets::desired(&compile_node(&Cluster::default(), "node2"), false);
+    for (policies, prefixes) in [(10, 0), (1_000, 0), (1, 10_000), (1_000, 10_000)] {
+        let t = Instant::now();
+        let c = bench_cluster(policies, prefixes);
+        let built = t.elapsed();
+        let t = Instant::now();
+        let compiled = compile_node(&c, "node2");
+        let compile = t.elapsed();
+        let t = Instant::now();
+        let want = sets::desired(&compiled, true);
+        let desired = t.elapsed();
+        let t = Instant::now();
+        let full = full_script(&want, 1);
+        let full_t = t.elapsed();
+        let t = Instant::now();
+        let add = diff_script(&empty, &want, 2).unwrap_or_default();
+        let add_t = t.elapsed();
+        let t = Instant::now();
+        let del = diff_script(&want, &empty, 3).unwrap_or_default();
+        let del_t = t.elapsed();
+        if let Some(dir) = std::env::var_os("MYCNI_SCALE_SCRIPTS") {
+            let dir = std::path::Path::new(&dir);
+            let name = format!("{policies}-{prefixes}");
+            for (what, text) in [("full", &full), ("add", &add), ("del", &del)] {
+                std::fs::write(dir.join(format!("{name}.{what}.nft")), text).expect("write script");
+            }
+        }
+        eprintln!(
+            "{policies:>5} policies, {prefixes:>6} prefixes: cluster {built:.1?}, compile {compile:.1?}, sets {desired:.1?} ({} elements), full script {full_t:.1?} ({} B), add {add_t:.1?} ({} B), delete {del_t:.1?} ({} B)",
+            want.len(),
+            full.len(),
+            add.len(),
+            del.len()
+        );
+    }
+}
+
+/// Deleting thousands of interval elements one by one takes minutes in the
+/// kernel (see `nft::WHOLE_PER_ELEMENT`): such a change writes the table
+/// whole; a small one stays a diff, whichever way.
+#[test]
+fn a_change_that_deletes_many_elements_writes_the_table_whole() {
+    let desired = |policies, prefixes| {
+        sets::desired(
+            &compile_node(&bench_cluster(policies, prefixes), "node2"),
+            true,
+        )
+    };
+    let (small, big) = (desired(1_000, 0), desired(1_000, 10_000));
+    assert!(big.len() > 10_000, "{}", big.len());
+    assert!(
+        whole_is_cheaper(&big, &small),
+        "the ipBlock's 10,000 prefixes deleted one by one"
+    );
+    assert!(!whole_is_cheaper(&small, &big), "adding them");
+    // One more prefix, or one fewer, beside 10,000: a diff.
+    let (a, b) = (desired(1_000, 10_000), desired(1_000, 9_999));
+    assert!(!whole_is_cheaper(&a, &b), "one prefix less");
+    assert!(!whole_is_cheaper(&b, &a), "one prefix more");
+    // A decoy policy less among 1,000: a diff.
+    assert!(
+        !whole_is_cheaper(&small, &desired(999, 0)),
+        "one policy less"
+    );
+}
