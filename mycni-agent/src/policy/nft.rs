@@ -370,3 +370,6 @@ pub fn remove_script() -> String {
     let t = format!("{FAMILY} {TABLE}");
     format!("add table {t}\ndelete table {t}\n")
 }
+
+#[cfg(test)]
+mod scale;

@@ -7,6 +7,5 @@ pub(crate) mod fixture;
 mod naive;
 mod prop;
 mod rules;
-mod scale;
 mod timeline;
 mod upstream;

@@ -1,14 +1,16 @@
-//! Where a policy pass's time goes at the policy bench's scale (1,000
-//! policies, a 10,000-prefix ipBlock): compile, sets, the nft scripts, both
-//! ways. A measurement, not a check: `cargo test -p mycni-agent --release
-//! --lib policy::tests::scale -- --ignored --nocapture`.
+//! The policy bench's scale (1,000 policies, a 10,000-prefix ipBlock):
+//! where a pass's time goes (compile, sets, the nft scripts, both ways; an
+//! ignored measurement: `cargo test -p mycni-agent --release --lib
+//! policy::nft::scale -- --ignored --nocapture`, with
+//! `MYCNI_SCALE_SCRIPTS=<dir>` to keep the scripts for replaying with
+//! `nft -f`), and the rule that writes such a change whole.
 
 use std::time::Instant;
 
 use serde_json::json;
 
-use super::fixture::{labels, np};
-use crate::policy::nft::{diff_script, full_script, whole_is_cheaper};
+use super::{diff_script, full_script, whole_is_cheaper};
+use crate::policy::tests::fixture::{labels, np};
 use crate::policy::{Cluster, Key, Pod, compile_node, sets};
 
 fn bench_cluster(policies: usize, prefixes: usize) -> Cluster {
