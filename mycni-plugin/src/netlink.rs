@@ -61,7 +61,7 @@ pub fn plugin_route<A: RouteFamily>(dst: Cidr<A>, gw: Option<A>, oif: u32) -> Ro
 pub fn read_sysctl(path: &str) -> Result<String> {
     let err = |e: std::io::Error| CniError::new(Code::Io, format!("reading {path}: {e}"));
     let mut buf = [0u8; 64];
-    let n = std::fs::File::open(path)
+    let n = File::open(path)
         .and_then(|mut f| f.read(&mut buf))
         .map_err(err)?;
     Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string())

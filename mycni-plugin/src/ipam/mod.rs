@@ -9,7 +9,8 @@
 //! `StoreError`, which imports none of them. `conf` reads its config section,
 //! one range set per family (a pod gets one address of each, primary family
 //! first). `delegate` runs an IPAM plugin in the highest CNI version both
-//! sides speak (`delegate/cache.rs`: what a binary speaks, remembered). `tests` holds the tests of all of these.
+//! sides speak (`delegate/cache.rs`: what a binary speaks, remembered).
+//! `tests` holds the tests of all of these.
 
 mod conf;
 mod delegate;
