@@ -169,9 +169,25 @@ async fn readyz(State(m): State<Arc<Metrics>>) -> Response {
     }
 }
 
-/// Serves until the process ends.
+/// Serves until the process ends. An address in use is tried again every
+/// 250 ms, said once: a restarted agent can start while the one it
+/// replaces still holds the port (the kubelet's probes and Prometheus
+/// come through here, so giving up would leave the node unready for good).
 pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
-    let listener = TcpListener::bind(addr).await?;
+    let mut said = false;
+    let listener = loop {
+        match TcpListener::bind(addr).await {
+            Ok(l) => break l,
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                if !said {
+                    tracing::warn!(%addr, error = %e, "metrics address in use; trying again every 250 ms");
+                    said = true;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    };
     tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
     axum::serve(listener, router(metrics)).await
 }

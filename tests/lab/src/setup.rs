@@ -372,6 +372,13 @@ impl Lab {
             libc::kill(pid, libc::SIGKILL);
             libc::waitpid(pid, std::ptr::null_mut(), 0);
         }
+        // Not our child (ECHILD): the kill is delivered, the exit may
+        // still be under way; its successor must not meet it.
+        let t0 = std::time::Instant::now();
+        // SAFETY: signal 0 only asks whether the pid exists.
+        while unsafe { libc::kill(pid, 0) } == 0 && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let _ = std::fs::remove_file(pidfile);
     }
 

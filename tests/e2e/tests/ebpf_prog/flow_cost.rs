@@ -218,16 +218,7 @@ fn reader_cost_per_event() -> Result<()> {
                 run_skb_from(prog, &from_a(&udp(flow, b"q")), 101)?;
             }
             let (sink, mut rx) = Sink::new(16_384);
-            let cpu = |_: ()| {
-                let mut ts = libc::timespec {
-                    tv_sec: 0,
-                    tv_nsec: 0,
-                };
-                // SAFETY: a valid timespec for the call to fill.
-                unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-                ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-            };
-            let start = cpu(());
+            let start = thread_cpu_ns();
             let clock = Clock::now();
             let mut n = 0u64;
             while let Some(item) = ring.ring.next() {
@@ -236,7 +227,7 @@ fn reader_cost_per_event() -> Result<()> {
                     n += 1;
                 }
             }
-            let ns = (cpu(()) - start) as f64 / n as f64;
+            let ns = (thread_cpu_ns() - start) as f64 / n as f64;
             ensure!(
                 n == 14_000 && sink.lost() == 0,
                 "{n} events, {} lost",
@@ -338,11 +329,5 @@ fn ring_rate_reader_keeps_up() -> Result<()> {
 
 /// The calling thread's CPU time, ns.
 fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec for the call to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    super::flow_events::clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
 }
