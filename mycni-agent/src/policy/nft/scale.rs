@@ -150,3 +150,29 @@ fn a_change_that_deletes_many_elements_writes_the_table_whole() {
         "one policy less"
     );
 }
+
+/// What the flows room pays per admitted connection at this scale: one
+/// `policy::allowed` over the whole cluster (it names the admitting rules
+/// of every NFLOG allow record). A measurement: see the module's doc.
+#[test]
+#[ignore]
+fn allowed_per_connection_at_the_policy_benchs_scale() {
+    use crate::policy::{Endpoint, Protocol, allowed};
+    let end = |name: &str, ip: &str| Endpoint::Pod {
+        pod: Key::new("bench", name),
+        ip: ip.parse().expect("address"),
+    };
+    let (client, server) = (end("client", "10.244.1.5"), end("server", "10.244.2.5"));
+    for (policies, prefixes) in [(1, 0), (10, 0), (1_000, 0), (1, 10_000)] {
+        let c = bench_cluster(policies, prefixes);
+        let n = 2_000u32;
+        let t = Instant::now();
+        for _ in 0..n {
+            assert!(allowed(&c, &client, &server, Protocol::Tcp, 5001).is_allowed());
+        }
+        eprintln!(
+            "{policies:>5} policies, {prefixes:>6} prefixes: {:.1?} per allowed()",
+            t.elapsed() / n
+        );
+    }
+}
