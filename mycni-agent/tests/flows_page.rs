@@ -58,13 +58,13 @@ fn store() -> Arc<Store> {
         verdict: NftVerdict::PolicyAllow {
             direction: Direction::Ingress,
         },
-        allowed_by: vec![PolicyRef {
+        allowed_by: Arc::new([PolicyRef {
             name: "allow-x-a-from-y".into(),
             namespace: "x".into(),
             kind: "NetworkPolicy".into(),
             rule: Some(0),
-        }],
-        denied_by: vec![],
+        }]),
+        denied_by: Arc::new([]),
         reply: false,
     };
     let deny = What::Nft {
@@ -72,13 +72,13 @@ fn store() -> Arc<Store> {
             direction: Direction::Ingress,
             reason: Reason::Denied,
         },
-        allowed_by: vec![],
-        denied_by: vec![PolicyRef {
+        allowed_by: Arc::new([]),
+        denied_by: Arc::new([PolicyRef {
             name: "default-deny-ingress".into(),
             namespace: "x".into(),
             kind: "NetworkPolicy".into(),
             rule: None,
-        }],
+        }]),
         reply: false,
     };
     let a = ("y", "a", "10.244.1.4");

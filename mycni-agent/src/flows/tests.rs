@@ -408,3 +408,45 @@ fn decisions_outlive_a_flood_of_connections() {
         1
     );
 }
+
+#[test]
+fn a_repeated_shape_is_attributed_once_and_alike() {
+    use super::enrich::What;
+    let attribution = |r: &super::enrich::Record| match &r.what {
+        What::Nft {
+            allowed_by,
+            denied_by,
+            reply,
+            ..
+        } => (allowed_by.clone(), denied_by.clone(), *reply),
+        What::Datapath { .. } => panic!("an nftables record"),
+    };
+    let d = dir();
+    let (a, b, c) = (
+        pod_ip("x", "a", false),
+        pod_ip("x", "b", false),
+        pod_ip("x", "c", false),
+    );
+    let allow = NftVerdict::PolicyAllow {
+        direction: Direction::Ingress,
+    };
+    let drop = NftVerdict::PolicyDrop {
+        direction: Direction::Ingress,
+        reason: Reason::Denied,
+    };
+    let first = attribution(&d.record(nft(a, b, allow)));
+    let again = attribution(&d.record(nft(a, b, allow)));
+    // The second answer is the first one's list, not an evaluation's copy.
+    assert!(Arc::ptr_eq(&first.0, &again.0));
+    assert_eq!(first.0.len(), 1);
+    // A drop of the same pair is another shape, as are a cut reply and the
+    // connection it belongs to, whose isolated ends differ.
+    let cut = attribution(&d.record(nft(b, c, drop)));
+    let cut_again = attribution(&d.record(nft(b, c, drop)));
+    let refused = attribution(&d.record(nft(c, b, drop)));
+    assert!(cut.2 && cut_again.2 && !refused.2);
+    assert_eq!(cut.1, cut_again.1);
+    assert_eq!(cut.1.len(), 1);
+    assert_eq!(refused.1, cut.1);
+    assert!(first.1.is_empty() && cut.0.is_empty());
+}
