@@ -450,3 +450,57 @@ fn a_repeated_shape_is_attributed_once_and_alike() {
     assert_eq!(refused.1, cut.1);
     assert!(first.1.is_empty() && cut.0.is_empty());
 }
+
+/// What the room pays per record at the policy bench's scale: an admitted
+/// connection's NFLOG record (the same pair and port again, as a connect
+/// loop makes them, and a new port every time, which no cache helps) and
+/// a datapath event. An ignored measurement: `cargo test -p mycni-agent
+/// --release --lib flows::tests::room_cost -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn room_cost_per_record_at_the_policy_benchs_scale() {
+    use std::time::Instant;
+    let (client, server): (IpAddr, IpAddr) = (
+        "10.244.1.5".parse().expect("address"),
+        "10.244.2.5".parse().expect("address"),
+    );
+    let allow = |dport: u16| {
+        let mut o = nft(
+            client,
+            server,
+            NftVerdict::PolicyAllow {
+                direction: Direction::Ingress,
+            },
+        );
+        if let Observation::Nft(log) = &mut o {
+            log.dport = dport;
+        }
+        o
+    };
+    for (policies, prefixes) in [(1, 0), (10, 0), (1_000, 0), (1, 10_000)] {
+        let d = Directory::new(
+            Arc::new(crate::policy::nft::scale::bench_cluster(policies, prefixes)),
+            HashSet::new(),
+        );
+        let n = 2_000u32;
+        let per = |f: &dyn Fn(u32)| {
+            let t = Instant::now();
+            for i in 0..n {
+                f(i);
+            }
+            t.elapsed() / n
+        };
+        let same = per(&|_| drop(d.record(allow(5001))));
+        let fresh = per(&|i| drop(d.record(allow(30_000 + i as u16))));
+        let datapath = per(&|_| {
+            drop(d.record(Observation::Datapath {
+                at: at(),
+                event: event(client, server, FLOW_NEW, DpPath::FastEncap as u16, 0x02),
+            }))
+        });
+        eprintln!(
+            "{policies:>5} policies, {prefixes:>6} prefixes: allow record {same:.1?} (same shape), \
+             {fresh:.1?} (a new port each), datapath event {datapath:.1?}"
+        );
+    }
+}

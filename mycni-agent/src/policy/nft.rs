@@ -372,4 +372,4 @@ pub fn remove_script() -> String {
 }
 
 #[cfg(test)]
-mod scale;
+pub(crate) mod scale;

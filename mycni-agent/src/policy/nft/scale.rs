@@ -13,7 +13,9 @@ use super::{diff_script, full_script, whole_is_cheaper};
 use crate::policy::tests::fixture::{labels, np};
 use crate::policy::{Cluster, Key, Pod, compile_node, sets};
 
-fn bench_cluster(policies: usize, prefixes: usize) -> Cluster {
+/// The policy bench's cluster: its two pods, `allow-pair` and
+/// `policies - 1` decoys, or one policy of `prefixes` ipBlocks.
+pub(crate) fn bench_cluster(policies: usize, prefixes: usize) -> Cluster {
     let mut c = Cluster::default();
     for (name, role, ip, node) in [
         ("client", "client", "10.244.1.5", "node1"),
