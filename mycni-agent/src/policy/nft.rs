@@ -145,14 +145,14 @@ fn chains(v6: bool) -> String {
          add rule {t} judge{n} ct original {ip} saddr . ct reply {ip} saddr @self{n} accept comment \"mycni: a pod to itself, through its Service too\"\n\
          add rule {t} judge{n} ct original {ip} saddr @eg_iso{n} jump egress{n}\n\
          add rule {t} judge{n} ct reply {ip} saddr @in_iso{n} jump ingress{n}\n\
-         add rule {t} egress{n} ct direction original counter name ct original {ip} saddr . ct reply {ip} saddr . meta l4proto . th dport map @eg_allow{n} goto {ae}\n\
-         add rule {t} egress{n} ct direction reply counter name ct original {ip} saddr . ct reply {ip} saddr . meta l4proto . th sport map @eg_allow{n} goto {ae}\n\
-         add rule {t} egress{n} counter name ct original {ip} saddr . ct reply {ip} saddr map @eg_any{n} goto {ae}\n\
+         add rule {t} egress{n} ct direction original counter name ct reply {ip} saddr . ct original {ip} saddr . meta l4proto . th dport map @eg_allow{n} goto {ae}\n\
+         add rule {t} egress{n} ct direction reply counter name ct reply {ip} saddr . ct original {ip} saddr . meta l4proto . th sport map @eg_allow{n} goto {ae}\n\
+         add rule {t} egress{n} counter name ct reply {ip} saddr . ct original {ip} saddr map @eg_any{n} goto {ae}\n\
          add rule {t} egress{n} counter name ct original {ip} saddr map @eg_deny{n}\n\
          add rule {t} egress{n} goto {}\n\
-         add rule {t} ingress{n} ct direction original counter name ct reply {ip} saddr . ct original {ip} saddr . meta l4proto . th dport map @in_allow{n} goto {ai}\n\
-         add rule {t} ingress{n} ct direction reply counter name ct reply {ip} saddr . ct original {ip} saddr . meta l4proto . th sport map @in_allow{n} goto {ai}\n\
-         add rule {t} ingress{n} counter name ct reply {ip} saddr . ct original {ip} saddr map @in_any{n} goto {ai}\n\
+         add rule {t} ingress{n} ct direction original counter name ct original {ip} saddr . ct reply {ip} saddr . meta l4proto . th dport map @in_allow{n} goto {ai}\n\
+         add rule {t} ingress{n} ct direction reply counter name ct original {ip} saddr . ct reply {ip} saddr . meta l4proto . th sport map @in_allow{n} goto {ai}\n\
+         add rule {t} ingress{n} counter name ct original {ip} saddr . ct reply {ip} saddr map @in_any{n} goto {ai}\n\
          add rule {t} ingress{n} counter name ct reply {ip} saddr map @in_deny{n}\n\
          add rule {t} ingress{n} goto {}\n",
         to(eg, Reason::NotJudged),

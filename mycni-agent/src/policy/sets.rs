@@ -7,13 +7,19 @@
 //!
 //! - `eg_iso` / `in_iso`: local pod addresses isolated for egress /
 //!   ingress (some policy selecting the pod has that direction);
-//! - `eg_allow` / `in_allow`: (local address, remote prefix, protocol,
+//! - `eg_allow` / `in_allow`: (remote prefix, local address, protocol,
 //!   port range) of the other end's port: for egress the server's, for
 //!   ingress the local pod's own, after DNAT; maps, each element to the
 //!   counter of the first rule admitting it (`counters.rs`);
-//! - `eg_any` / `in_any`: (local address, remote prefix) admitted on every
+//! - `eg_any` / `in_any`: (remote prefix, local address) admitted on every
 //!   protocol and port (a rule without `ports`: ICMP echo too); maps to
-//!   counters likewise;
+//!   counters likewise.
+//!
+//!   The remote prefix comes first because the kernel's concatenated
+//!   interval sets (pipapo) match field by field and then walk every
+//!   element the field matched: a local pod's address matches all of its
+//!   elements (10,000 for a 10,000-prefix ipBlock: ~90 us a lookup, a
+//!   connect() 274 us instead of 86), the remote prefix one or a few;
 //! - `eg_deny` / `in_deny`: each isolated local address to its pod's
 //!   counter of what no rule admits;
 //! - `self`: (address, address) of every local pod, its own connections
@@ -318,7 +324,7 @@ fn direction(out: &mut Desired, d: Direction, pod: &Key, local: IpAddr, allows: 
     let elements = split::split(&any, &ported);
     for (prefix, rule) in elements.any {
         let c = out.rule_counter(pod, rule);
-        out.add(SetKind::any(d), v6, format!("{local} . {prefix} : \"{c}\""));
+        out.add(SetKind::any(d), v6, format!("{prefix} . {local} : \"{c}\""));
     }
     for (prefix, proto, start, end, rule) in elements.ported {
         let c = out.rule_counter(pod, rule);
@@ -326,7 +332,7 @@ fn direction(out: &mut Desired, d: Direction, pod: &Key, local: IpAddr, allows: 
             SetKind::allow(d),
             v6,
             format!(
-                "{local} . {prefix} . {} . {start}-{end} : \"{c}\"",
+                "{prefix} . {local} . {} . {start}-{end} : \"{c}\"",
                 proto_name(proto)
             ),
         );

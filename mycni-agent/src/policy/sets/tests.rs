@@ -65,14 +65,14 @@ fn an_allow_from_one_pod_on_one_port() {
     assert_eq!(set(&d, SetKind::InIso, false), vec![xa.to_string()]);
     assert_eq!(
         set(&d, SetKind::InAllow, false),
-        vec![format!("{xa} . {xb}/32 . tcp . 81-81 : \"{c}\"")]
+        vec![format!("{xb}/32 . {xa} . tcp . 81-81 : \"{c}\"")]
     );
     assert!(set(&d, SetKind::InAny, false).is_empty());
     assert!(set(&d, SetKind::EgIso, false).is_empty());
     let (xa6, xb6) = (pod_ip("x", "a", true), pod_ip("x", "b", true));
     assert_eq!(
         set(&d, SetKind::InAllow, true),
-        vec![format!("{xa6} . {xb6}/128 . tcp . 81-81 : \"{c}\"")]
+        vec![format!("{xb6}/128 . {xa6} . tcp . 81-81 : \"{c}\"")]
     );
     // What no rule admits counts under x/a's own counter, charged to the
     // policy isolating it.
@@ -118,9 +118,9 @@ fn allow_all_ingress_is_the_default_route_of_each_family() {
     );
     let xa = pod_ip("x", "a", false);
     let c = rule_counter(&Key::new("x", "a"), &rule("all", Direction::Ingress, 0));
-    assert!(set(&d, SetKind::InAny, false).contains(&format!("{xa} . 0.0.0.0/0 : \"{c}\"")));
+    assert!(set(&d, SetKind::InAny, false).contains(&format!("0.0.0.0/0 . {xa} : \"{c}\"")));
     let xa6 = pod_ip("x", "a", true);
-    assert!(set(&d, SetKind::InAny, true).contains(&format!("{xa6} . ::/0 : \"{c}\"")));
+    assert!(set(&d, SetKind::InAny, true).contains(&format!("::/0 . {xa6} : \"{c}\"")));
 }
 
 #[test]
@@ -153,7 +153,7 @@ fn overlapping_rules_become_disjoint_members() {
     let narrow = rule_counter(&a, &rule("narrow", Direction::Ingress, 0));
     let wide = rule_counter(&a, &rule("wide", Direction::Ingress, 0));
     assert!(
-        members.contains(&format!("{xa} . {xb}/32 . tcp . 80-81 : \"{narrow}\"")),
+        members.contains(&format!("{xb}/32 . {xa} . tcp . 80-81 : \"{narrow}\"")),
         "{members:?}"
     );
     assert!(
@@ -169,7 +169,7 @@ fn overlapping_rules_become_disjoint_members() {
     let mut by_remote: BTreeMap<String, usize> = BTreeMap::new();
     for m in &members {
         *by_remote
-            .entry(m.split(" . ").nth(1).unwrap_or_default().to_string())
+            .entry(m.split(" . ").next().unwrap_or_default().to_string())
             .or_default() += 1;
     }
     assert!(by_remote.values().all(|n| *n == 1), "{members:?}");
