@@ -61,7 +61,8 @@ enum Cmd {
     Flows(mycni_agent::flows::cli::FlowsArgs),
     /// Why <src> may or may not reach <dst> on <port>/<protocol>: the
     /// policies selecting each side, the verdict with the rules that
-    /// decide it, and what this node's datapath last saw between them.
+    /// decide it, and what this node's datapath last saw between them
+    /// (with a kubeconfig: what the datapaths of both ends' nodes saw).
     /// Each end is <namespace>/<pod> or an address.
     Explain {
         src: String,
@@ -72,6 +73,13 @@ enum Cmd {
         /// loopback).
         #[arg(long, env = "MYCNI_METRICS_ADDR", default_value = "127.0.0.1:9971")]
         agent: String,
+        /// Ask the agents of both ends' nodes, found through the Node
+        /// objects, instead of this node's.
+        #[arg(long, env = "KUBECONFIG")]
+        kubeconfig: Option<PathBuf>,
+        /// The agents' metrics port, with --kubeconfig.
+        #[arg(long, default_value_t = 9971)]
+        agent_port: u16,
         /// Print the agent's JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -522,11 +530,23 @@ fn main() -> Result<()> {
             dst,
             port,
             agent,
+            kubeconfig,
+            agent_port,
             json,
         }) => {
-            use mycni_agent::flows::explain;
-            let agent = mycni_agent::policy::inspect::agent_address(&agent)?;
-            let e = explain::fetch(agent, &src, &dst, &port)?;
+            use mycni_agent::flows::{cli, explain};
+            let e = match kubeconfig {
+                Some(k) => {
+                    let agents = rt.block_on(async {
+                        cli::node_agents(agent::kube_client(Some(&k)).await?, agent_port).await
+                    })?;
+                    explain::fetch_cluster(&agents, &src, &dst, &port)?
+                }
+                None => {
+                    let agent = mycni_agent::policy::inspect::agent_address(&agent)?;
+                    explain::fetch(agent, &src, &dst, &port)?
+                }
+            };
             if json {
                 println!("{}", serde_json::to_string_pretty(&e)?);
             } else {

@@ -102,7 +102,11 @@ pub enum Agents {
 pub async fn run(agents: Agents, filter: Filter, output: Output) -> Result<()> {
     let targets = match agents {
         Agents::One(a) => vec![a],
-        Agents::Cluster { client, port } => node_agents(client, port).await?,
+        Agents::Cluster { client, port } => node_agents(client, port)
+            .await?
+            .into_iter()
+            .map(|(_, a)| a)
+            .collect(),
     };
     let query = format!("/flows?{}", filter.to_query());
     let (tx, mut rx) = mpsc::channel::<(SocketAddr, Result<String>)>(1024);
@@ -166,9 +170,10 @@ pub async fn run(agents: Agents, filter: Filter, output: Output) -> Result<()> {
     Ok(())
 }
 
-/// Each Node's agent: its mycni host IP (the agents listen there in the
-/// DaemonSet, which runs on the host's network), else its InternalIP.
-async fn node_agents(client: kube::Client, port: u16) -> Result<Vec<SocketAddr>> {
+/// Each Node's agent, by Node name: its mycni host IP (the agents listen
+/// there in the DaemonSet, which runs on the host's network), else its
+/// InternalIP.
+pub async fn node_agents(client: kube::Client, port: u16) -> Result<Vec<(String, SocketAddr)>> {
     let nodes: Api<Node> = Api::all(client);
     let list = nodes
         .list(&ListParams::default())
@@ -192,12 +197,10 @@ async fn node_agents(client: kube::Client, port: u16) -> Result<Vec<SocketAddr>>
         .into_iter()
         .flatten()
         .find_map(|s| s.parse::<IpAddr>().ok());
+        let name = n.metadata.name.unwrap_or_default();
         match ip {
-            Some(ip) => out.push(SocketAddr::new(ip, port)),
-            None => eprintln!(
-                "mycni-agent flows: node {} has no address to reach its agent at",
-                n.metadata.name.unwrap_or_default()
-            ),
+            Some(ip) => out.push((name, SocketAddr::new(ip, port))),
+            None => eprintln!("mycni-agent: node {name} has no address to reach its agent at"),
         }
     }
     if out.is_empty() {

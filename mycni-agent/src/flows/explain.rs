@@ -27,7 +27,9 @@ pub struct Explanation {
     pub verdict: String,
     pub egress: Decision,
     pub ingress: Decision,
-    /// The last flows this node recorded between the two, either way.
+    /// The last flows recorded between the two, either way: by the agent
+    /// asked, or with a kubeconfig by the agents of both ends' nodes (each
+    /// line names its node).
     pub last_seen: Vec<Line>,
 }
 
@@ -254,15 +256,79 @@ pub fn render(e: &Explanation) -> String {
         }
         s.push('\n');
     }
+    let mut nodes: Vec<&str> = e.last_seen.iter().map(|l| l.node_name.as_str()).collect();
+    nodes.dedup();
     if e.last_seen.is_empty() {
-        let _ = writeln!(s, "  this node's datapath saw nothing between them lately");
+        let _ = writeln!(s, "  the datapath asked saw nothing between them lately");
     } else {
-        let _ = writeln!(s, "  last seen by this node:");
+        let _ = writeln!(s, "  last seen by {}:", nodes.join(", "));
         for l in &e.last_seen {
             let _ = writeln!(s, "    {}", l.human());
         }
     }
     s
+}
+
+/// Lines kept from every node asked.
+const LAST_SEEN: usize = 10;
+
+/// Asks the agents in `agents` (Node name, address): the first that
+/// answers explains (every agent judges against the same cluster), then
+/// the agents of the nodes of both ends, if others, add what their
+/// datapaths saw: a connection's egress is seen on the source's node,
+/// its ingress on the destination's.
+pub fn fetch_cluster(
+    agents: &[(String, std::net::SocketAddr)],
+    src: &str,
+    dst: &str,
+    port: &str,
+) -> Result<Explanation> {
+    let mut failures = Vec::new();
+    let mut first = None;
+    for (node, a) in agents {
+        match fetch(*a, src, dst, port) {
+            Ok(e) => {
+                first = Some((node.clone(), e));
+                break;
+            }
+            Err(e) => failures.push(format!("{node} ({a}): {e:#}")),
+        }
+    }
+    let Some((asked, mut e)) = first else {
+        anyhow::bail!("no agent answered: {}", failures.join("; "));
+    };
+    let mut more = Vec::new();
+    for node in ends_nodes(&e, &asked) {
+        let Some((_, a)) = agents.iter().find(|(n, _)| *n == node) else {
+            continue;
+        };
+        match fetch(*a, src, dst, port) {
+            Ok(other) => more.push(other.last_seen),
+            Err(err) => eprintln!("mycni-agent explain: node {node} ({a}): {err:#}"),
+        }
+    }
+    merge_last_seen(&mut e, more);
+    Ok(e)
+}
+
+/// The nodes of the two ends other than `asked`, each once.
+pub fn ends_nodes(e: &Explanation, asked: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for n in [&e.source.node, &e.destination.node] {
+        if !n.is_empty() && n != asked && !out.contains(n) {
+            out.push(n.clone());
+        }
+    }
+    out
+}
+
+/// Adds other nodes' lines to `e`'s, in time order (RFC 3339 times of
+/// one format sort as text), the last [`LAST_SEEN`] kept.
+pub fn merge_last_seen(e: &mut Explanation, more: Vec<Vec<Line>>) {
+    e.last_seen.extend(more.into_iter().flatten());
+    e.last_seen.sort_by(|a, b| a.time.cmp(&b.time));
+    let skip = e.last_seen.len().saturating_sub(LAST_SEEN);
+    e.last_seen.drain(..skip);
 }
 
 /// Asks the agent at `agent` (the CLI's side).

@@ -504,3 +504,53 @@ fn room_cost_per_record_at_the_policy_benchs_scale() {
         );
     }
 }
+
+#[test]
+fn explain_with_a_kubeconfig_adds_both_ends_nodes_in_time_order() {
+    use super::explain::{Asked, ends_nodes, explain, merge_last_seen};
+    use crate::policy::{Key, Protocol};
+    let c = cluster();
+    let mut e = explain(
+        &c,
+        None,
+        &Asked::Pod(Key::new("x", "a")),
+        &Asked::Pod(Key::new("x", "b")),
+        80,
+        Protocol::Tcp,
+    )
+    .expect("explained");
+    // x/a runs on node-0, x/b on node-1 (the fixture's model).
+    assert_eq!(ends_nodes(&e, "node-0"), ["node-1"]);
+    assert_eq!(ends_nodes(&e, "node-2"), ["node-0", "node-1"]);
+    let (a, b) = (pod_ip("x", "a", false), pod_ip("x", "b", false));
+    let d = dir();
+    let line = |node: &str, secs: u64| {
+        let mut o = nft(
+            a,
+            b,
+            NftVerdict::PolicyAllow {
+                direction: Direction::Ingress,
+            },
+        );
+        if let Observation::Nft(log) = &mut o {
+            log.at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_764_000_000 + secs);
+        }
+        d.record(o).line(node, &NoNames)
+    };
+    e.last_seen = vec![line("node-0", 1), line("node-0", 30)];
+    merge_last_seen(&mut e, vec![(2..14).map(|s| line("node-1", s)).collect()]);
+    let seen: Vec<(&str, &str)> = e
+        .last_seen
+        .iter()
+        .map(|l| (l.node_name.as_str(), &l.time[17..19]))
+        .collect();
+    // The last ten by time, from both nodes: node-1's 4..13, then node-0's 30.
+    assert_eq!(seen.len(), 10, "{seen:?}");
+    assert_eq!(seen.last(), Some(&("node-0", "30")), "{seen:?}");
+    assert!(seen[..9].iter().all(|(n, _)| *n == "node-1"), "{seen:?}");
+    assert!(
+        super::explain::render(&e).contains("last seen by node-1, node-0:"),
+        "{}",
+        super::explain::render(&e)
+    );
+}
