@@ -279,7 +279,7 @@ fn test(extra: &[String]) -> Result<()> {
 
 /// `cargo xtask bench ARGS`: builds what the named benchmark runs (all of
 /// the lab's binaries and the eBPF object for `datapath`, which is `lab
-/// bench`, and for `policy`), then runs `mycni-bench ARGS`, which owns the
+/// bench`, and for `policy` and `policy-scale`), then runs `mycni-bench ARGS`, which owns the
 /// flags.
 fn bench(args: &[String]) -> Result<()> {
     let root = workspace_root();
@@ -294,7 +294,7 @@ fn bench(args: &[String]) -> Result<()> {
     }
     setup::run()?;
     let help = args.iter().any(|a| a == "--help" || a == "-h");
-    if which == Some("policy") && !help {
+    if matches!(which, Some("policy" | "policy-scale")) && !help {
         // A lab of its own on the fast path: the agent embeds the eBPF
         // object at build time, and every lab binary runs. The lab's build
         // has mycni-bench too; building it again alone would unify other
@@ -316,6 +316,10 @@ fn bench(args: &[String]) -> Result<()> {
         .env(
             "MYCNI_BENCH_POLICY_OUT",
             root.join("target/bench-policy.md"),
+        )
+        .env(
+            "MYCNI_BENCH_POLICY_SCALE_OUT",
+            root.join("target/bench-policy-scale.md"),
         )
         .run_interruptible()
 }

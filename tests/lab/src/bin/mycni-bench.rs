@@ -13,6 +13,11 @@
 //! packet, the programs' own time), in a 2-node lab of its own. Run
 //! through `cargo xtask bench policy`.
 //!
+//! `mycni-bench policy-scale`: NetworkPolicy create -> enforced on every
+//! node, seen by probes, in a 2-node lab alone and with the API holding
+//! 10,000 pods and 1,000 policies, and the agents' memory per cluster pod
+//! at 100,000. Run through `cargo xtask bench policy-scale`.
+//!
 //! Each prints its report and, with `--out` (which `cargo xtask bench`
 //! sets), writes it there with its figures as an SVG chart beside it.
 
@@ -31,7 +36,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use mycni_lab::Bins;
-use mycni_lab::labbench::policy;
+use mycni_lab::labbench::{policy, policy_scale};
 
 /// Benchmarks that print figures side by side with the reference. Run
 /// through `cargo xtask bench …`, which builds what each one runs first;
@@ -112,6 +117,43 @@ enum Cli {
         #[arg(long, env = "MYCNI_BENCH_POLICY_OUT")]
         out: Option<PathBuf>,
     },
+    /// NetworkPolicy create -> enforced on every node, seen by probes (a
+    /// new connection every interval each way between the 2 nodes of a lab
+    /// of its own, mycnips-*, /run/mycni-policy-scale-lab), in the lab
+    /// alone and with the API holding N cluster pods and P policies; and
+    /// each agent's memory per cluster pod once it listed M pods.
+    PolicyScale {
+        /// Creates measured per phase, each followed by its delete.
+        #[arg(long, default_value_t = policy_scale::DEFAULT_CYCLES)]
+        cycles: usize,
+        /// Cluster pods in the API for the scale measure.
+        #[arg(long, default_value_t = policy_scale::DEFAULT_PODS)]
+        pods: usize,
+        /// Cluster policies in the API for the scale measure and after.
+        #[arg(long, default_value_t = policy_scale::DEFAULT_POLICIES)]
+        policies: usize,
+        /// Cluster pods for the memory figure (0: skip it).
+        #[arg(long, default_value_t = policy_scale::DEFAULT_RSS_PODS)]
+        rss_pods: usize,
+        /// Creates measured at --rss-pods too (0: none).
+        #[arg(long, default_value_t = 0)]
+        rss_cycles: usize,
+        /// Milliseconds between probes, each direction.
+        #[arg(long, default_value_t = policy_scale::DEFAULT_INTERVAL_MS)]
+        interval_ms: u64,
+        /// Milliseconds after which an unanswered probe counts as dropped.
+        #[arg(long, default_value_t = policy_scale::DEFAULT_TIMEOUT_MS)]
+        timeout_ms: u64,
+        /// Run the agents under heaptrack and keep their profiles here
+        /// (`heaptrack_print` reads them); the memory figures then include
+        /// heaptrack's own.
+        #[arg(long)]
+        heaptrack: Option<PathBuf>,
+        /// Also write the markdown report here (`cargo xtask bench` sets
+        /// target/bench-policy-scale.md).
+        #[arg(long, env = "MYCNI_BENCH_POLICY_SCALE_OUT")]
+        out: Option<PathBuf>,
+    },
     /// The datapath side by side in a 2-node lab: `mycni-lab bench` (see
     /// `cargo xtask bench datapath --help`).
     #[command(disable_help_flag = true)]
@@ -175,6 +217,33 @@ fn main() -> Result<()> {
                     policies,
                     prefixes,
                     pin_cpu,
+                    out,
+                },
+            )
+        }
+        Cli::PolicyScale {
+            cycles,
+            pods,
+            policies,
+            rss_pods,
+            rss_cycles,
+            interval_ms,
+            timeout_ms,
+            heaptrack,
+            out,
+        } => {
+            let bins = Bins::in_dir(&own_dir()?, "run through `cargo xtask bench policy-scale`")?;
+            policy_scale::run(
+                bins,
+                &policy_scale::Options {
+                    cycles,
+                    pods,
+                    policies,
+                    rss_pods,
+                    rss_cycles,
+                    interval: std::time::Duration::from_millis(interval_ms),
+                    timeout: std::time::Duration::from_millis(timeout_ms),
+                    heaptrack,
                     out,
                 },
             )

@@ -57,10 +57,13 @@
 //! SVG chart written beside it in `report/chart.rs`).
 //!
 //! `policy` is `cargo xtask bench policy`: the same measures in a lab of
-//! its own, with NetworkPolicies in force against none.
+//! its own, with NetworkPolicies in force against none. `policy_scale` is
+//! `cargo xtask bench policy-scale`: a policy's create -> enforced seen by
+//! probes, and the agents' memory per cluster pod.
 
 mod measure;
 pub mod policy;
+pub mod policy_scale;
 mod progs;
 mod report;
 mod rulesets;
