@@ -279,8 +279,8 @@ fn test(extra: &[String]) -> Result<()> {
 
 /// `cargo xtask bench ARGS`: builds what the named benchmark runs (all of
 /// the lab's binaries and the eBPF object for `datapath`, which is `lab
-/// bench`, and for `policy` and `policy-scale`), then runs `mycni-bench ARGS`, which owns the
-/// flags.
+/// bench`, and for `policy` and `policy-scale`), then runs `mycni-bench
+/// ARGS`, which owns the flags.
 fn bench(args: &[String]) -> Result<()> {
     let root = workspace_root();
     let which = args
