@@ -232,6 +232,10 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
     } = started;
     // Its own task and watch: policy events never wake the overlay's pass.
     let (cluster_tx, cluster_rx) = tokio::sync::watch::channel(Arc::default());
+    // The Node objects for the flows room, handed over after each pass
+    // that read them: the room names other nodes' addresses on its own
+    // time, not the pass's.
+    let (nodes_tx, nodes_rx) = tokio::sync::watch::channel(crate::flows::Nodes::default());
     let _policy = cfg.network_policy.then(|| {
         crate::policy::room::spawn(
             client.clone(),
@@ -252,6 +256,7 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
         },
         &metrics,
         cluster_rx,
+        nodes_rx,
         client.clone(),
     );
     let api = ApiWatch::start(client, &metrics).await;
@@ -338,6 +343,9 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
             let result = lp
                 .pass(&snapshot.nodes, full, full || why == Why::Pods)
                 .await;
+            if full || why == Why::Nodes {
+                nodes_tx.send_replace(Arc::new(snapshot.nodes));
+            }
             if result.is_ok() {
                 events.applied();
             }

@@ -17,7 +17,7 @@ use mycni_common::DpPath;
 use mycni_common::flow::{FLOW_DROP, FLOW_NEW, FlowEvent, FlowSource};
 
 use super::record::{Endpoint, Flow, Interface, Ip, L4, Line, PolicyRef, TcpFlags};
-use super::{NftLog, NftVerdict, Observation};
+use super::{NftLog, NftVerdict, NodeAddrs, Observation};
 use crate::policy::counters::Reason;
 use crate::policy::{Cluster, Direction, Endpoint as PolicyEnd, Judgement, Key, Protocol};
 
@@ -36,6 +36,10 @@ pub enum Who {
     Pod(Arc<PodMeta>),
     /// This node's own stack.
     Host,
+    /// Another node's own stack: its host address, or its `vxlan.1` one
+    /// (the first address of its podCIDR), which its traffic to pods
+    /// comes from.
+    Node(Arc<str>),
     World,
 }
 
@@ -60,6 +64,11 @@ impl Who {
                 node_name: node.to_string(),
                 ..Endpoint::default()
             },
+            Who::Node(name) => Endpoint {
+                labels: vec!["reserved:remote-node".into()],
+                node_name: name.to_string(),
+                ..Endpoint::default()
+            },
             Who::World => Endpoint {
                 labels: vec!["reserved:world".into()],
                 ..Endpoint::default()
@@ -76,6 +85,8 @@ pub struct Directory {
     by_ip: HashMap<IpAddr, Arc<PodMeta>>,
     /// This node's own addresses.
     pub host_ips: HashSet<IpAddr>,
+    /// The other nodes' own addresses.
+    nodes: Arc<NodeAddrs>,
     /// The policies named for a verdict, per connection shape: a verdict
     /// is attributed by evaluating every policy in force (200 us at 1,000
     /// policies, 66 us with a 10,000-prefix ipBlock: measured in
@@ -121,15 +132,31 @@ impl Directory {
             cluster,
             by_ip,
             host_ips,
+            nodes: Arc::default(),
             attributed: Mutex::default(),
         }
+    }
+
+    /// The directory, naming the other nodes' addresses too.
+    pub fn with_nodes(mut self, nodes: Arc<NodeAddrs>) -> Self {
+        self.set_nodes(nodes);
+        self
+    }
+
+    /// Names the other nodes' addresses from now on (the attributions
+    /// kept do not depend on them).
+    pub fn set_nodes(&mut self, nodes: Arc<NodeAddrs>) {
+        self.nodes = nodes;
     }
 
     pub fn who(&self, ip: IpAddr) -> Who {
         match self.by_ip.get(&ip) {
             Some(p) => Who::Pod(p.clone()),
             None if self.host_ips.contains(&ip) => Who::Host,
-            None => Who::World,
+            None => match self.nodes.get(&ip) {
+                Some(name) => Who::Node(name.clone()),
+                None => Who::World,
+            },
         }
     }
 

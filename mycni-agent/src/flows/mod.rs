@@ -135,12 +135,53 @@ pub struct Start {
     pub ring_pins: Option<std::path::PathBuf>,
 }
 
+/// The other nodes' own addresses, by address: what records name
+/// `reserved:remote-node` with the node's name.
+pub type NodeAddrs = std::collections::HashMap<IpAddr, Arc<str>>;
+
+/// The Node objects as the agent's watch last saw them.
+pub type Nodes = Arc<Vec<Arc<k8s_openapi::api::core::v1::Node>>>;
+
+/// The addresses a record may carry for another node's own traffic: its
+/// host addresses (the annotations mycni publishes, IPv4 and IPv6) and
+/// the first address of each podCIDR (`vxlan.1` / `vxlan6.1`, the source
+/// of a node's own packets to pods over the overlay). Whatever does not
+/// parse is left out: a name is a label here, not a decision.
+pub fn node_addrs(nodes: &[Arc<k8s_openapi::api::core::v1::Node>], own: &str) -> NodeAddrs {
+    use mycni_common::contract::{ANNOTATION_HOST_IP, ANNOTATION_HOST_IP6};
+    use mycni_common::net::Cidr;
+    let mut out = NodeAddrs::new();
+    for n in nodes {
+        let Some(name) = n.metadata.name.as_deref().filter(|m| *m != own) else {
+            continue;
+        };
+        let name: Arc<str> = name.into();
+        let annotations = n.metadata.annotations.iter().flatten();
+        let hosts = annotations
+            .filter(|(k, _)| *k == ANNOTATION_HOST_IP || *k == ANNOTATION_HOST_IP6)
+            .filter_map(|(_, v)| v.parse::<IpAddr>().ok());
+        let spec = n.spec.as_ref();
+        let cidrs = spec
+            .and_then(|s| s.pod_cidrs.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .chain(spec.and_then(|s| s.pod_cidr.clone()))
+            .filter_map(|c| Cidr::<IpAddr>::parse_network(&c).ok())
+            .map(|c| c.network());
+        for ip in hosts.chain(cidrs) {
+            out.insert(ip, name.clone());
+        }
+    }
+    out
+}
+
 /// Starts the flows room for the agent: the store, `/flows`, its metrics,
 /// Events, and the sources this node has.
 pub fn start(
     s: Start,
     metrics: &Arc<crate::metrics::Metrics>,
     cluster: tokio::sync::watch::Receiver<Arc<crate::policy::Cluster>>,
+    nodes: tokio::sync::watch::Receiver<Nodes>,
     client: kube::Client,
 ) -> tokio::task::JoinHandle<()> {
     let node = s.node.as_str();
@@ -157,8 +198,15 @@ pub fn start(
     let names = Arc::new(room::KernelNames::new(reasons));
     let counts = Arc::new(events::EventCounts::default());
     let events = Some((events::spawn(client, node, counts.clone()), counts));
-    let (sink, _store, task) =
-        room::spawn(settings, metrics, cluster, host::addresses(), names, events);
+    let (sink, _store, task) = room::spawn(
+        settings,
+        metrics,
+        cluster,
+        nodes,
+        host::addresses(),
+        names,
+        events,
+    );
     // The programs' ring exists only where they are loaded.
     if let Some(pins) = &s.ring_pins
         && let Err(e) = ring::spawn(pins, sink.clone())

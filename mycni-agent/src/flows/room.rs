@@ -198,10 +198,14 @@ impl Feed for Served {
 }
 
 /// Starts the room: returns where sources send, and the store.
+/// How often, at most, the other nodes' addresses are read again.
+const NODES_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 pub fn spawn(
     settings: Settings,
     metrics: &Arc<Metrics>,
     mut cluster: watch::Receiver<Arc<Cluster>>,
+    mut nodes: watch::Receiver<super::Nodes>,
     host_ips: HashSet<IpAddr>,
     names: Arc<dyn Names + Send + Sync>,
     events: Option<(EventSender, Arc<EventCounts>)>,
@@ -237,7 +241,21 @@ pub fn spawn(
     );
     let kept = store.clone();
     let task = tokio::spawn(async move {
-        let mut dir = Directory::new(cluster.borrow_and_update().clone(), host_ips.clone());
+        let mut addrs = Arc::new(super::node_addrs(
+            &nodes.borrow_and_update(),
+            &settings.node,
+        ));
+        let directory = |cluster: &mut watch::Receiver<Arc<Cluster>>, addrs: &Arc<_>| {
+            Directory::new(cluster.borrow_and_update().clone(), host_ips.clone())
+                .with_nodes(Arc::clone(addrs))
+        };
+        let mut dir = directory(&mut cluster, &addrs);
+        let (mut policy_gone, mut nodes_gone, mut nodes_dirty) = (false, false, false);
+        // Node objects change far more often than their addresses (status
+        // updates): their addresses are read again at most once a second,
+        // in this task, off the overlay's pass.
+        let mut nodes_tick = tokio::time::interval(NODES_EVERY);
+        nodes_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut batch = Vec::with_capacity(256);
         let mut limiter = Limiter::default();
         loop {
@@ -255,12 +273,23 @@ pub fn spawn(
                         kept.push(r);
                     }
                 }
-                changed = cluster.changed() => {
-                    if changed.is_err() {
-                        // No policy room: the directory stays as it is.
-                        std::future::pending::<()>().await;
+                changed = cluster.changed(), if !policy_gone => {
+                    // No policy room (enforcement off): the cluster stays
+                    // as it is, and records go on.
+                    policy_gone = changed.is_err();
+                    dir = directory(&mut cluster, &addrs);
+                }
+                changed = nodes.changed(), if !nodes_gone => {
+                    nodes_gone = changed.is_err();
+                    nodes_dirty = !nodes_gone;
+                }
+                _ = nodes_tick.tick(), if nodes_dirty => {
+                    nodes_dirty = false;
+                    let now = super::node_addrs(&nodes.borrow_and_update(), &settings.node);
+                    if now != *addrs {
+                        addrs = Arc::new(now);
+                        dir.set_nodes(Arc::clone(&addrs));
                     }
-                    dir = Directory::new(cluster.borrow_and_update().clone(), host_ips.clone());
                 }
             }
         }

@@ -554,3 +554,104 @@ fn explain_with_a_kubeconfig_adds_both_ends_nodes_in_time_order() {
         super::explain::render(&e)
     );
 }
+
+fn node_object(
+    name: &str,
+    host: &str,
+    pod_cidrs: &[&str],
+) -> Arc<k8s_openapi::api::core::v1::Node> {
+    use k8s_openapi::api::core::v1::{Node, NodeSpec};
+    use mycni_common::contract::ANNOTATION_HOST_IP;
+    let mut n = Node::default();
+    n.metadata.name = Some(name.into());
+    n.metadata.annotations = Some([(ANNOTATION_HOST_IP.to_string(), host.to_string())].into());
+    n.spec = Some(NodeSpec {
+        pod_cidrs: Some(pod_cidrs.iter().map(|c| c.to_string()).collect()),
+        ..NodeSpec::default()
+    });
+    Arc::new(n)
+}
+
+#[test]
+fn other_nodes_addresses_are_named_remote_nodes() {
+    let nodes = vec![
+        node_object("node-1", "192.168.77.11", &["10.244.1.0/24"]),
+        node_object(
+            "node-2",
+            "192.168.77.12",
+            &["10.244.2.0/24", "fd00:10:244:2::/64"],
+        ),
+        node_object("node-3", "not an address", &["garbage"]),
+    ];
+    let addrs = super::node_addrs(&nodes, "node-1");
+    let named = |ip: &str| {
+        addrs
+            .get(&ip.parse::<IpAddr>().expect("ip"))
+            .map(|n| n.to_string())
+    };
+    // This node's own are the host's, not a remote node's.
+    assert_eq!(named("192.168.77.11"), None);
+    assert_eq!(named("192.168.77.12").as_deref(), Some("node-2"));
+    assert_eq!(named("10.244.2.0").as_deref(), Some("node-2"));
+    assert_eq!(named("fd00:10:244:2::").as_deref(), Some("node-2"));
+    assert_eq!(addrs.len(), 3, "{addrs:?}");
+    let d = dir().with_nodes(Arc::new(addrs));
+    let vtep: IpAddr = "10.244.2.0".parse().expect("ip");
+    let pod = pod_ip("x", "a", false);
+    let l = d
+        .record(Observation::Datapath {
+            at: at(),
+            event: event(vtep, pod, FLOW_NEW, DpPath::FastDecap as u16, 0x02),
+        })
+        .line("node-1", &NoNames);
+    assert_eq!(l.flow.source.labels, ["reserved:remote-node"]);
+    assert_eq!(l.flow.source.node_name, "node-2");
+    assert!(
+        l.human().contains("10.244.2.0 (node node-2)"),
+        "{}",
+        l.human()
+    );
+    let world: IpAddr = "192.168.77.99".parse().expect("ip");
+    assert!(matches!(d.who(world), super::enrich::Who::World));
+}
+
+#[tokio::test]
+async fn the_room_goes_on_when_there_is_no_policy_room() {
+    use super::room::{KernelNames, Settings, spawn};
+    let metrics = Arc::new(crate::metrics::Metrics::default());
+    // Enforcement off: the policy room never starts, its sender is gone.
+    let (cluster_tx, cluster_rx) = tokio::sync::watch::channel(cluster());
+    drop(cluster_tx);
+    let (_nodes_tx, nodes_rx) = tokio::sync::watch::channel(super::Nodes::default());
+    let (sink, store, task) = spawn(
+        Settings {
+            node: "node-1".into(),
+            history: 100,
+            pod_series: 10,
+        },
+        &metrics,
+        cluster_rx,
+        nodes_rx,
+        HashSet::new(),
+        Arc::new(KernelNames::default()),
+        None,
+    );
+    let (a, b) = (pod_ip("x", "a", false), pod_ip("x", "b", false));
+    for _ in 0..3 {
+        sink.send(Observation::Datapath {
+            at: at(),
+            event: event(a, b, FLOW_NEW, DpPath::FastEncap as u16, 0x02),
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut held = 0;
+    for _ in 0..100 {
+        held = store.matching(&Filter::default()).len();
+        if held == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    task.abort();
+    assert_eq!(held, 3, "the room stopped taking records");
+}
