@@ -106,3 +106,25 @@ pub(crate) fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> boo
     }
     bail!("timed out after {timeout:?} waiting for {what}")
 }
+
+/// A log line without its terminal colour codes (tracing's ANSI escapes),
+/// so its fields can be read.
+pub fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut it = s.chars().peekable();
+    while let Some(c) = it.next() {
+        if c == '\u{1b}' {
+            if it.peek() == Some(&'[') {
+                it.next();
+                for d in it.by_ref() {
+                    if d.is_ascii_alphabetic() {
+                        break;
+                    }
+                }
+            }
+            continue;
+        }
+        out.push(c);
+    }
+    out
+}

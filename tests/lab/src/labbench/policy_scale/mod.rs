@@ -38,7 +38,9 @@ use anyhow::{Context, Result, bail};
 
 use super::variants::wait_agents_idle;
 use crate::model::{ContainerPort, NAMESPACE_NAME_LABEL, Proto, namespace_object};
-use crate::{Bins, Lab, PodRequest, Spec, Stack, catch_interrupts, check_interrupted, wait_for};
+use crate::{
+    Bins, Lab, PodRequest, Spec, Stack, catch_interrupts, check_interrupted, strip_ansi, wait_for,
+};
 use cluster::{ALLOW, CLIENT, PROBE_NS, PROBE_PORT, ROLE, SERVER};
 use prober::{Pair, Prober, Verdict};
 
@@ -489,26 +491,6 @@ fn field(line: &str, name: &str) -> Option<usize> {
         .next()?
         .parse()
         .ok()
-}
-
-fn strip_ansi(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut it = s.chars().peekable();
-    while let Some(c) = it.next() {
-        if c == '\u{1b}' {
-            if it.peek() == Some(&'[') {
-                it.next();
-                for d in it.by_ref() {
-                    if d.is_ascii_alphabetic() {
-                        break;
-                    }
-                }
-            }
-            continue;
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// Node `i`'s agent's VmRSS and VmHWM, KiB.

@@ -35,25 +35,7 @@ pub(super) fn cpu(pid: u32) -> Result<(f64, f64)> {
     Ok((ut / hz, st / hz))
 }
 
-pub(super) fn strip_ansi(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut it = s.chars().peekable();
-    while let Some(c) = it.next() {
-        if c == '\u{1b}' {
-            if it.peek() == Some(&'[') {
-                it.next();
-                for d in it.by_ref() {
-                    if d.is_ascii_alphabetic() {
-                        break;
-                    }
-                }
-            }
-            continue;
-        }
-        out.push(c);
-    }
-    out
-}
+pub(super) use mycni_lab::strip_ansi;
 
 /// One line of the agent's log: its timestamp and text.
 pub(super) struct LogLine {
