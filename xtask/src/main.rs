@@ -293,12 +293,12 @@ fn bench(args: &[String]) -> Result<()> {
         return lab::run(&lab_args);
     }
     setup::run()?;
-    let help = args.iter().any(|a| a == "--help" || a == "-h");
-    if matches!(which, Some("policy" | "policy-scale")) && !help {
+    if matches!(which, Some("policy" | "policy-scale")) {
         // A lab of its own on the fast path: the agent embeds the eBPF
         // object at build time, and every lab binary runs. The lab's build
         // has mycni-bench too; building it again alone would unify other
-        // features and recompile half the dependencies.
+        // features and recompile half the dependencies (6 min), so its
+        // --help goes the same way and costs nothing once the lab is built.
         build_ebpf()?;
         lab::build_release()?;
     } else {
