@@ -449,6 +449,20 @@ fn counted(before: &[Counters], after: &[Counters]) -> u64 {
         .sum()
 }
 
+/// `1000` -> `1,000`: the benches' reports count policies, prefixes and
+/// pods this way.
+fn thousands(n: usize) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (k, c) in s.chars().enumerate() {
+        if k > 0 && (s.len() - k).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,9 +7,10 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use super::shape::{Shape, State, thousands};
+use super::shape::{Shape, State};
 use super::{Datapath, Options, Results};
 use crate::chart::{Bar, Chart, Kind, Panel, Reference};
+use crate::labbench::thousands;
 use crate::stats::median;
 
 /// One row of a table: a figure of a column's runs.

@@ -11,7 +11,7 @@ use std::net::Ipv4Addr;
 
 use serde_json::{Value, json};
 
-use crate::labbench::{IPERF_PORT, SOCKPERF_PORT};
+use crate::labbench::{IPERF_PORT, SOCKPERF_PORT, thousands};
 use crate::netpol::policy_object;
 
 /// The Kubernetes namespace of the bench's pods and policies.
@@ -125,19 +125,6 @@ const IP_BLOCK: &str = "ip-block";
 
 fn decoy_name(i: usize) -> String {
     format!("decoy-{i:05}")
-}
-
-/// `1000` -> `1,000`.
-pub(super) fn thousands(n: usize) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (k, c) in s.chars().enumerate() {
-        if k > 0 && (s.len() - k).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 fn ports(list: &[(u16, &str)]) -> Value {

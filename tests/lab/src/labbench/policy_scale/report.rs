@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use super::{Latency, Memory, Options, Phase};
+use crate::labbench::thousands;
 use crate::stats::percentile_duration;
 
 /// Issue 26's targets: p99 create -> enforced in the lab alone and with
@@ -13,19 +14,6 @@ use crate::stats::percentile_duration;
 const TARGET_LAB_MS: f64 = 100.0;
 const TARGET_SCALE_MS: f64 = 1000.0;
 const TARGET_KIB_PER_POD: f64 = 5.0;
-
-/// `1000` -> `1,000`.
-fn thousands(n: usize) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (k, c) in s.chars().enumerate() {
-        if k > 0 && (s.len() - k).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
