@@ -316,7 +316,7 @@ mod tests {
             json!({"podSelector": {}, "policyTypes": ["Egress"]}),
         ));
         for p in c.pods.values_mut() {
-            p.node = Some("n1".into());
+            std::sync::Arc::make_mut(p).node = Some("n1".into());
         }
         let compiled = compile_node(&c, "n1");
         let mut v = View::default();

@@ -36,8 +36,10 @@ pub mod sets;
 #[cfg(test)]
 pub(crate) mod tests;
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 pub use compile::{
     Allow, CompiledPod, DirectionRules, PeerSet, PortRange, PortSet, compile_node, compile_pod,
@@ -48,34 +50,42 @@ pub use convert::{
 pub use eval::{Endpoint, Judgement, RuleRef, Verdict, allowed};
 pub use model::*;
 
-/// Everything the semantics depend on: the agent's three caches.
+/// Everything the semantics depend on: the agent's three caches. The
+/// objects are shared with the caches (a pass builds a `Cluster` from
+/// them without copying one), so a change is `Arc::make_mut`.
 #[derive(Debug, Clone, Default)]
 pub struct Cluster {
-    pub pods: BTreeMap<Key, Pod>,
-    pub namespaces: BTreeMap<String, Namespace>,
-    pub policies: BTreeMap<Key, Policy>,
+    pub pods: BTreeMap<Key, Arc<Pod>>,
+    pub namespaces: BTreeMap<String, Arc<Namespace>>,
+    pub policies: BTreeMap<Key, Arc<Policy>>,
 }
 
 impl Cluster {
-    pub fn add_pod(&mut self, pod: Pod) {
+    pub fn add_pod(&mut self, pod: impl Into<Arc<Pod>>) {
+        let pod = pod.into();
         self.pods.insert(pod.key.clone(), pod);
     }
 
-    pub fn add_namespace(&mut self, ns: Namespace) {
+    pub fn add_namespace(&mut self, ns: impl Into<Arc<Namespace>>) {
+        let ns = ns.into();
         self.namespaces.insert(ns.name.clone(), ns);
     }
 
-    pub fn add_policy(&mut self, policy: Policy) {
+    pub fn add_policy(&mut self, policy: impl Into<Arc<Policy>>) {
+        let policy = policy.into();
         self.policies.insert(policy.key.clone(), policy);
     }
 
     /// Labels of a namespace. One the cache has not seen yet still carries
     /// the name label, which the API server sets on every namespace: a
     /// selector on it must not flap while the namespace watch catches up.
-    pub fn namespace_labels(&self, name: &str) -> Labels {
+    pub fn namespace_labels(&self, name: &str) -> Cow<'_, Labels> {
         match self.namespaces.get(name) {
-            Some(ns) => ns.labels.clone(),
-            None => Labels::from([(NAMESPACE_NAME_LABEL.to_string(), name.to_string())]),
+            Some(ns) => Cow::Borrowed(&ns.labels),
+            None => Cow::Owned(Labels::from([(
+                NAMESPACE_NAME_LABEL.to_string(),
+                name.to_string(),
+            )])),
         }
     }
 
@@ -84,6 +94,7 @@ impl Cluster {
     pub fn pod_by_ip(&self, ip: IpAddr) -> Option<&Pod> {
         self.pods
             .values()
+            .map(|p| &**p)
             .find(|p| !p.host_network && p.ips.contains(&ip))
     }
 
@@ -115,10 +126,12 @@ impl Cluster {
     /// Policies of `pod`'s namespace whose podSelector selects it, in key
     /// order. hostNetwork pods are never selected.
     pub fn policies_selecting<'a>(&'a self, pod: &'a Pod) -> impl Iterator<Item = &'a Policy> + 'a {
-        self.policies.values().filter(move |p| {
-            !pod.host_network
-                && p.key.namespace == pod.key.namespace
-                && p.pod_selector.matches(&pod.labels)
-        })
+        // Keys order by namespace first: its policies are one range.
+        let namespace = &pod.key.namespace;
+        self.policies
+            .range(Key::new(namespace.as_str(), "")..)
+            .map(|(_, p)| &**p)
+            .take_while(move |p| p.key.namespace == *namespace)
+            .filter(move |p| !pod.host_network && p.pod_selector.matches(&pod.labels))
     }
 }

@@ -26,7 +26,7 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::convert::{Problem, namespace_from_k8s, pod_from_k8s, policy_from_k8s};
+use super::convert::Problem;
 use super::counters::drop_counters;
 use super::inspect::View;
 use super::metrics::{PolicyMetrics, read_counters};
@@ -264,34 +264,39 @@ impl Room {
         self.metrics.passes.fetch_add(1, Ordering::Relaxed);
         let mut cluster = Cluster::default();
         for ns in &snap.namespaces {
-            match namespace_from_k8s(ns) {
-                Ok(n) => cluster.add_namespace(n),
-                Err(p) => self.report("Namespace", &ns.metadata.name, &p, "ignored"),
+            match &**ns {
+                Ok(n) => cluster.add_namespace(n.value.clone()),
+                Err(r) => self.report("Namespace", r.name.as_deref(), &r.problem, "ignored"),
             }
         }
         for pod in &snap.pods {
-            match pod_from_k8s(pod) {
+            match &**pod {
                 Ok(c) => {
                     for p in &c.dropped {
-                        self.report("Pod", &pod.metadata.name, p, "field ignored");
+                        self.report("Pod", Some(&c.value.key.name), p, "field ignored");
                     }
-                    cluster.add_pod(c.value);
+                    cluster.add_pod(c.value.clone());
                 }
-                Err(p) => self.report("Pod", &pod.metadata.name, &p, "ignored"),
+                Err(r) => self.report("Pod", r.name.as_deref(), &r.problem, "ignored"),
             }
         }
         for np in &snap.policies {
-            match policy_from_k8s(np) {
+            match &**np {
                 Ok(c) => {
                     for p in &c.dropped {
-                        self.report("NetworkPolicy", &np.metadata.name, p, "rule allows nothing");
+                        self.report(
+                            "NetworkPolicy",
+                            Some(&c.value.key.name),
+                            p,
+                            "rule allows nothing",
+                        );
                     }
-                    cluster.add_policy(c.value);
+                    cluster.add_policy(c.value.clone());
                 }
-                Err(p) => self.report(
+                Err(r) => self.report(
                     "NetworkPolicy",
-                    &np.metadata.name,
-                    &p,
+                    r.name.as_deref(),
+                    &r.problem,
                     "policy ignored: it selects no pod",
                 ),
             }
@@ -338,7 +343,11 @@ impl Room {
         for (key, ips) in read_records(&self.records) {
             if let Some(pod) = cluster.pods.get_mut(&key)
                 && pod.node.as_deref() == Some(self.node.as_str())
+                && ips.iter().any(|ip| !pod.ips.contains(ip))
             {
+                // A copy of this pod for this pass alone: the cache's
+                // stays as the API told it.
+                let pod = Arc::make_mut(pod);
                 for ip in ips {
                     if !pod.ips.contains(&ip) {
                         pod.ips.push(ip);
@@ -348,9 +357,9 @@ impl Room {
         }
     }
 
-    fn report(&mut self, kind: &'static str, name: &Option<String>, p: &Problem, effect: &str) {
+    fn report(&mut self, kind: &'static str, name: Option<&str>, p: &Problem, effect: &str) {
         *self.found.entry(kind).or_default() += 1;
-        let name = name.as_deref().unwrap_or("<unnamed>");
+        let name = name.unwrap_or("<unnamed>");
         if self.reported.insert(format!("{kind}/{name}: {p}")) {
             tracing::warn!(kind, name, problem = %p, effect, "cannot read part of an object");
             self.metrics

@@ -20,6 +20,7 @@ use tokio::sync::Notify;
 
 use crate::metrics::Metrics;
 
+use super::cache::{Cache, cache};
 use super::kind::Kind;
 use super::nodes::NODES;
 
@@ -66,26 +67,74 @@ where
     K::DynamicType: Default + Eq + Hash + Clone,
 {
     let (reader, writer) = reflector::store::<K>();
+    let count = reader.clone();
+    let stream = watcher(api, config())
+        .default_backoff()
+        .modify(kind.trim)
+        .reflect(writer);
+    drive(stream, kind, metrics, changed, move || count.state().len()).await;
+    reader
+}
+
+/// As [`watch`], but the cache keeps each object's `convert`ed form
+/// instead of the object (see [`cache`](super::cache)).
+pub(super) async fn watch_converted<K, T>(
+    api: Api<K>,
+    kind: &'static Kind<K>,
+    convert: fn(&K) -> T,
+    metrics: &Arc<Metrics>,
+    changed: &Arc<Notify>,
+) -> Cache<T>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone,
+    T: Send + Sync + 'static,
+{
+    let (reader, mut writer) = cache(convert);
+    let count = reader.clone();
+    let stream = watcher(api, config())
+        .default_backoff()
+        .modify(kind.trim)
+        .inspect(move |ev| {
+            if let Ok(ev) = ev {
+                writer.apply(ev);
+            }
+        });
+    drive(stream, kind, metrics, changed, move || count.len()).await;
+    reader
+}
+
+/// Small pages bound the list's peak memory; trimming every object to
+/// what the agent reads keeps the cache small (a Node: ~1 KB instead of
+/// the ~40 KB a kubelet-maintained one weighs with its managedFields and
+/// status images; 5,000 real Nodes would otherwise cost ~250 MB).
+fn config() -> watcher::Config {
+    watcher::Config::default().page_size(100)
+}
+
+/// Runs a watch's stream (whose cache is written as it goes) in a task of
+/// its own; returns once the initial list is complete. Every event raises
+/// `changed`; `cached` tells the list's size.
+async fn drive<K, S>(
+    stream: S,
+    kind: &'static Kind<K>,
+    metrics: &Arc<Metrics>,
+    changed: &Arc<Notify>,
+    cached: impl Fn() -> usize + Send + 'static,
+) where
+    K: Send + 'static,
+    S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+{
     let watch_changed = changed.clone();
     let synced = Arc::new(Notify::new());
     let watch_synced = synced.clone();
-    let watch_reader = reader.clone();
     let metrics = metrics.clone();
     tokio::spawn(async move {
-        // Small pages bound the list's peak memory; trimming every object
-        // to what the agent reads keeps the cache small (a Node: ~1 KB
-        // instead of the ~40 KB a kubelet-maintained one weighs with its
-        // managedFields and status images; 5,000 real Nodes would
-        // otherwise cost ~250 MB).
-        let stream = watcher(api, watcher::Config::default().page_size(100))
-            .default_backoff()
-            .modify(kind.trim)
-            .reflect(writer);
         tokio::pin!(stream);
         while let Some(ev) = stream.next().await {
             match ev {
                 Ok(watcher::Event::InitDone) => {
-                    (kind.listed)(watch_reader.state().len());
+                    (kind.listed)(cached());
                     if kind.reachability {
                         metrics.api_reachable.store(true, Ordering::Relaxed);
                     }
@@ -111,5 +160,4 @@ where
         }
     });
     synced.notified().await;
-    reader
 }

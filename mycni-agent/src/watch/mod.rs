@@ -5,6 +5,7 @@
 //! it means.
 
 mod api;
+mod cache;
 pub mod kernel;
 mod kind;
 mod nodes;

@@ -1,36 +1,61 @@
 //! Pods, Namespaces and NetworkPolicies: what the policy room reads, each
-//! cached trimmed to what the semantics use. Their events raise a signal
+//! cached as the model the semantics read, converted once as it arrives
+//! (`cache`). Their events raise a signal
 //! of their own, so a pod churning never wakes the overlay's pass.
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::Api;
-use kube::runtime::reflector::Store;
 use tokio::sync::Notify;
 
 use crate::metrics::Metrics;
+use crate::policy::{
+    Converted, Namespace, Pod, Policy, Problem, namespace_from_k8s, pod_from_k8s, policy_from_k8s,
+};
 
-use super::api::watch;
+use super::api::watch_converted;
+use super::cache::Cache;
 use super::kind::Kind;
 
-static PODS: Kind<Pod> = Kind {
+/// What the room reads of one object: its model, converted once when it
+/// arrived, with the parts that could not be read; or why none of it
+/// could.
+pub type Read<T> = Result<Converted<Arc<T>>, Rejected>;
+
+/// An object the model cannot hold, and its name for the report.
+pub struct Rejected {
+    pub name: Option<String>,
+    pub problem: Problem,
+}
+
+fn read<K: kube::Resource, T>(o: &K, c: Result<Converted<T>, Problem>) -> Read<T> {
+    match c {
+        Ok(c) => Ok(Converted {
+            value: Arc::new(c.value),
+            dropped: c.dropped,
+        }),
+        Err(problem) => Err(Rejected {
+            name: o.meta().name.clone(),
+            problem,
+        }),
+    }
+}
+
+// The typed objects are dropped once converted: trimming them first
+// would only copy what the conversion reads anyway.
+static PODS: Kind<core::Pod> = Kind {
     name: "Pod",
-    trim: trim_pod,
+    trim: |_| {},
     listed: |pods| tracing::info!(pods, "initial Pod list complete"),
     event: |_| {},
     reachability: false,
 };
 
-static NAMESPACES: Kind<Namespace> = Kind {
+static NAMESPACES: Kind<core::Namespace> = Kind {
     name: "Namespace",
-    trim: |ns| {
-        ns.metadata.managed_fields = None;
-        ns.metadata.annotations = None;
-        ns.spec = None;
-        ns.status = None;
-    },
+    trim: |_| {},
     listed: |namespaces| tracing::info!(namespaces, "initial Namespace list complete"),
     event: |_| {},
     reachability: false,
@@ -38,11 +63,7 @@ static NAMESPACES: Kind<Namespace> = Kind {
 
 static POLICIES: Kind<NetworkPolicy> = Kind {
     name: "NetworkPolicy",
-    // kubectl's last-applied annotation repeats the spec: drop it.
-    trim: |np| {
-        np.metadata.managed_fields = None;
-        np.metadata.annotations = None;
-    },
+    trim: |_| {},
     listed: |policies| tracing::info!(policies, "initial NetworkPolicy list complete"),
     event: |_| {},
     reachability: false,
@@ -50,15 +71,15 @@ static POLICIES: Kind<NetworkPolicy> = Kind {
 
 /// What a pass of the policy room reads.
 pub struct PolicySnapshot {
-    pub pods: Vec<Arc<Pod>>,
-    pub namespaces: Vec<Arc<Namespace>>,
-    pub policies: Vec<Arc<NetworkPolicy>>,
+    pub pods: Vec<Arc<Read<Pod>>>,
+    pub namespaces: Vec<Arc<Read<Namespace>>>,
+    pub policies: Vec<Arc<Read<Policy>>>,
 }
 
 pub struct PolicyWatch {
-    pods: Store<Pod>,
-    namespaces: Store<Namespace>,
-    policies: Store<NetworkPolicy>,
+    pods: Cache<Read<Pod>>,
+    namespaces: Cache<Read<Namespace>>,
+    policies: Cache<Read<Policy>>,
     /// Raised by every event of the three, and once each list is complete.
     pub changed: Arc<Notify>,
 }
@@ -70,9 +91,33 @@ impl PolicyWatch {
     pub async fn start(client: kube::Client, metrics: &Arc<Metrics>) -> Self {
         let changed = Arc::new(Notify::new());
         let (pods, namespaces, policies) = tokio::join!(
-            watch(Api::all(client.clone()), &PODS, metrics, &changed),
-            watch(Api::all(client.clone()), &NAMESPACES, metrics, &changed),
-            watch(Api::all(client), &POLICIES, metrics, &changed),
+            watch_converted(
+                Api::all(client.clone()),
+                &PODS,
+                |p| read(p, pod_from_k8s(p)),
+                metrics,
+                &changed
+            ),
+            watch_converted(
+                Api::all(client.clone()),
+                &NAMESPACES,
+                |n| read(
+                    n,
+                    namespace_from_k8s(n).map(|value| Converted {
+                        value,
+                        dropped: Vec::new()
+                    })
+                ),
+                metrics,
+                &changed
+            ),
+            watch_converted(
+                Api::all(client),
+                &POLICIES,
+                |p| read(p, policy_from_k8s(p)),
+                metrics,
+                &changed
+            ),
         );
         PolicyWatch {
             pods,
@@ -88,40 +133,5 @@ impl PolicyWatch {
             namespaces: self.namespaces.state(),
             policies: self.policies.state(),
         }
-    }
-}
-
-/// Keeps what `policy::convert::pod_from_k8s` reads: name, namespace,
-/// labels, node, hostNetwork, the containers' ports, phase and IPs. A
-/// kubelet-maintained Pod weighs ~10-20 KB with its managed fields, env,
-/// volumes and conditions; this keeps well under 1 KB of it.
-fn trim_pod(p: &mut Pod) {
-    p.metadata.managed_fields = None;
-    p.metadata.annotations = None;
-    p.metadata.owner_references = None;
-    p.metadata.finalizers = None;
-    if let Some(spec) = p.spec.as_mut() {
-        spec.volumes = None;
-        spec.init_containers = None;
-        spec.ephemeral_containers = None;
-        spec.affinity = None;
-        spec.tolerations = None;
-        spec.topology_spread_constraints = None;
-        for c in &mut spec.containers {
-            let ports = c.ports.take();
-            *c = k8s_openapi::api::core::v1::Container {
-                name: std::mem::take(&mut c.name),
-                ports,
-                ..Default::default()
-            };
-        }
-    }
-    if let Some(status) = p.status.as_mut() {
-        *status = k8s_openapi::api::core::v1::PodStatus {
-            phase: status.phase.take(),
-            pod_ip: status.pod_ip.take(),
-            pod_ips: status.pod_ips.take(),
-            ..Default::default()
-        };
     }
 }

@@ -21,7 +21,7 @@ fn on_node(policies: &[(&str, &str, serde_json::Value)], node: &str) -> Desired 
     }
     // The fixture's pods have no node: put them all on `node`.
     for p in c.pods.values_mut() {
-        p.node = Some(node.to_string());
+        std::sync::Arc::make_mut(p).node = Some(node.to_string());
     }
     desired(&compile_node(&c, node), !policies.is_empty())
 }

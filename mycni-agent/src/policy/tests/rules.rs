@@ -61,7 +61,7 @@ fn not_in_matches_missing_key() {
             {"podSelector": {"matchExpressions": [
                 {"key": "tier", "operator": "NotIn", "values": ["db"]}]}}]}]}),
     ));
-    let tiered = c.pods.get_mut(&Key::new("x", "c")).expect("x/c");
+    let tiered = std::sync::Arc::make_mut(c.pods.get_mut(&Key::new("x", "c")).expect("x/c"));
     tiered.labels.insert("tier".into(), "db".into());
     let want = Reach::all(true)
         .expect("*", "x/a", false)

@@ -30,9 +30,9 @@ fn pod_relabelled_in_then_out() {
         .expect("z/b", "x/a", true);
     check_tcp(&c, &base);
     let zc = Key::new("z", "c");
-    c.pods.get_mut(&zc).expect("z/c").labels = labels(&[("pod", "b")]);
+    std::sync::Arc::make_mut(c.pods.get_mut(&zc).expect("z/c")).labels = labels(&[("pod", "b")]);
     check_tcp(&c, &base.clone().expect("z/c", "x/a", true));
-    c.pods.get_mut(&zc).expect("z/c").labels = labels(&[("pod", "c")]);
+    std::sync::Arc::make_mut(c.pods.get_mut(&zc).expect("z/c")).labels = labels(&[("pod", "c")]);
     check_tcp(&c, &base);
 }
 
@@ -50,7 +50,7 @@ fn namespace_relabelled_in_then_out() {
     let closed = Reach::all(true).expect("*", "x/a", false);
     check_tcp(&c, &closed);
     let set_team = |c: &mut Cluster, v: Option<&str>| {
-        let ns = c.namespaces.get_mut("y").expect("y");
+        let ns = std::sync::Arc::make_mut(c.namespaces.get_mut("y").expect("y"));
         match v {
             Some(v) => ns.labels.insert("team".into(), v.into()),
             None => ns.labels.remove("team"),

@@ -220,7 +220,7 @@ fn ingress_named_port() {
 fn egress_named_port_resolves_on_destination() {
     let mut c = model();
     if let Some(yb) = c.pods.get_mut(&crate::policy::Key::new("y", "b")) {
-        for p in yb.ports.iter_mut() {
+        for p in std::sync::Arc::make_mut(yb).ports.iter_mut() {
             if p.name.as_deref() == Some("serve-80-tcp") {
                 p.port = 8080;
             }
