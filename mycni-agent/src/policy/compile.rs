@@ -163,31 +163,51 @@ impl CompiledPod {
 
 /// Every pod-network pod on `node`, compiled.
 pub fn compile_node(cluster: &Cluster, node: &str) -> BTreeMap<Key, CompiledPod> {
+    let mut peers = PeerCache::new();
     cluster
         .pods
         .values()
         .filter(|p| !p.host_network && p.node.as_deref() == Some(node))
-        .map(|p| (p.key.clone(), compile_pod(cluster, p)))
+        .map(|p| (p.key.clone(), compile(cluster, p, &mut peers)))
         .collect()
 }
 
 pub fn compile_pod(cluster: &Cluster, pod: &Pod) -> CompiledPod {
+    compile(cluster, pod, &mut PeerCache::new())
+}
+
+/// A rule's peers, resolved once per compilation: they depend on the
+/// cluster and the rule, not on the local pod, and resolving them walks
+/// every pod of the cluster. A node's pods selected by one policy share
+/// its rules.
+type PeerCache = BTreeMap<RuleRef, PeerSet>;
+
+fn compile(cluster: &Cluster, pod: &Pod, peers: &mut PeerCache) -> CompiledPod {
     CompiledPod {
         pod: pod.key.clone(),
         ips: pod.ips.clone(),
-        ingress: direction(cluster, pod, Direction::Ingress),
-        egress: direction(cluster, pod, Direction::Egress),
+        ingress: direction(cluster, pod, Direction::Ingress, peers),
+        egress: direction(cluster, pod, Direction::Egress, peers),
     }
 }
 
-fn direction(cluster: &Cluster, pod: &Pod, direction: Direction) -> DirectionRules {
+fn direction(
+    cluster: &Cluster,
+    pod: &Pod,
+    direction: Direction,
+    peers: &mut PeerCache,
+) -> DirectionRules {
     let isolating = cluster.policies_isolating(pod, direction);
     if isolating.is_empty() {
         return DirectionRules::Open;
     }
     let mut allows = Vec::new();
     for (at, policy, rule) in Cluster::rules_of(&isolating, direction) {
-        compile_rule(cluster, policy, rule, pod, at, &mut allows);
+        let resolved = peers
+            .entry(at.clone())
+            .or_insert_with(|| peer_set(cluster, &policy.key.namespace, &rule.peers))
+            .clone();
+        compile_rule(cluster, policy, rule, resolved, pod, at, &mut allows);
     }
     DirectionRules::Isolated {
         by: isolating.iter().map(|p| p.key.clone()).collect(),
@@ -199,11 +219,11 @@ fn compile_rule(
     cluster: &Cluster,
     policy: &Policy,
     rule: &Rule,
+    peers: PeerSet,
     local: &Pod,
     at: RuleRef,
     out: &mut Vec<Allow>,
 ) {
-    let peers = peer_set(cluster, &policy.key.namespace, &rule.peers);
     let list = match &rule.ports {
         Ports::All => {
             out.push(Allow {
