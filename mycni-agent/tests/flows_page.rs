@@ -12,21 +12,24 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use mycni_agent::flows::NftVerdict;
-use mycni_agent::flows::enrich::{PodMeta, Record, What, Who};
+use mycni_agent::flows::enrich::{Record, What, Who};
 use mycni_agent::flows::record::PolicyRef;
 use mycni_agent::flows::room::{KernelNames, Served};
 use mycni_agent::flows::store::Store;
 use mycni_agent::metrics::Metrics;
 use mycni_agent::policy::counters::Reason;
-use mycni_agent::policy::{Direction, Key};
+use mycni_agent::policy::{Direction, Key, Pod};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 
 fn pod(ns: &str, name: &str) -> Who {
-    Who::Pod(Arc::new(PodMeta {
+    Who::Pod(Arc::new(Pod {
         key: Key::new(ns, name),
-        labels: vec![format!("k8s:pod={name}")],
-        node: "node-1".into(),
+        labels: [("pod".to_string(), name.to_string())].into(),
+        ips: Vec::new(),
+        ports: Vec::new(),
+        host_network: false,
+        node: Some("node-1".into()),
     }))
 }
 

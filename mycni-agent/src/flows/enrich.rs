@@ -19,21 +19,14 @@ use mycni_common::flow::{FLOW_DROP, FLOW_NEW, FlowEvent, FlowSource};
 use super::record::{Endpoint, Flow, Interface, Ip, L4, Line, PolicyRef, TcpFlags};
 use super::{NftLog, NftVerdict, NodeAddrs, Observation};
 use crate::policy::counters::Reason;
-use crate::policy::{Cluster, Direction, Endpoint as PolicyEnd, Judgement, Key, Protocol};
-
-/// A pod as records name it.
-#[derive(Debug, PartialEq, Eq)]
-pub struct PodMeta {
-    pub key: Key,
-    /// `k8s:<key>=<value>`, Hubble's spelling.
-    pub labels: Vec<String>,
-    pub node: String,
-}
+use crate::policy::{Cluster, Direction, Endpoint as PolicyEnd, Judgement, Key, Pod, Protocol};
 
 /// One end of a record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Who {
-    Pod(Arc<PodMeta>),
+    /// The policy room's own copy, shared: naming a pod costs a pointer,
+    /// and a record keeps the pod as it was.
+    Pod(Arc<Pod>),
     /// This node's own stack.
     Host,
     /// Another node's own stack: its host address, or its `vxlan.1` one
@@ -44,7 +37,7 @@ pub enum Who {
 }
 
 impl Who {
-    pub fn pod(&self) -> Option<&PodMeta> {
+    pub fn pod(&self) -> Option<&Pod> {
         match self {
             Who::Pod(p) => Some(p),
             _ => None,
@@ -56,8 +49,13 @@ impl Who {
             Who::Pod(p) => Endpoint {
                 namespace: p.key.namespace.clone(),
                 pod_name: p.key.name.clone(),
-                labels: p.labels.clone(),
-                node_name: p.node.clone(),
+                // Hubble's spelling.
+                labels: p
+                    .labels
+                    .iter()
+                    .map(|(k, v)| format!("k8s:{k}={v}"))
+                    .collect(),
+                node_name: p.node.clone().unwrap_or_default(),
             },
             Who::Host => Endpoint {
                 labels: vec!["reserved:host".into()],
@@ -82,7 +80,7 @@ impl Who {
 #[derive(Default)]
 pub struct Directory {
     pub cluster: Arc<Cluster>,
-    by_ip: HashMap<IpAddr, Arc<PodMeta>>,
+    by_ip: HashMap<IpAddr, Arc<Pod>>,
     /// This node's own addresses.
     pub host_ips: HashSet<IpAddr>,
     /// The other nodes' own addresses.
@@ -115,17 +113,8 @@ impl Directory {
     pub fn new(cluster: Arc<Cluster>, host_ips: HashSet<IpAddr>) -> Self {
         let mut by_ip = HashMap::new();
         for pod in cluster.pods.values().filter(|p| !p.host_network) {
-            let meta = Arc::new(PodMeta {
-                key: pod.key.clone(),
-                labels: pod
-                    .labels
-                    .iter()
-                    .map(|(k, v)| format!("k8s:{k}={v}"))
-                    .collect(),
-                node: pod.node.clone().unwrap_or_default(),
-            });
             for ip in &pod.ips {
-                by_ip.insert(*ip, meta.clone());
+                by_ip.insert(*ip, pod.clone());
             }
         }
         Directory {

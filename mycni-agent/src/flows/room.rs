@@ -75,7 +75,7 @@ impl FlowMetrics {
     fn count_drop(&self, node: &str, r: &Record, line_reason: &str, direction: &'static str) {
         let local = |w: &super::enrich::Who| {
             w.pod()
-                .filter(|p| p.node == node)
+                .filter(|p| p.node.as_deref() == Some(node))
                 .map(|p| (p.key.namespace.clone(), p.key.name.clone()))
         };
         // The isolated side for policy drops; else whichever end is ours.
