@@ -57,6 +57,13 @@ enum Command {
         #[arg(long)]
         release: bool,
     },
+    /// Build the CNI plugin as it ships (the image copies this binary):
+    /// alone, so no other package's features reach its dependencies,
+    /// statically linked and not position-independent, in target/plugin.
+    ///
+    /// The binary lands in target/plugin/<host triple>/release/mycni; `bench
+    /// plugin` measures it.
+    BuildPlugin,
     /// The README's test command: setup, shape, docs, build-ebpf, fmt check, clippy
     /// (host crates, and the eBPF crate on its own target), then every test,
     /// including the privileged network-namespace tests, then every fuzz
@@ -129,6 +136,7 @@ fn main() -> ExitCode {
     let result = match cli.cmd {
         Command::Setup => setup::run(),
         Command::BuildEbpf { release: _ } => build_ebpf().map(|_| ()),
+        Command::BuildPlugin => build_plugin().map(|_| ()),
         Command::Test { args } => test(&args),
         Command::Shape => shape::run(),
         Command::Docs => docs::run(),
@@ -204,6 +212,52 @@ pub fn ebpf_object(profile: &str) -> PathBuf {
         .join(EBPF_TARGET)
         .join(profile)
         .join("mycni-ebpf")
+}
+
+/// The target the plugin is built for: the host's, named explicitly so
+/// its flags reach only the plugin's own crates, never the build scripts
+/// and proc macros cargo compiles for the host.
+fn plugin_target() -> String {
+    format!("{}-unknown-linux-gnu", std::env::consts::ARCH)
+}
+
+/// Builds the plugin binary that ships, and returns its path.
+///
+/// The runtime starts the plugin once per verb and waits for it, so its
+/// start-up is part of every ADD. Built with the workspace, the plugin's
+/// dependencies get the agent's and the lab's features too (tokio's
+/// multi-threaded scheduler, ...); built alone, with its own target dir,
+/// they have only what the plugin asks for. Static (`crt-static`): no
+/// dynamic loader, no shared libraries to map and relocate, and no
+/// dependency on the glibc of the node it is copied to. Not
+/// position-independent (`relocation-model=static`), as the Go reference
+/// plugins are built: no relocations at start. A VERSION call took 0.77 ms
+/// of CPU dynamically linked, 0.39 static-pie, 0.35 static (`perf stat -r
+/// 300`, 2-CPU VM).
+pub fn build_plugin() -> Result<PathBuf> {
+    let root = workspace_root();
+    let target = plugin_target();
+    Cmd::new("cargo")
+        .args(["build", "--release", "--locked"])
+        .args(["--package", "mycni-plugin", "--bins", "--target", &target])
+        .arg("--target-dir")
+        .arg(root.join("target/plugin"))
+        .env(
+            "CARGO_ENCODED_RUSTFLAGS",
+            ["-Ctarget-feature=+crt-static", "-Crelocation-model=static"].join("\x1f"),
+        )
+        .toolchain(HOST_TOOLCHAIN)
+        .cwd(&root)
+        .run()?;
+    Ok(plugin_binary())
+}
+
+/// Where [`build_plugin`] leaves the plugin.
+pub fn plugin_binary() -> PathBuf {
+    workspace_root()
+        .join("target/plugin")
+        .join(plugin_target())
+        .join("release/mycni")
 }
 
 fn test(extra: &[String]) -> Result<()> {
@@ -308,6 +362,7 @@ fn bench(args: &[String]) -> Result<()> {
     // bench`'s does.
     Cmd::new(&root.join("target/release/mycni-bench").to_string_lossy())
         .args(args)
+        .env("MYCNI_BENCH_PLUGIN", plugin_binary())
         .env(
             "MYCNI_BENCH_PLUGIN_OUT",
             root.join("target/bench-plugin.md"),
@@ -324,10 +379,15 @@ fn bench(args: &[String]) -> Result<()> {
         .run_interruptible()
 }
 
-/// `mycni-bench` and what the `plugin` or `agent` bench runs.
+/// `mycni-bench` and what the `plugin` or `agent` bench runs. The plugin
+/// bench measures the plugin that ships ([`build_plugin`]), not one built
+/// beside the lab, whose features would reach its dependencies.
 fn build_bench(which: Option<&str>, root: &std::path::Path) -> Result<()> {
     let what: &[&str] = match which {
-        Some("plugin") => &["--package", "mycni-plugin", "--bins"],
+        Some("plugin") => {
+            build_plugin()?;
+            &["--bin", "mycni-bench"]
+        }
         Some("agent") => &[
             "--package",
             "mycni-agent",

@@ -50,8 +50,10 @@ enum Cli {
         /// Measured runs per variant.
         #[arg(long, default_value_t = 200)]
         runs: usize,
-        /// The mycni plugin binary [default: `mycni` next to this binary].
-        #[arg(long)]
+        /// The mycni plugin binary [default: `mycni` next to this binary;
+        /// `cargo xtask bench` sets the one that ships, built by `cargo
+        /// xtask build-plugin`].
+        #[arg(long, env = "MYCNI_BENCH_PLUGIN")]
         mycni: Option<PathBuf>,
         /// Another mycni plugin binary (a base build) to run interleaved
         /// with the first, in both of its variants: before/after ratios
