@@ -579,17 +579,22 @@ fn dockerfile_checks_catch_their_breakage() {
     for (from, to) in [
         // Copies something the builder does not build.
         (
-            "target/release/mycni /usr/local/bin/mycni",
-            "target/release/mycni-plugin /usr/local/bin/mycni",
+            "release/mycni /usr/local/bin/mycni",
+            "release/mycni-plugin /usr/local/bin/mycni",
+        ),
+        // Copies the plugin built with the workspace, not the one that ships.
+        (
+            "target/plugin/x86_64-unknown-linux-gnu/release/mycni ",
+            "target/release/mycni ",
         ),
         // Builds in debug, so target/release is empty.
         ("cargo build --release --locked", "cargo build --locked"),
         // Does not build the plugin.
-        (" -p mycni-plugin", ""),
+        (" \\\n && cargo xtask build-plugin", ""),
         // Builds the agent before the eBPF object it embeds.
         (
-            "RUN cargo xtask build-ebpf --release \\\n && cargo build --release --locked -p mycni-agent -p mycni-plugin",
-            "RUN cargo build --release --locked -p mycni-agent -p mycni-plugin \\\n && cargo xtask build-ebpf --release",
+            "RUN cargo xtask build-ebpf --release \\\n && cargo build --release --locked -p mycni-agent",
+            "RUN cargo build --release --locked -p mycni-agent \\\n && cargo xtask build-ebpf --release",
         ),
         // Misses a build package.
         (" clang-22 ", " "),

@@ -147,3 +147,5 @@ pub(crate) const RUNTIME_PACKAGES: &[&str] = &["iproute2", "nftables"];
 /// The object `cargo xtask build-ebpf --release` writes, relative to the
 /// workspace root.
 pub(crate) const EBPF_OBJECT: &str = "target/ebpf/bpfel-unknown-none/release/mycni-ebpf";
+/// What `cargo xtask build-plugin` builds (the image is amd64 only).
+pub(crate) const PLUGIN_BINARY: &str = "target/plugin/x86_64-unknown-linux-gnu/release/mycni";

@@ -159,6 +159,9 @@ pub(crate) fn check_dockerfile(text: &str) -> Check<Vec<(String, String)>> {
                         ebpf_built = true;
                         produced.insert(format!("{workdir}/{EBPF_OBJECT}"));
                     }
+                    if words.starts_with(&["cargo", "xtask", "build-plugin"]) {
+                        produced.insert(format!("{workdir}/{PLUGIN_BINARY}"));
+                    }
                     if words.starts_with(&["cargo", "build"]) {
                         if !words.contains(&"--release") || words.contains(&"--target-dir") {
                             return Err(format!(
