@@ -30,8 +30,14 @@ const VERSIONS: [&str; 4] = ["0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 const K8S_ARGS: &str =
     "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0;K8S_POD_INFRA_CONTAINER_ID=c1";
 
+/// The binary under test: the one cargo built for these tests, or the
+/// one `MYCNI_TEST_PLUGIN` names (e.g. the shipped build, target/plugin/
+/// <triple>/release/mycni from `cargo xtask build-plugin`).
 fn node() -> Result<Node> {
-    Node::new(Path::new(env!("CARGO_BIN_EXE_mycni")))
+    match std::env::var_os("MYCNI_TEST_PLUGIN") {
+        Some(bin) => Node::new(Path::new(&bin)),
+        None => Node::new(Path::new(env!("CARGO_BIN_EXE_mycni"))),
+    }
 }
 
 fn netns_path(ns: &NetNs) -> String {
