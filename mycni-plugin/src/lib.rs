@@ -26,7 +26,10 @@ pub fn run(stdin: &mut dyn Read, get_env: impl Fn(&str) -> Option<OsString>) -> 
     if env.command == Command::Version {
         return (version::version_json(), true);
     }
-    let mut raw = Vec::new();
+    // Room for a whole configuration up front: from an empty buffer,
+    // `read_to_end` probes with 32 bytes and doubles, one read(2) each
+    // (five for a 200-byte config, two with this).
+    let mut raw = Vec::with_capacity(16 * 1024);
     if let Err(e) = stdin.read_to_end(&mut raw) {
         let err = CniError::new(
             Code::Io,
