@@ -233,13 +233,18 @@ fn plugin_target() -> String {
 /// position-independent (`relocation-model=static`), as the Go reference
 /// plugins are built: no relocations at start. A VERSION call took 0.77 ms
 /// of CPU dynamically linked, 0.39 static-pie, 0.35 static (`perf stat -r
-/// 300`, 2-CPU VM).
+/// 300`, 2-CPU VM). One codegen unit with fat LTO: a smaller binary (3.3
+/// MB, not 4.4) that faults in fewer pages (61 for an ADD, not 70) and
+/// takes 4 % less CPU per ADD; opt-level "s" saved 3 more pages and
+/// nothing measurable.
 pub fn build_plugin() -> Result<PathBuf> {
     let root = workspace_root();
     let target = plugin_target();
     Cmd::new("cargo")
         .args(["build", "--release", "--locked"])
         .args(["--package", "mycni-plugin", "--bins", "--target", &target])
+        .args(["--config", "profile.release.lto=\"fat\""])
+        .args(["--config", "profile.release.codegen-units=1"])
         .arg("--target-dir")
         .arg(root.join("target/plugin"))
         .env(
