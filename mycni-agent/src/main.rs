@@ -204,11 +204,11 @@ struct RunArgs {
     network_policy: bool,
     /// Flow records the agent holds for `/flows` and `mycni-agent flows`
     /// (the oldest goes first).
-    #[arg(long, env = "MYCNI_FLOW_HISTORY", default_value_t = mycni_agent::flows::store::DEFAULT_HISTORY)]
+    #[arg(long, env = "MYCNI_FLOW_HISTORY", default_value_t = mycni_agent::flows::store::DEFAULT_HISTORY, value_parser = parse_flow_history)]
     flow_history: usize,
     /// Local pods with series of their own in `mycni_flow_pod_drops_total`
     /// (the rest count under pod="_other"): the metric's cardinality bound.
-    #[arg(long, env = "MYCNI_FLOW_POD_SERIES", default_value_t = 100)]
+    #[arg(long, env = "MYCNI_FLOW_POD_SERIES", default_value_t = 100, value_parser = parse_flow_pod_series)]
     flow_pod_series: usize,
     /// bpffs mount; pinned maps and links live under <bpffs>/mycni.
     #[arg(long, env = "MYCNI_BPFFS", default_value = "/sys/fs/bpf")]
@@ -232,7 +232,7 @@ struct RunArgs {
     /// With --datapath ebpf: the tc programs emit a flow event for the
     /// first packet of each connection and when its path changes, into the
     /// ring `mycni_flows` (a few ns per packet; never an event per packet).
-    #[arg(long, env = "MYCNI_FLOW_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, env = "MYCNI_FLOW_EVENTS", default_value_t = true, action = clap::ArgAction::Set, value_parser = parse_flow_events)]
     flow_events: bool,
     /// Route peers whose host IP is on one of the underlay's own subnets
     /// (one L2 segment) straight to that host, without VXLAN: `podCIDR via
@@ -342,6 +342,24 @@ fn parse_masquerade(s: &str) -> Result<bool, String> {
 
 fn parse_network_policy(s: &str) -> Result<bool, String> {
     setting("network-policy", "MYCNI_NETWORK_POLICY", parse_bool(s))
+}
+
+fn parse_flow_events(s: &str) -> Result<bool, String> {
+    setting("flow-events", "MYCNI_FLOW_EVENTS", parse_bool(s))
+}
+
+fn parse_count(s: &str) -> Result<usize, String> {
+    s.trim()
+        .parse::<usize>()
+        .map_err(|_| format!("{s:?} is not a count (a whole number, 0 or more)"))
+}
+
+fn parse_flow_history(s: &str) -> Result<usize, String> {
+    setting("flow-history", "MYCNI_FLOW_HISTORY", parse_count(s))
+}
+
+fn parse_flow_pod_series(s: &str) -> Result<usize, String> {
+    setting("flow-pod-series", "MYCNI_FLOW_POD_SERIES", parse_count(s))
 }
 
 fn parse_direct_routing(s: &str) -> Result<bool, String> {
@@ -559,7 +577,7 @@ fn main() -> Result<()> {
             let stale_after = args.stale_after();
             let cfg = args.config()?;
             println!(
-                "configuration ok: cluster-cidr={} underlay={} underlay6={} mtu={} datapath={} direct-routing={} masquerade={} metrics-addr={} resync={:?} liveness-stale-after={:?}",
+                "configuration ok: cluster-cidr={} underlay={} underlay6={} mtu={} datapath={} direct-routing={} masquerade={} network-policy={} flow-events={} flow-history={} flow-pod-series={} metrics-addr={} resync={:?} liveness-stale-after={:?}",
                 cfg.clusters(),
                 cfg.iface,
                 cfg.underlay6,
@@ -567,6 +585,10 @@ fn main() -> Result<()> {
                 format!("{:?}", cfg.datapath).to_lowercase(),
                 cfg.direct_routing,
                 cfg.masquerade,
+                cfg.network_policy,
+                cfg.flow_events,
+                cfg.flow_history,
+                cfg.flow_pod_series,
                 cfg.metrics_addr
                     .map_or("off".to_string(), |a| a.to_string()),
                 cfg.resync,
@@ -756,6 +778,10 @@ mod tests {
             ("--datapath=xdp", "datapath"),
             ("--direct-routing=yes", "direct-routing"),
             ("--masquerade=1", "masquerade"),
+            ("--network-policy=off", "network-policy"),
+            ("--flow-events=yes", "flow-events"),
+            ("--flow-history=-1", "flow-history"),
+            ("--flow-pod-series=many", "flow-pod-series"),
             ("--metrics-addr=9971", "metrics-addr"),
             ("--resync=0s", "resync"),
             ("--liveness-stale-after=2x", "liveness-stale-after"),

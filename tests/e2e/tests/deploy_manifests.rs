@@ -274,6 +274,9 @@ fn a_bad_configmap_value_stops_the_agent_naming_its_key() {
         ("datapath", "xdp"),
         ("direct-routing", "yes"),
         ("masquerade", "on"),
+        ("network-policy", "enforce"),
+        ("flow-events", "1"),
+        ("flow-history", "lots"),
         ("metrics-addr", "9971"),
         ("liveness-stale-after", "1s"),
     ] {

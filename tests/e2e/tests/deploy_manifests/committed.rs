@@ -28,6 +28,10 @@ pub(crate) const SETTINGS: &[(&str, &str, &str)] = &[
     ("datapath", "MYCNI_DATAPATH", "ebpf"),
     ("direct-routing", "MYCNI_DIRECT_ROUTING", "false"),
     ("masquerade", "MYCNI_MASQUERADE", "true"),
+    ("network-policy", "MYCNI_NETWORK_POLICY", "true"),
+    ("flow-events", "MYCNI_FLOW_EVENTS", "true"),
+    ("flow-history", "MYCNI_FLOW_HISTORY", "4095"),
+    ("flow-pod-series", "MYCNI_FLOW_POD_SERIES", "100"),
     ("metrics-addr", "MYCNI_METRICS_ADDR", "0.0.0.0:9971"),
     ("liveness-stale-after", "MYCNI_LIVENESS_STALE_AFTER", "30s"),
 ];
