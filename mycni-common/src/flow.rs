@@ -121,6 +121,49 @@ pub struct DropIface {
 // SAFETY: plain old data, every bit pattern valid.
 unsafe impl aya::Pod for DropIface {}
 
+/// Name of the `kfree_skb` tracepoint's rate limit (`DropKey` ->
+/// `DropLimit`, LRU): when each flow and reason was last reported and the
+/// drops folded since. Pinned, so that the agent's ring reader can report
+/// what was folded after a flow's last event (nothing else would: the
+/// program reports a fold only with the next drop).
+pub const DROP_LIMIT_MAP: &str = "mycni_drop_limit";
+
+/// A dropped packet's flow and reason, as the rate limit keys it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DropKey {
+    /// Network byte order, as `FlowEvent`'s.
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    pub sport: u16,
+    pub dport: u16,
+    pub ifindex: u32,
+    pub netns: u32,
+    pub reason: u16,
+    pub proto: u8,
+    pub family: u8,
+}
+
+#[cfg(feature = "user")]
+// SAFETY: plain old data without padding, every bit pattern valid.
+unsafe impl aya::Pod for DropKey {}
+
+const _: () = assert!(core::mem::size_of::<DropKey>() == 48);
+
+/// When a flow and reason was last reported, and the drops since.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DropLimit {
+    /// `bpf_ktime_get_ns` of the last event.
+    pub last_ns: u64,
+    /// Drops since, not reported yet.
+    pub folded: u64,
+}
+
+#[cfg(feature = "user")]
+// SAFETY: plain old data, every bit pattern valid.
+unsafe impl aya::Pod for DropLimit {}
+
 /// `FlowEvent::reason` of a kernel drop whose reason belongs to a
 /// subsystem (the kernel's upper 16 bits: mac80211, openvswitch), which
 /// the 16-bit field cannot hold.

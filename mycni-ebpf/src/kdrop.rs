@@ -9,7 +9,9 @@
 //! loads), then one hash lookup; only a watched interface's drop reads
 //! packet headers. A drop is reported at most once a second per flow and
 //! reason; the repeats in between are folded into the next event's
-//! `count` (and `FLOW_STAT_SUPPRESSED`).
+//! `count` (and `FLOW_STAT_SUPPRESSED`), or, when no drop of the flow
+//! follows, reported by the agent's ring reader from the pinned limit map
+//! once the second is over.
 //!
 //! The `struct sk_buff` fields are read in c/skb_drop.c (CO-RE: their
 //! offsets change between kernels); the headers with
@@ -24,8 +26,8 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
 };
 use mycni_common::flow::{
-    DROP_IFACES_MAX, DropIface, FLOW_DROP, FLOW_STAT_EMITTED, FLOW_STAT_LOST, FLOW_STAT_SUPPRESSED,
-    FlowEvent, FlowSource, KDROP_REASON_SUBSYSTEM,
+    DROP_IFACES_MAX, DropIface, DropKey, DropLimit, FLOW_DROP, FLOW_STAT_EMITTED, FLOW_STAT_LOST,
+    FLOW_STAT_SUPPRESSED, FlowEvent, FlowSource, KDROP_REASON_SUBSYSTEM,
 };
 
 use crate::maps::{FLOW_STATS, FLOWS};
@@ -38,8 +40,10 @@ pub(crate) static DROP_IFACES: HashMap<DropIface, u8, { DROP_IFACES_MAX as usize
 
 /// Flows and reasons recently reported: when, and the drops since. LRU: a
 /// flood of distinct flows evicts the oldest, which then report again.
+/// Pinned: the agent reports what stays folded after a flow's last drop
+/// (`mycni_common::flow::DROP_LIMIT_MAP`).
 #[btf_map(name = "mycni_drop_limit")]
-static DROP_LIMIT: LruHashMap<DropKey, Limit, 16384> = LruHashMap::new();
+static DROP_LIMIT: LruHashMap<DropKey, DropLimit, 16384> = LruHashMap::new();
 
 const SECOND_NS: u64 = 1_000_000_000;
 const ETH_P_IP: u16 = 0x0800;
@@ -69,30 +73,6 @@ unsafe extern "C" {
     fn mycni_skb_dev(skb: *mut c_void, out: *mut SkbDev) -> i32;
     fn mycni_skb_l3(skb: *mut c_void, out: *mut SkbL3);
     fn mycni_atomic_add64(p: *mut u64, v: u64);
-}
-
-/// One flow and reason on one interface: what the once-a-second limit is
-/// kept by.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct DropKey {
-    src: [u8; 16],
-    dst: [u8; 16],
-    sport: u16,
-    dport: u16,
-    ifindex: u32,
-    netns: u32,
-    reason: u16,
-    proto: u8,
-    family: u8,
-}
-
-#[repr(C)]
-struct Limit {
-    /// `bpf_ktime_get_ns` of the last event.
-    last_ns: u64,
-    /// Drops since, not reported yet.
-    folded: u64,
 }
 
 /// The tracepoint's body: `(skb, location, reason, rx_sk)`.
@@ -175,7 +155,7 @@ pub(crate) fn on_kfree_skb(ctx: &BtfTracePointContext) {
         None => {
             let _ = DROP_LIMIT.insert(
                 &key,
-                &Limit {
+                &DropLimit {
                     last_ns: now,
                     folded: 0,
                 },

@@ -10,7 +10,7 @@ use aya::maps::lpm_trie::Key;
 use aya::maps::{Array, HashMap, LpmTrie, MapData, PerCpuArray};
 use aya::programs::{SchedClassifier, TcAttachType};
 use mycni_common::flow::{
-    FLOW_STAT_EMITTED, FLOW_STAT_LOST, FLOW_STAT_SUPPRESSED, FLOW_STATS_LEN, FLOW_STATS_MAP,
+    DROP_LIMIT_MAP, FLOW_STAT_EMITTED, FLOW_STAT_LOST, FLOW_STAT_SUPPRESSED, FLOW_STATS_LEN, FLOW_STATS_MAP,
     FLOWS_MAP,
 };
 use mycni_common::{
@@ -37,6 +37,9 @@ pub const MAPS: &[&str] = &[
     // reader goes on where the old one stopped) and `bpftool` finds them.
     FLOWS_MAP,
     FLOW_STATS_MAP,
+    // Pinned so that the ring reader reports the kernel drops folded after
+    // a flow's last event (`flows::ring`).
+    DROP_LIMIT_MAP,
 ];
 
 /// The NetworkPolicy epoch the fast path holds established flows to (0: no
@@ -241,6 +244,7 @@ fn open_map<S: MapSource + ?Sized>(
     Ok(match name {
         COUNTERS_MAP | FLOW_STATS_MAP => aya::maps::Map::PerCpuArray(data),
         FLOWS_MAP => aya::maps::Map::RingBuf(data),
+        DROP_LIMIT_MAP => aya::maps::Map::LruHashMap(data),
         CONFIG_MAP => aya::maps::Map::Array(data),
         REMOTE_MAP | REMOTE6_MAP => aya::maps::Map::LpmTrie(data),
         _ => aya::maps::Map::HashMap(data),

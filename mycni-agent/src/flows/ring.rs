@@ -9,12 +9,14 @@
 //! datapath room's handle.
 
 use std::mem::size_of;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
-use aya::maps::{Map, MapData, RingBuf};
-use mycni_common::flow::{FLOWS_MAP, FlowEvent};
+use aya::maps::{HashMap, Map, MapData, RingBuf};
+use mycni_common::flow::{
+    DROP_LIMIT_MAP, DropKey, DropLimit, FLOW_DROP, FLOWS_MAP, FlowEvent, FlowSource,
+};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tokio::task::JoinHandle;
@@ -27,6 +29,11 @@ use super::{Observation, Sink};
 /// events a second, 500 per wakeup); the ring (~16,000 events) holds far
 /// more than a pause's worth.
 const PAUSE: Duration = Duration::from_millis(10);
+/// How often the reader reports the kernel drops folded after a flow's
+/// last event: the tracepoint's rate limit (once a second per flow and
+/// reason).
+const FOLDED_EVERY: Duration = Duration::from_secs(1);
+const SECOND_NS: u64 = 1_000_000_000;
 
 /// Starts reading the ring pinned at `<pin_dir>/mycni_flows` into `sink`.
 /// Must be called inside the tokio runtime. Fails when the ring is not
@@ -43,12 +50,26 @@ pub fn spawn(pin_dir: &Path, sink: Sink) -> Result<JoinHandle<()>> {
     let fd = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
         .map_err(|e| e.into_parts().1)
         .with_context(|| format!("polling the flow ring {}", path.display()))?;
-    Ok(tokio::spawn(read(fd, sink)))
+    let folded = Folded {
+        path: pin_dir.join(DROP_LIMIT_MAP),
+        map: None,
+        warned: false,
+    };
+    Ok(tokio::spawn(read(fd, sink, folded)))
 }
 
-async fn read(mut fd: AsyncFd<RingBuf<MapData>>, sink: Sink) {
+async fn read(mut fd: AsyncFd<RingBuf<MapData>>, sink: Sink, mut folded: Folded) {
+    let mut sweep = tokio::time::interval(FOLDED_EVERY);
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let mut guard = match fd.readable_mut().await {
+        let readable = tokio::select! {
+            r = fd.readable_mut() => r,
+            _ = sweep.tick() => {
+                folded.sweep(&sink);
+                continue;
+            }
+        };
+        let mut guard = match readable {
             Ok(g) => g,
             Err(e) => {
                 tracing::error!(error = %e, "cannot poll the flow ring; no more datapath flow events");
@@ -67,6 +88,114 @@ async fn read(mut fd: AsyncFd<RingBuf<MapData>>, sink: Sink) {
         guard.clear_ready();
         drop(guard);
         tokio::time::sleep(PAUSE).await;
+    }
+}
+
+/// The `kfree_skb` tracepoint's rate limit, from its pin. The program
+/// reports a flow's folded drops only with that flow's next drop, so a
+/// burst that stops would keep its count forever: once a flow's second
+/// is over, the reader reports what it folded and removes its entry (the
+/// flow's next drop then reports at once, as it would have). A drop on
+/// another CPU between the reader's lookup and removal can be counted in
+/// both reports, or in neither: a microsecond's window after a second of
+/// silence.
+struct Folded {
+    path: PathBuf,
+    /// None until the pin opens (programs of an older release pin no
+    /// limit; the kernel datapath has no programs).
+    map: Option<HashMap<MapData, DropKey, DropLimit>>,
+    warned: bool,
+}
+
+impl Folded {
+    fn sweep(&mut self, sink: &Sink) {
+        if self.map.is_none() {
+            match open_limit(&self.path) {
+                Ok(m) => self.map = Some(m),
+                Err(e) => {
+                    if !self.warned {
+                        tracing::debug!(error = %e, "no kernel drop limit to read; folded drops are reported with the flow's next drop only");
+                        self.warned = true;
+                    }
+                    return;
+                }
+            }
+        }
+        let Some(map) = self.map.as_mut() else {
+            return;
+        };
+        let events = take_folded(map);
+        if events.is_empty() {
+            return;
+        }
+        let clock = Clock::now();
+        for event in events {
+            sink.send(Observation::Datapath {
+                at: clock.wall(event.ts_ns),
+                event,
+            });
+        }
+    }
+}
+
+/// The kernel drop limit pinned under `pin_dir`.
+pub fn open_drop_limit(pin_dir: &Path) -> Result<HashMap<MapData, DropKey, DropLimit>> {
+    open_limit(&pin_dir.join(DROP_LIMIT_MAP))
+}
+
+/// Removes from the drop limit every flow whose second is over, and
+/// returns an event for each that had drops folded: what the program
+/// would have reported with the flow's next drop.
+pub fn take_folded(map: &mut HashMap<MapData, DropKey, DropLimit>) -> Vec<FlowEvent> {
+    let now = u64::try_from(clock_ns(libc::CLOCK_MONOTONIC)).unwrap_or(0);
+    let over: Vec<(DropKey, DropLimit)> = map
+        .iter()
+        .filter_map(Result::ok)
+        .filter(|(_, limit)| second_over(limit, now))
+        .collect();
+    let mut events = Vec::new();
+    for (key, limit) in over {
+        // Gone already (evicted, or removed by another reader): nothing
+        // of it is this reader's to report.
+        if map.remove(&key).is_ok() && limit.folded > 0 {
+            events.push(folded_event(&key, limit.folded, now));
+        }
+    }
+    events
+}
+
+fn open_limit(path: &Path) -> Result<HashMap<MapData, DropKey, DropLimit>> {
+    let data = MapData::from_pin(path)
+        .with_context(|| format!("opening the drop limit {}", path.display()))?;
+    HashMap::try_from(Map::LruHashMap(data))
+        .with_context(|| format!("mapping the drop limit {}", path.display()))
+}
+
+/// Whether the program's once-a-second window of this flow is over: its
+/// next drop would be reported, folded ones with it.
+fn second_over(limit: &DropLimit, now_ns: u64) -> bool {
+    now_ns.wrapping_sub(limit.last_ns) >= SECOND_NS
+}
+
+/// The drop event the program would have written with the flow's next
+/// drop, for the `count` it folded (TCP flags unknown: those packets'
+/// headers were not read).
+fn folded_event(key: &DropKey, count: u64, now_ns: u64) -> FlowEvent {
+    FlowEvent {
+        ts_ns: now_ns,
+        src: key.src,
+        dst: key.dst,
+        sport: key.sport,
+        dport: key.dport,
+        ifindex: key.ifindex,
+        count: u32::try_from(count).unwrap_or(u32::MAX),
+        reason: key.reason,
+        proto: key.proto,
+        family: key.family,
+        tcp_flags: 0,
+        source: FlowSource::KernelDrop as u8,
+        kind: FLOW_DROP,
+        _pad: [0; 5],
     }
 }
 
@@ -178,6 +307,39 @@ mod tests {
         assert_eq!(event, e);
         let want = SystemTime::UNIX_EPOCH + Duration::from_nanos(1_700_000_005_000_000_123);
         assert_eq!(at, want);
+    }
+
+    /// What stays folded once a flow's second is over is reported as
+    /// the program reports a drop, with the count it folded.
+    #[test]
+    fn a_fold_left_after_a_flows_last_drop_becomes_its_event() {
+        let key = DropKey {
+            src: event().src,
+            dst: event().dst,
+            sport: 40000,
+            dport: 80,
+            ifindex: 7,
+            netns: 4026531840,
+            reason: 2,
+            proto: 17,
+            family: 4,
+        };
+        let limit = DropLimit {
+            last_ns: 10 * SECOND_NS,
+            folded: 41,
+        };
+        assert!(!second_over(&limit, 10 * SECOND_NS + SECOND_NS - 1));
+        assert!(second_over(&limit, 11 * SECOND_NS));
+        let e = folded_event(&key, limit.folded, 11 * SECOND_NS);
+        assert_eq!(
+            (e.count, e.reason, e.proto, e.family, e.kind, e.source),
+            (41, 2, 17, 4, FLOW_DROP, FlowSource::KernelDrop as u8)
+        );
+        assert_eq!(
+            (e.src, e.dst, e.sport, e.dport, e.ifindex),
+            (key.src, key.dst, 40000, 80, 7)
+        );
+        assert_eq!(folded_event(&key, u64::MAX, 0).count, u32::MAX);
     }
 
     #[test]

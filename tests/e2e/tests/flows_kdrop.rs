@@ -77,6 +77,63 @@ fn reverse_path_filter_drop_is_reported_once_a_second_with_its_count() -> Result
     Ok(())
 }
 
+/// A burst that stops: the program reports its first drop and folds the
+/// rest, which no later drop of the flow will carry; once the flow's
+/// second is over the agent's reader takes them from the pinned limit
+/// (`flows::ring::take_folded`) as one event with their count, and the
+/// flow's next drop is reported at once, on its own.
+#[test]
+fn drops_folded_after_a_flows_last_event_are_reported_after_its_second() -> Result<()> {
+    let bpffs = BpfFs::new()?;
+    let net = VethPair::new("10.236.0.1", "10.236.0.2")?;
+    net.pin_neighbours("10.236.0.1", "10.236.0.2")?;
+    rp_filter(&net.node, &net.host_if)?;
+    net.pod
+        .exec("ip", &["addr", "add", "10.77.8.8/32", "dev", "eth0"])?;
+    let ifindex = net.host_ifindex()?;
+    let mut w = Watch::new(&net.node, &bpffs, &[ifindex])?;
+    let mut limit = mycni_agent::flows::ring::open_drop_limit(bpffs.path())?;
+
+    let f = Flow {
+        ifindex,
+        src: "10.77.8.8:40003".parse()?,
+        dst: "10.236.0.1:9".parse()?,
+        proto: PROTO_UDP,
+    };
+    let first = Instant::now();
+    udp_n(&net.pod, f.src, f.dst, 5)?;
+    w.one(&f, "IP_RPFILTER", 1)?;
+    let early = mycni_agent::flows::ring::take_folded(&mut limit);
+    ensure!(
+        first.elapsed() >= Duration::from_secs(1) || !early.iter().any(|e| f.matches(e)),
+        "the fold was taken before the flow's second was over: {early:?}"
+    );
+    std::thread::sleep(Duration::from_millis(1100).saturating_sub(first.elapsed()));
+    let taken: Vec<FlowEvent> = mycni_agent::flows::ring::take_folded(&mut limit)
+        .into_iter()
+        .filter(|e| f.matches(e))
+        .collect();
+    ensure!(
+        taken.len() == 1 && taken[0].count == 4 && taken[0].kind == FLOW_DROP,
+        "want one event for the 4 folded drops, got {taken:?}"
+    );
+    ensure!(
+        w.show(&taken).contains("[IP_RPFILTER "),
+        "reason: {}",
+        w.show(&taken)
+    );
+    ensure!(
+        !mycni_agent::flows::ring::take_folded(&mut limit)
+            .iter()
+            .any(|e| f.matches(e)),
+        "the fold was reported twice"
+    );
+    // The flow's next drop is reported on its own, not folded.
+    udp(&net.pod, f.src, f.dst)?;
+    w.one(&f, "IP_RPFILTER", 1)?;
+    Ok(())
+}
+
 /// A pod sends to an address the node has no route to, while forwarding.
 #[test]
 fn no_route_drop_is_reported() -> Result<()> {
