@@ -13,12 +13,15 @@
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::networking::v1 as net;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use thiserror::Error;
+
+use crate::watch::Converters;
 
 use super::model::{
     Cidr, ContainerPort, IpBlock, Key, Labels, NAMESPACE_NAME_LABEL, Namespace, NamespaceScope,
@@ -80,6 +83,44 @@ fn problem(at: impl Into<String>, kind: ProblemKind) -> Problem {
 pub struct Converted<T> {
     pub value: T,
     pub dropped: Vec<Problem>,
+}
+
+/// What the policy room reads of one object: its model, converted once
+/// when the object arrived, with the parts that could not be read; or why
+/// none of it could.
+pub type Read<T> = Result<Converted<Arc<T>>, Rejected>;
+
+/// An object the model cannot hold, and its name for the report.
+pub struct Rejected {
+    pub name: Option<String>,
+    pub problem: Problem,
+}
+
+/// How the policy watch keeps each kind: converted as it arrives, the
+/// typed object dropped (`watch::cache`).
+pub const WATCHED: Converters<Read<Pod>, Read<Namespace>, Read<Policy>> = Converters {
+    pod: |p| read(p, pod_from_k8s(p)),
+    namespace: |n| {
+        let c = namespace_from_k8s(n).map(|value| Converted {
+            value,
+            dropped: Vec::new(),
+        });
+        read(n, c)
+    },
+    policy: |p| read(p, policy_from_k8s(p)),
+};
+
+fn read<K: kube::Resource, T>(o: &K, c: Result<Converted<T>, Problem>) -> Read<T> {
+    match c {
+        Ok(c) => Ok(Converted {
+            value: Arc::new(c.value),
+            dropped: c.dropped,
+        }),
+        Err(problem) => Err(Rejected {
+            name: o.meta().name.clone(),
+            problem,
+        }),
+    }
 }
 
 fn key(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Result<Key, Problem> {

@@ -26,18 +26,23 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::convert::Problem;
+use super::convert::{Problem, Read, WATCHED};
 use super::counters::drop_counters;
 use super::inspect::View;
 use super::metrics::{PolicyMetrics, read_counters};
-use super::model::Key;
+use super::model::{Key, Namespace, Pod, Policy};
 use super::nft::{FAMILY, TABLE, diff_script, full_script, remove_script, whole_is_cheaper};
 use super::sets::{self, Desired};
 use super::{Cluster, compile_node};
 use crate::datapath::{read_policy_epoch, write_policy_epoch};
 use crate::metrics::Metrics;
 use crate::tables::nft;
-use crate::watch::{PolicySnapshot, PolicyWatch};
+use crate::watch::PolicyWatch;
+
+/// What a pass reads: every object as the watch converted it.
+type Snapshot = crate::watch::PolicySnapshot<Read<Pod>, Read<Namespace>, Read<Policy>>;
+/// The policy watch, keeping the model.
+type Watch = PolicyWatch<Read<Pod>, Read<Namespace>, Read<Policy>>;
 use mycni_common::POLICY_EPOCH_MAX;
 
 /// Events closer together than this share a pass: `kubectl apply` of a
@@ -126,7 +131,7 @@ pub fn spawn(
         }),
     );
     tokio::spawn(async move {
-        let watch = PolicyWatch::start(client, &metrics).await;
+        let watch = Watch::start(client, &metrics, WATCHED).await;
         let mut room = Room {
             node,
             records,
@@ -158,7 +163,7 @@ fn next_epoch(e: u32) -> u32 {
 }
 
 impl Room {
-    async fn run(&mut self, watch: PolicyWatch, resync: Duration) {
+    async fn run(&mut self, watch: Watch, resync: Duration) {
         let mut check = tokio::time::interval_at(Instant::now() + resync, resync);
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut retry: Option<Duration> = None;
@@ -260,7 +265,7 @@ impl Room {
     }
 
     /// The sets this node's pods need now.
-    pub fn desire(&mut self, snap: &PolicySnapshot) -> Desired {
+    pub fn desire(&mut self, snap: &Snapshot) -> Desired {
         self.metrics.passes.fetch_add(1, Ordering::Relaxed);
         let mut cluster = Cluster::default();
         for ns in &snap.namespaces {

@@ -13,4 +13,4 @@ mod policy;
 
 pub use api::ApiWatch;
 pub use nodes::node_view;
-pub use policy::{PolicySnapshot, PolicyWatch};
+pub use policy::{Converters, PolicySnapshot, PolicyWatch};

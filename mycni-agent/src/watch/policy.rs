@@ -11,36 +11,17 @@ use kube::api::Api;
 use tokio::sync::Notify;
 
 use crate::metrics::Metrics;
-use crate::policy::{
-    Converted, Namespace, Pod, Policy, Problem, namespace_from_k8s, pod_from_k8s, policy_from_k8s,
-};
 
 use super::api::watch_converted;
 use super::cache::Cache;
 use super::kind::Kind;
 
-/// What the room reads of one object: its model, converted once when it
-/// arrived, with the parts that could not be read; or why none of it
-/// could.
-pub type Read<T> = Result<Converted<Arc<T>>, Rejected>;
-
-/// An object the model cannot hold, and its name for the report.
-pub struct Rejected {
-    pub name: Option<String>,
-    pub problem: Problem,
-}
-
-fn read<K: kube::Resource, T>(o: &K, c: Result<Converted<T>, Problem>) -> Read<T> {
-    match c {
-        Ok(c) => Ok(Converted {
-            value: Arc::new(c.value),
-            dropped: c.dropped,
-        }),
-        Err(problem) => Err(Rejected {
-            name: o.meta().name.clone(),
-            problem,
-        }),
-    }
+/// What each kind is kept as: the policy room's conversions (the watch
+/// does not know the model; `policy::convert::WATCHED`).
+pub struct Converters<P, N, Q> {
+    pub pod: fn(&core::Pod) -> P,
+    pub namespace: fn(&core::Namespace) -> N,
+    pub policy: fn(&NetworkPolicy) -> Q,
 }
 
 // The typed objects are dropped once converted: trimming them first
@@ -70,51 +51,54 @@ static POLICIES: Kind<NetworkPolicy> = Kind {
 };
 
 /// What a pass of the policy room reads.
-pub struct PolicySnapshot {
-    pub pods: Vec<Arc<Read<Pod>>>,
-    pub namespaces: Vec<Arc<Read<Namespace>>>,
-    pub policies: Vec<Arc<Read<Policy>>>,
+pub struct PolicySnapshot<P, N, Q> {
+    pub pods: Vec<Arc<P>>,
+    pub namespaces: Vec<Arc<N>>,
+    pub policies: Vec<Arc<Q>>,
 }
 
-pub struct PolicyWatch {
-    pods: Cache<Read<Pod>>,
-    namespaces: Cache<Read<Namespace>>,
-    policies: Cache<Read<Policy>>,
+pub struct PolicyWatch<P, N, Q> {
+    pods: Cache<P>,
+    namespaces: Cache<N>,
+    policies: Cache<Q>,
     /// Raised by every event of the three, and once each list is complete.
     pub changed: Arc<Notify>,
 }
 
-impl PolicyWatch {
+impl<P, N, Q> PolicyWatch<P, N, Q>
+where
+    P: Send + Sync + 'static,
+    N: Send + Sync + 'static,
+    Q: Send + Sync + 'static,
+{
     /// Starts the three watches; returns once every initial list is
     /// complete, so that nothing is decided on a partial picture (a policy
     /// seen before the pods it allows would deny them).
-    pub async fn start(client: kube::Client, metrics: &Arc<Metrics>) -> Self {
+    pub async fn start(
+        client: kube::Client,
+        metrics: &Arc<Metrics>,
+        convert: Converters<P, N, Q>,
+    ) -> Self {
         let changed = Arc::new(Notify::new());
         let (pods, namespaces, policies) = tokio::join!(
             watch_converted(
                 Api::all(client.clone()),
                 &PODS,
-                |p| read(p, pod_from_k8s(p)),
+                convert.pod,
                 metrics,
                 &changed
             ),
             watch_converted(
                 Api::all(client.clone()),
                 &NAMESPACES,
-                |n| read(
-                    n,
-                    namespace_from_k8s(n).map(|value| Converted {
-                        value,
-                        dropped: Vec::new()
-                    })
-                ),
+                convert.namespace,
                 metrics,
                 &changed
             ),
             watch_converted(
                 Api::all(client),
                 &POLICIES,
-                |p| read(p, policy_from_k8s(p)),
+                convert.policy,
                 metrics,
                 &changed
             ),
@@ -127,7 +111,7 @@ impl PolicyWatch {
         }
     }
 
-    pub fn snapshot(&self) -> PolicySnapshot {
+    pub fn snapshot(&self) -> PolicySnapshot<P, N, Q> {
         PolicySnapshot {
             pods: self.pods.state(),
             namespaces: self.namespaces.state(),
