@@ -19,7 +19,9 @@ use mycni_common::flow::{FLOW_DROP, FLOW_NEW, FlowEvent, FlowSource};
 use super::record::{Endpoint, Flow, Interface, Ip, L4, Line, PolicyRef, TcpFlags};
 use super::{NftLog, NftVerdict, NodeAddrs, Observation};
 use crate::policy::counters::Reason;
-use crate::policy::{Cluster, Direction, Endpoint as PolicyEnd, Judgement, Key, Pod, Protocol};
+use crate::policy::{
+    Cluster, Direction, Endpoint as PolicyEnd, Judgement, Key, Pod, Policy, Protocol,
+};
 
 /// One end of a record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,7 +95,16 @@ pub struct Directory {
     /// answer depends only on the cluster, which this directory is built
     /// from and dies with.
     attributed: Mutex<HashMap<Shape, Attribution>>,
+    /// The policies isolating each pod, per direction, as attributions
+    /// found them: a connection shape seen for the first time (a port
+    /// scan, a new client) then costs its rules, not a match of every
+    /// policy of the namespace against both ends' labels (187 us at 1,000
+    /// policies).
+    isolated: Mutex<HashMap<Key, Isolated>>,
 }
+
+/// A pod's isolating policies, ingress and egress, once asked for.
+type Isolated = [Option<Vec<Arc<Policy>>>; 2];
 
 /// What a verdict's attribution depends on besides the cluster: the ends
 /// (their addresses name them in this directory), protocol, destination
@@ -123,6 +134,7 @@ impl Directory {
             host_ips,
             nodes: Arc::default(),
             attributed: Mutex::default(),
+            isolated: Mutex::default(),
         }
     }
 
@@ -244,6 +256,26 @@ impl Directory {
         a
     }
 
+    /// The policies isolating `pod` in `d`, kept for this directory's life
+    /// (they depend on the cluster alone); started over past
+    /// `ATTRIBUTED_MAX` pods, as the attributions are.
+    fn isolating_policies(&self, pod: &Pod, d: Direction) -> Vec<Arc<Policy>> {
+        let slot = match d {
+            Direction::Ingress => 0,
+            Direction::Egress => 1,
+        };
+        let mut memo = self.isolated.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(Some(p)) = memo.get(&pod.key).map(|e| &e[slot]) {
+            return p.clone();
+        }
+        let found = self.cluster.policies_isolating_shared(pod, d);
+        if memo.len() >= ATTRIBUTED_MAX {
+            memo.clear();
+        }
+        memo.entry(pod.key.clone()).or_default()[slot] = Some(found.clone());
+        found
+    }
+
     /// The rules that admitted a new connection in `direction`, as the
     /// semantics name them (the table's verdict is the fact; this says
     /// which rules of the policies in force grant it).
@@ -258,12 +290,13 @@ impl Directory {
             },
             _ => PolicyEnd::External(ip),
         };
-        let v = crate::policy::allowed(
+        let v = crate::policy::allowed_with(
             &self.cluster,
             &end(from, log.src),
             &end(to, log.dst),
             protocol,
             log.dport,
+            &|pod, d| self.isolating_policies(pod, d),
         );
         let judged = match d {
             Direction::Egress => v.egress,
@@ -293,9 +326,8 @@ impl Directory {
                 continue;
             };
             let by: Vec<PolicyRef> = self
-                .cluster
-                .policies_isolating(pod, d)
-                .into_iter()
+                .isolating_policies(pod, d)
+                .iter()
                 .map(|p| policy_ref(&p.key, None))
                 .collect();
             if !by.is_empty() {

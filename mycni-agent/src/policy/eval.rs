@@ -8,10 +8,11 @@
 //! hold the two to the same answers.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use super::Cluster;
 use super::model::{
-    Direction, Key, NamespaceScope, Peer, Peers, Pod, PortMatch, Ports, Protocol, Rule,
+    Direction, Key, NamespaceScope, Peer, Peers, Pod, Policy, PortMatch, Ports, Protocol, Rule,
 };
 
 /// One end of a connection.
@@ -121,6 +122,22 @@ pub fn allowed(
     protocol: Protocol,
     port: u16,
 ) -> Verdict {
+    allowed_with(cluster, src, dst, protocol, port, &|pod, direction| {
+        cluster.policies_isolating_shared(pod, direction)
+    })
+}
+
+/// [`allowed`], asking `isolating` which policies isolate a pod: a caller
+/// judging many connections of the same pods keeps the answers (finding
+/// them matches every policy of the pod's namespace against its labels).
+pub fn allowed_with(
+    cluster: &Cluster,
+    src: &Endpoint,
+    dst: &Endpoint,
+    protocol: Protocol,
+    port: u16,
+    isolating: Isolating,
+) -> Verdict {
     let (s, d) = (side(cluster, src), side(cluster, dst));
     if let (Some(a), Some(b)) = (s.pod, d.pod)
         && a.key == b.key
@@ -136,10 +153,14 @@ pub fn allowed(
         port,
     };
     Verdict {
-        egress: judge(cluster, Direction::Egress, s, d, &conn),
-        ingress: judge(cluster, Direction::Ingress, d, s, &conn),
+        egress: judge(cluster, Direction::Egress, s, d, &conn, isolating),
+        ingress: judge(cluster, Direction::Ingress, d, s, &conn, isolating),
     }
 }
+
+/// The policies isolating a pod in a direction (`Cluster::policies_isolating_shared`,
+/// or a caller's copy of its answers).
+pub type Isolating<'a> = &'a dyn Fn(&Pod, Direction) -> Vec<Arc<Policy>>;
 
 /// What a port rule is checked against; named ports resolve on `dst`.
 struct Conn<'a> {
@@ -154,6 +175,7 @@ fn judge(
     local: Side,
     remote: Side,
     conn: &Conn,
+    isolating: Isolating,
 ) -> Judgement {
     let Some(pod) = local.pod else {
         return Judgement::NotJudged;
@@ -161,10 +183,11 @@ fn judge(
     if remote.pod.is_none() && remote.node.is_some() && remote.node == pod.node.as_deref() {
         return Judgement::OwnNode;
     }
-    let isolating = cluster.policies_isolating(pod, direction);
-    if isolating.is_empty() {
+    let held = isolating(pod, direction);
+    if held.is_empty() {
         return Judgement::NotIsolated;
     }
+    let isolating: Vec<&Policy> = held.iter().map(|p| &**p).collect();
     let by: Vec<RuleRef> = Cluster::rules_of(&isolating, direction)
         .filter(|(_, policy, rule)| {
             rule_matches(

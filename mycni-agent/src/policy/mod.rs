@@ -47,7 +47,7 @@ pub use compile::{
 pub use convert::{
     Converted, Problem, ProblemKind, namespace_from_k8s, pod_from_k8s, policy_from_k8s,
 };
-pub use eval::{Endpoint, Judgement, RuleRef, Verdict, allowed};
+pub use eval::{Endpoint, Isolating, Judgement, RuleRef, Verdict, allowed, allowed_with};
 pub use model::*;
 
 /// Everything the semantics depend on: the agent's three caches. The
@@ -123,14 +123,26 @@ impl Cluster {
         })
     }
 
+    /// [`Self::policies_isolating`], shared: for a caller that keeps them.
+    pub fn policies_isolating_shared(&self, pod: &Pod, direction: Direction) -> Vec<Arc<Policy>> {
+        self.selecting(pod)
+            .filter(|p| p.isolates(direction))
+            .cloned()
+            .collect()
+    }
+
     /// Policies of `pod`'s namespace whose podSelector selects it, in key
     /// order. hostNetwork pods are never selected.
     pub fn policies_selecting<'a>(&'a self, pod: &'a Pod) -> impl Iterator<Item = &'a Policy> + 'a {
+        self.selecting(pod).map(|p| &**p)
+    }
+
+    fn selecting<'a>(&'a self, pod: &'a Pod) -> impl Iterator<Item = &'a Arc<Policy>> + 'a {
         // Keys order by namespace first: its policies are one range.
         let namespace = &pod.key.namespace;
         self.policies
             .range(Key::new(namespace.as_str(), "")..)
-            .map(|(_, p)| &**p)
+            .map(|(_, p)| p)
             .take_while(move |p| p.key.namespace == *namespace)
             .filter(move |p| !pod.host_network && p.pod_selector.matches(&pod.labels))
     }
