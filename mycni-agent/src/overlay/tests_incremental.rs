@@ -266,3 +266,49 @@ fn other_inputs_changing_means_a_whole_pass() {
     let u = update(&mut d, &nodes, &direct, true);
     assert!(u.touched.is_none() && u.same_as_last);
 }
+
+/// The Nodes in the same places but one removed and another added in
+/// its place (as many as before): the gone one's share leaves, the new
+/// one's comes, exactly as a whole computation has it. Then many places
+/// at once (a relist's order) and a Node moved to another place.
+#[test]
+fn nodes_replaced_in_place_are_found_by_their_places() {
+    let mut rng = Rng(17);
+    let mut nodes: Vec<Arc<NodeView>> = (0..30)
+        .map(|i| Arc::new(node(&mut rng, i, false)))
+        .collect();
+    nodes.push(Arc::new(me()));
+    let whole = |nodes: &[Arc<NodeView>]| {
+        let views: Vec<NodeView> = nodes.iter().map(|n| (**n).clone()).collect();
+        desire(&views, "me", own(), cluster(), &[])
+    };
+    let mut d = Desire::default();
+    let u = update(&mut d, &nodes, &[], false);
+    d.keep(u.desired);
+    // n003 gone, n100 in its place.
+    let gone = nodes[3].name.clone();
+    nodes[3] = Arc::new(node(&mut rng, 100, false));
+    let u = update(&mut d, &nodes, &[], false);
+    assert!(u.touched.is_some(), "one Node out, one in: incremental");
+    assert_eq!(u.desired, whole(&nodes));
+    assert!(!u.desired.peers.iter().any(|p| p.name == gone));
+    d.keep(u.desired);
+    // Two Nodes trade places, unchanged: nothing to do.
+    nodes.swap(5, 9);
+    let u = update(&mut d, &nodes, &[], false);
+    assert_eq!(u.touched, Some(Default::default()));
+    assert_eq!(u.desired, whole(&nodes));
+    d.keep(u.desired);
+    // Every place differs, the same Nodes (a relist's order): nothing
+    // changed, and exact.
+    nodes.reverse();
+    let u = update(&mut d, &nodes, &[], false);
+    assert_eq!(u.desired, whole(&nodes));
+    d.keep(u.desired);
+    // And places kept from there on.
+    let i: u64 = nodes[7].name[1..].parse().expect("n<i>");
+    nodes[7] = Arc::new(node(&mut rng, i, false));
+    let u = update(&mut d, &nodes, &[], false);
+    assert!(u.touched.is_some());
+    assert_eq!(u.desired, whole(&nodes));
+}
