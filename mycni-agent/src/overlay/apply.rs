@@ -63,57 +63,58 @@ impl OverlayKernel {
         }
         let (dels, sets): (Vec<&Action>, Vec<&Action>) =
             actions.iter().partition(|a| a.is_delete());
-        let mut failed = 0;
-        for group in [dels, sets] {
-            // Within a group, keep FDB -> neighbour -> route order by phases.
-            let mut phases: [Vec<&Action>; 3] = [vec![], vec![], vec![]];
-            for a in group {
-                let phase = match a {
-                    Action::SetFdb(..) | Action::DelRoute(_) | Action::DelRoute6(_) => 0,
-                    Action::SetNeighbour(..)
-                    | Action::DelNeighbour(_)
-                    | Action::SetNeighbour6(..)
-                    | Action::DelNeighbour6(_) => 1,
-                    Action::SetRoute(..) | Action::SetRoute6(..) | Action::DelFdb(_) => 2,
-                };
-                phases[phase].push(a);
-            }
-            for phase in phases {
-                // Nexthop IDs are handed out in the diff's (podCIDR) order,
-                // not in whatever order concurrent requests start: the same
-                // peers get the same IDs in every run.
-                let mut plans: BTreeMap<AnyCidr, (Hop, NexthopPlan)> = if mode
-                    == PeerRoutes::Nexthops
-                {
-                    let mut ids = self.ids();
-                    phase
-                        .iter()
-                        .filter_map(|a| {
-                            let (c, hop) = match a {
-                                Action::SetRoute(c, gw) => ((*c).into(), Hop::of_route(*c, *gw)),
-                                Action::SetRoute6(c, gw) => ((*c).into(), Hop::of_route(*c, *gw)),
-                                _ => return None,
-                            };
-                            Some((c, (hop, ids.plan(c, hop))))
-                        })
-                        .collect()
-                } else {
-                    BTreeMap::new()
-                };
-                // The nexthops first, in a few batches; a route whose
-                // nexthop failed is not tried.
-                let bad = self.set_nexthops(vxlan, underlay, &mut plans).await;
-                failed += bad.len();
-                let phase: Vec<&Action> = phase
+        // Within a group, FDB -> neighbour -> route order by phases.
+        let steps: Vec<Vec<&Action>> = if actions.iter().any(is_route) {
+            [dels, sets].into_iter().flat_map(phases).collect()
+        } else {
+            // No route, so no nexthop to set or release between phases:
+            // every phase in one batch, in the same order. The kernel
+            // takes a datagram's requests one after another, each with its
+            // own result, as it takes the phases' batches: the same writes
+            // in the same order, in one round trip instead of up to six
+            // (a VTEP MAC change: three).
+            vec![
+                [dels, sets]
                     .into_iter()
-                    .filter(|a| match a {
-                        Action::SetRoute(c, _) => !bad.contains(&(*c).into()),
-                        Action::SetRoute6(c, _) => !bad.contains(&(*c).into()),
-                        _ => true,
+                    .flat_map(phases)
+                    .flatten()
+                    .collect(),
+            ]
+        };
+        let mut failed = 0;
+        for phase in steps {
+            // Nexthop IDs are handed out in the diff's (podCIDR) order,
+            // not in whatever order concurrent requests start: the same
+            // peers get the same IDs in every run.
+            let mut plans: BTreeMap<AnyCidr, (Hop, NexthopPlan)> = if mode == PeerRoutes::Nexthops {
+                let mut ids = self.ids();
+                phase
+                    .iter()
+                    .filter_map(|a| {
+                        let (c, hop) = match a {
+                            Action::SetRoute(c, gw) => ((*c).into(), Hop::of_route(*c, *gw)),
+                            Action::SetRoute6(c, gw) => ((*c).into(), Hop::of_route(*c, *gw)),
+                            _ => return None,
+                        };
+                        Some((c, (hop, ids.plan(c, hop))))
                     })
-                    .collect();
-                failed += self.apply_phase(mode, &plans, vxlan, underlay, phase).await;
-            }
+                    .collect()
+            } else {
+                BTreeMap::new()
+            };
+            // The nexthops first, in a few batches; a route whose
+            // nexthop failed is not tried.
+            let bad = self.set_nexthops(vxlan, underlay, &mut plans).await;
+            failed += bad.len();
+            let phase: Vec<&Action> = phase
+                .into_iter()
+                .filter(|a| match a {
+                    Action::SetRoute(c, _) => !bad.contains(&(*c).into()),
+                    Action::SetRoute6(c, _) => !bad.contains(&(*c).into()),
+                    _ => true,
+                })
+                .collect();
+            failed += self.apply_phase(mode, &plans, vxlan, underlay, phase).await;
         }
         if mode == PeerRoutes::Nexthops {
             let unused = self.ids().take_unused();
@@ -362,6 +363,34 @@ impl OverlayKernel {
         }
         Ok(())
     }
+}
+
+/// A group's actions (deletes or sets) by phase, keeping FDB ->
+/// neighbour -> route order: what a phase needs is in the kernel before
+/// it is written.
+fn phases(group: Vec<&Action>) -> [Vec<&Action>; 3] {
+    let mut phases: [Vec<&Action>; 3] = [vec![], vec![], vec![]];
+    for a in group {
+        let phase = match a {
+            Action::SetFdb(..) | Action::DelRoute(_) | Action::DelRoute6(_) => 0,
+            Action::SetNeighbour(..)
+            | Action::DelNeighbour(_)
+            | Action::SetNeighbour6(..)
+            | Action::DelNeighbour6(_) => 1,
+            Action::SetRoute(..) | Action::SetRoute6(..) | Action::DelFdb(_) => 2,
+        };
+        phases[phase].push(a);
+    }
+    phases
+}
+
+/// Whether `a` writes or deletes a route (and so may set or release a
+/// nexthop).
+fn is_route(a: &Action) -> bool {
+    matches!(
+        a,
+        Action::SetRoute(..) | Action::SetRoute6(..) | Action::DelRoute(_) | Action::DelRoute6(_)
+    )
 }
 
 /// What became of an action in a phase's batch.
