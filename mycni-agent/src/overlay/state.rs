@@ -49,6 +49,40 @@ pub struct Remote<A: Family> {
 }
 
 impl OverlayState {
+    /// Makes the entries of `self` whose keys `keys` has (its values are
+    /// not read) what `want` holds for them, present or absent; whether
+    /// any changed. When `self` and `want` differ only within `keys` (an
+    /// incremental pass's `touched`), `self` equals `want` after, at the
+    /// cost of those keys alone.
+    pub fn follow_within(&mut self, want: &OverlayState, keys: &OverlayState) -> bool {
+        fn follow<K: Ord + Clone, V: PartialEq + Clone, W>(
+            have: &mut BTreeMap<K, V>,
+            want: &BTreeMap<K, V>,
+            keys: &BTreeMap<K, W>,
+        ) -> bool {
+            let mut changed = false;
+            for k in keys.keys() {
+                match want.get(k) {
+                    Some(v) if have.get(k) != Some(v) => {
+                        have.insert(k.clone(), v.clone());
+                        changed = true;
+                    }
+                    Some(_) => {}
+                    None => changed |= have.remove(k).is_some(),
+                }
+            }
+            changed
+        }
+        // Each map in turn (no short circuit): all of them follow.
+        let r = follow(&mut self.routes, &want.routes, &keys.routes);
+        let n = follow(&mut self.neighbours, &want.neighbours, &keys.neighbours);
+        let f = follow(&mut self.fdb, &want.fdb, &keys.fdb);
+        let r6 = follow(&mut self.routes6, &want.routes6, &keys.routes6);
+        let n6 = follow(&mut self.neighbours6, &want.neighbours6, &keys.neighbours6);
+        let f6 = follow(&mut self.fdb6, &want.fdb6, &keys.fdb6);
+        r | n | f | r6 | n6 | f6
+    }
+
     /// The IPv6 podCIDRs of peers as the kernel backs them (route, then
     /// neighbour, then FDB entry): what the fast path may forward IPv6 to
     /// itself, as it does for `routes` through vxlan.1.

@@ -106,6 +106,37 @@ fn changes_of_mac_host_ip_and_cidr() {
     assert_eq!(s, new_cidr);
 }
 
+/// A state follows another within the keys where they differ (a
+/// changed peer's entries before and after, as an incremental pass
+/// touches them): equal after, and said changed only when it was.
+#[test]
+fn follow_within_touched_keys_makes_states_equal() {
+    let a = peer("a", "10.244.1.0/24", 1, 2);
+    let b = peer("b", "10.244.2.0/24", 2, 3);
+    let old = desired(&[a.clone(), b.clone()]);
+    for b2 in [
+        peer("b", "10.244.2.0/24", 7, 3),
+        peer("b", "10.244.2.0/24", 2, 9),
+        peer("b", "10.244.6.0/24", 2, 3),
+    ] {
+        let new = desired(&[a.clone(), b2.clone()]);
+        let mut keys = desired(std::slice::from_ref(&b));
+        let after = desired(std::slice::from_ref(&b2));
+        keys.routes.extend(after.routes);
+        keys.neighbours.extend(after.neighbours);
+        keys.fdb.extend(after.fdb);
+        let mut s = old.clone();
+        assert!(s.follow_within(&new, &keys));
+        assert_eq!(s, new);
+        assert!(!s.follow_within(&new, &keys), "nothing left to change");
+    }
+    // Only the keys are read: what differs elsewhere stays.
+    let mut s = old.clone();
+    let none = OverlayState::default();
+    assert!(!s.follow_within(&desired(&[a]), &none));
+    assert_eq!(s, old);
+}
+
 #[test]
 fn deleted_nodes_lose_everything() {
     let old = desired(&[
