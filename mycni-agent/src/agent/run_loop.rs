@@ -182,7 +182,7 @@ impl Loop {
         let watched = &self.watched;
         let devices = self
             .overlay
-            .ensure_devices(&desired, |d| match d {
+            .ensure_devices(&desired, full, |d| match d {
                 Device::Vxlan(i) => watched.set_vxlan_index(i),
                 Device::Vxlan6(i) => watched.set_vxlan6_index(i),
                 Device::Underlay6(i) => watched.set_underlay6_index(i),

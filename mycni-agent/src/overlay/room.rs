@@ -115,6 +115,7 @@ pub struct Applied {
     /// A full pass, or a device was recreated: everything is re-read.
     pub full: bool,
     actions: Vec<Action>,
+    devices: Devices,
 }
 
 /// What the rooms after the overlay read of it: its devices and what
@@ -167,6 +168,14 @@ pub struct Overlay {
     /// against it instead of dumping 3 entries per peer again (15-20 ms at
     /// 5,000 peers); full passes (drift, the resync) always dump.
     kernel_cache: Option<OverlayState>,
+    /// The devices as the last good pass found them, under the same
+    /// terms as `kernel_cache`: an event pass takes them as they were
+    /// instead of asking the kernel again (a link, its addresses: four
+    /// round trips, 0.3-20 ms on a loaded node), since the kernel watch
+    /// wakes a full pass for any change to them. Taken by every pass,
+    /// put back only by one that succeeded; dropped when the underlay
+    /// moves.
+    devices: Option<Devices>,
     metrics: Arc<Metrics>,
 }
 
@@ -188,6 +197,7 @@ impl Overlay {
             direct: direct.unwrap_or_default(),
             unreachable: BTreeSet::new(),
             kernel_cache: None,
+            devices: None,
             metrics,
         }
     }
@@ -226,8 +236,23 @@ impl Overlay {
     }
 
     /// Creates or corrects the devices, telling `seen` each one's index as
-    /// soon as it is known.
+    /// soon as it is known. `full`: a full pass, which always asks the
+    /// kernel; an event pass takes the last good pass's devices when it
+    /// left them (`seen` has been told their indexes already).
     pub async fn ensure_devices(
+        &mut self,
+        desired: &Desired,
+        full: bool,
+        seen: impl FnMut(Device),
+    ) -> Result<Devices> {
+        match self.devices.take() {
+            Some(d) if !full => Ok(d),
+            _ => self.find_devices(desired, seen).await,
+        }
+    }
+
+    /// [`Overlay::ensure_devices`] from the kernel.
+    async fn find_devices(
         &self,
         desired: &Desired,
         mut seen: impl FnMut(Device),
@@ -373,6 +398,7 @@ impl Overlay {
             // delete or the safety-net pass comes round.
             full: full || devices.recreated,
             actions,
+            devices,
         })
     }
 
@@ -391,10 +417,15 @@ impl Overlay {
             failed,
             full,
             actions,
+            devices,
             ..
         } = applied;
         if failed == 0 {
             self.kernel_cache = Some(state);
+            self.devices = Some(Devices {
+                recreated: false,
+                ..devices
+            });
         }
         if !actions.is_empty() {
             tracing::info!(
@@ -428,6 +459,21 @@ impl Overlay {
     /// follows its subnets, and vxlan.1 follows its address (on an
     /// IPv6-only node, vxlan6.1 follows the IPv6 underlay's).
     pub async fn refresh_underlay(
+        &mut self,
+        how: &UnderlaySelect,
+        how6: &Underlay6Select,
+    ) -> UnderlayChange {
+        let change = self.underlay_change(how, how6).await;
+        if change != UnderlayChange::Same {
+            // vxlan.1 (or vxlan6.1) is to move: the next pass asks the
+            // kernel for its devices.
+            self.devices = None;
+        }
+        change
+    }
+
+    /// [`Overlay::refresh_underlay`]'s reading.
+    async fn underlay_change(
         &mut self,
         how: &UnderlaySelect,
         how6: &Underlay6Select,
