@@ -344,6 +344,8 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
     let (mut retry_at, mut retry_delay): (Option<Instant>, Option<Duration>) = (None, None);
     let freeze = test_freeze_file();
     let mut why = Why::Full;
+    // Where this node's own Node was in the last snapshot, as checked.
+    let mut own_node = None;
     loop {
         if let Some(f) = &freeze {
             while f.exists() {
@@ -373,7 +375,13 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
         if run_pass {
             let events = metrics.take_node_events();
             let snapshot = api.snapshot();
-            ensure_pod_cidr_unchanged(&snapshot.nodes, &node_name, lp.own, lp.cluster)?;
+            own_node = ensure_pod_cidr_unchanged(
+                &snapshot.nodes,
+                &node_name,
+                lp.own,
+                lp.cluster,
+                own_node,
+            )?;
             let result = lp
                 .pass(&snapshot.nodes, full, full || why == Why::Pods)
                 .await;
@@ -495,26 +503,39 @@ fn test_freeze_file() -> Option<std::path::PathBuf> {
 /// podCIDRs: a new one (of either family, an IPv6 one added or removed
 /// included) means starting over (the DaemonSet restarts the agent),
 /// rather than half-adopting it.
+///
+/// `checked`: where this node's Node was in an earlier snapshot, as
+/// checked then (the return value of that call). The watch's cache keeps
+/// an unchanged Node in its place, so the same object in the same place
+/// is not read again, nor is every Node's name to find it.
 fn ensure_pod_cidr_unchanged(
     snapshot: &[Arc<Node>],
     node_name: &str,
     own: PodCidrs,
     cluster: ClusterCidrs,
-) -> Result<()> {
-    if let Some(n) = snapshot
-        .iter()
-        .find(|n| n.metadata.name.as_deref() == Some(node_name))
+    checked: Option<(usize, Arc<Node>)>,
+) -> Result<Option<(usize, Arc<Node>)>> {
+    if let Some((i, was)) = &checked
+        && snapshot.get(*i).is_some_and(|n| Arc::ptr_eq(n, was))
     {
-        let view = node_view(n);
-        let now = view.own_pod_cidrs(cluster);
-        if now.as_ref().ok() != Some(&own) {
-            bail!(
-                "this Node's podCIDRs changed from {own} to {}; exiting so the agent restarts with them",
-                now.map_or_else(|e| e, |c| c.to_string())
-            );
-        }
+        return Ok(checked);
     }
-    Ok(())
+    let Some((i, n)) = snapshot
+        .iter()
+        .enumerate()
+        .find(|(_, n)| n.metadata.name.as_deref() == Some(node_name))
+    else {
+        return Ok(None);
+    };
+    let view = node_view(n);
+    let now = view.own_pod_cidrs(cluster);
+    if now.as_ref().ok() != Some(&own) {
+        bail!(
+            "this Node's podCIDRs changed from {own} to {}; exiting so the agent restarts with them",
+            now.map_or_else(|e| e, |c| c.to_string())
+        );
+    }
+    Ok(Some((i, n.clone())))
 }
 
 fn set_ready(metrics: &Metrics, lp: &Loop) {
