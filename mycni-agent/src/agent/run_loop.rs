@@ -92,6 +92,60 @@ fn same_vxlan(a: &VxlanSpec, b: &VxlanSpec) -> bool {
         && a.address == b.address
 }
 
+/// The steps of a pass, in order, as its timings name them.
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    /// The overlay's desired state (incremental on a Node event).
+    Desire,
+    /// What the kernel watch is told to expect.
+    Expected,
+    Devices,
+    /// The overlay's diff and kernel writes: a Node event is in the
+    /// kernel at the end of this one.
+    Overlay,
+    Tables,
+    Datapath,
+    Finish,
+}
+
+/// How long each step of a pass took, logged at debug level (`MYCNI_LOG=
+/// mycni_agent::agent::run_loop=debug`): where a Node event's time goes.
+struct Timings {
+    last: std::time::Instant,
+    us: [u64; 7],
+}
+
+impl Timings {
+    fn start() -> Self {
+        Timings {
+            last: std::time::Instant::now(),
+            us: [0; 7],
+        }
+    }
+
+    fn lap(&mut self, p: Phase) {
+        let now = std::time::Instant::now();
+        self.us[p as usize] = u64::try_from((now - self.last).as_micros()).unwrap_or(u64::MAX);
+        self.last = now;
+    }
+
+    fn log(&self, full: bool, incremental: bool) {
+        let [desire, expected, devices, overlay, tables, datapath, finish] = self.us;
+        tracing::debug!(
+            full,
+            incremental,
+            desire,
+            expected,
+            devices,
+            overlay,
+            tables,
+            datapath,
+            finish,
+            "pass timings (us)"
+        );
+    }
+}
+
 impl Loop {
     /// Tells `kwatch` what this pass is about to write, before it writes.
     /// Nothing on an IPv6-only node: `Expected` is `vxlan.1`'s, and
@@ -164,6 +218,7 @@ impl Loop {
     /// went; full passes read them anyway.
     async fn pass(&mut self, nodes: &[Arc<Node>], full: bool, read_pods: bool) -> Result<()> {
         let _timer = self.metrics.reconcile_started();
+        let mut t = Timings::start();
         let Update {
             desired,
             touched,
@@ -178,7 +233,9 @@ impl Loop {
             self.overlay.direct(),
             full,
         );
+        t.lap(Phase::Desire);
         self.publish_expected(&desired.want, touched.as_ref());
+        t.lap(Phase::Expected);
         let watched = &self.watched;
         let devices = self
             .overlay
@@ -188,21 +245,28 @@ impl Loop {
                 Device::Underlay6(i) => watched.set_underlay6_index(i),
             })
             .await?;
+        t.lap(Phase::Devices);
         let applied = self
             .overlay
             .apply(&desired, devices, full, touched.as_ref())
             .await?;
+        t.lap(Phase::Overlay);
         let out = self.overlay.output(&applied);
         self.tables
             .apply(desired.hosts(), desired.hosts6(), out.full);
+        t.lap(Phase::Tables);
         self.datapath
             .apply(self.overlay.kernel(), &out, read_pods)
             .await?;
+        t.lap(Phase::Datapath);
         self.make_spare();
         self.overlay.finish(&desired, same_as_last, applied)?;
         // Kept only after a pass that succeeded: any failure makes the
         // next pass compute the whole state again.
+        let incremental = touched.is_some();
         self.desire.keep(desired);
+        t.lap(Phase::Finish);
+        t.log(full, incremental);
         Ok(())
     }
 }
