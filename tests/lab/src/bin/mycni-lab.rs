@@ -364,7 +364,7 @@ fn policy_demo(lab: &Lab) -> Result<()> {
 fn flows_demo(lab: &Lab) -> Result<()> {
     let shown = [
         (
-            "a connection's first packet, left to the kernel (SYN)",
+            "a connection's first packet each way (SYN, SYN-ACK), left to the kernel",
             vec!["--reason", "kernel_tcp_control", "--last", "1"],
         ),
         (
