@@ -295,6 +295,14 @@ pub(super) fn neighbour(n: &NeighbourMessage, deleted: bool, s: &Snapshot) -> bo
         match a {
             NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)) => dst = Some(*ip),
             NeighbourAttribute::Destination(NeighbourAddress::Inet6(ip)) => dst6 = Some(*ip),
+            // An FDB entry's (AF_BRIDGE) destination: netlink-packet-route
+            // leaves it as raw bytes. Unread, every FDB entry the agent
+            // wrote looked like drift and woke a full pass.
+            NeighbourAttribute::Destination(NeighbourAddress::Other(b)) => match b.len() {
+                4 => dst = <[u8; 4]>::try_from(b.as_slice()).ok().map(Ipv4Addr::from),
+                16 => dst6 = <[u8; 16]>::try_from(b.as_slice()).ok().map(Ipv6Addr::from),
+                _ => {}
+            },
             NeighbourAttribute::LinkLayerAddress(m) => lladdr = Mac::try_from(m.as_slice()).ok(),
             _ => {}
         }

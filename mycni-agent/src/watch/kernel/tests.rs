@@ -130,7 +130,17 @@ fn neigh(family: AddressFamily, state: NeighbourState, ip: Ipv4Addr, mac: Mac) -
         .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)));
     n.attributes
         .push(NeighbourAttribute::LinkLayerAddress(mac.0.to_vec()));
-    n
+    from_wire(&n)
+}
+
+/// `n` as the watch receives it: emitted and parsed again, so that an
+/// attribute the parser reads by family (an FDB entry's destination is
+/// raw bytes) looks as the kernel's would.
+fn from_wire(n: &NeighbourMessage) -> NeighbourMessage {
+    use rtnetlink::packet_core::{Emitable, Parseable};
+    let mut buf = vec![0u8; n.buffer_len()];
+    n.emit(&mut buf);
+    NeighbourMessage::parse(buf.as_slice()).expect("a neighbour message")
 }
 
 fn address(index: u32, label: &str, ip: Ipv4Addr) -> AddressMessage {
