@@ -10,8 +10,8 @@ use aya::maps::lpm_trie::Key;
 use aya::maps::{Array, HashMap, LpmTrie, MapData, PerCpuArray};
 use aya::programs::{SchedClassifier, TcAttachType};
 use mycni_common::flow::{
-    DROP_LIMIT_MAP, FLOW_STAT_EMITTED, FLOW_STAT_LOST, FLOW_STAT_SUPPRESSED, FLOW_STATS_LEN, FLOW_STATS_MAP,
-    FLOWS_MAP,
+    DROP_LIMIT_MAP, FLOW_STAT_EMITTED, FLOW_STAT_LOST, FLOW_STAT_SUPPRESSED, FLOW_STATS_LEN,
+    FLOW_STATS_MAP, FLOWS_MAP,
 };
 use mycni_common::{
     CONFIG_MAP, COUNTERS_LEN, COUNTERS_MAP, DpConfig, DpFamily, DpPath, LOCAL_MAP, LOCAL6_MAP,
