@@ -221,20 +221,26 @@ impl<N> Desire<N> {
         for &i in &places {
             let n = &nodes[i];
             let key = name(n);
-            match self.seen.get_mut(key) {
-                Some(was) if Arc::ptr_eq(was, n) => {}
-                Some(was) => {
-                    *was = n.clone();
-                    changed.push(key.to_string());
-                }
-                None => {
-                    self.seen.insert(key.to_string(), n.clone());
-                    changed.push(key.to_string());
-                }
-            }
+            self.note(key, n, &mut changed);
             self.order[i] = n.clone();
         }
         Some(changed)
+    }
+
+    /// Keeps `n` as the Node named `key`, and names it in `changed` when it
+    /// is new or another object than the one kept.
+    fn note(&mut self, key: &str, n: &Arc<N>, changed: &mut Vec<String>) {
+        match self.seen.get_mut(key) {
+            Some(was) if Arc::ptr_eq(was, n) => {}
+            Some(was) => {
+                *was = n.clone();
+                changed.push(key.to_string());
+            }
+            None => {
+                self.seen.insert(key.to_string(), n.clone());
+                changed.push(key.to_string());
+            }
+        }
     }
 
     /// [`Desire::changes`] by each Node's name: every Node read.
@@ -242,17 +248,7 @@ impl<N> Desire<N> {
         let mut changed = Vec::new();
         for n in nodes {
             let key = name(n);
-            match self.seen.get_mut(key) {
-                Some(was) if Arc::ptr_eq(was, n) => {}
-                Some(was) => {
-                    *was = n.clone();
-                    changed.push(key.to_string());
-                }
-                None => {
-                    self.seen.insert(key.to_string(), n.clone());
-                    changed.push(key.to_string());
-                }
-            }
+            self.note(key, n, &mut changed);
         }
         // Names are unique: more seen than present means some are gone.
         if self.seen.len() > nodes.len() {
