@@ -69,12 +69,13 @@ pub struct NftLog {
     /// 0 when the hook has none.
     pub in_ifindex: u32,
     pub out_ifindex: u32,
-    /// Packets this log stands for (1 unless the rule folds repeats).
+    /// Packets this log stands for: 1 as logged, more once the reader
+    /// folded a flow's repeats into it (`nflog::Fold`).
     pub count: u32,
 }
 
 /// What an nftables rule that logs decided, named by its NFLOG prefix.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum NftVerdict {
     /// A new connection of an isolated pod, admitted by a policy rule in
     /// `direction` (which rule: the flows room finds it).
@@ -86,6 +87,12 @@ pub enum NftVerdict {
     },
     /// The underlay filter dropped VXLAN from a host that is not a peer.
     UnderlayDrop,
+}
+
+impl NftVerdict {
+    pub fn is_drop(self) -> bool {
+        !matches!(self, NftVerdict::PolicyAllow { .. })
+    }
 }
 
 /// Where sources send what they saw.

@@ -46,7 +46,14 @@ pub enum Series {
         direction: Direction,
         reason: Reason,
     },
+    /// Repeated drops over the table's logging rate
+    /// ([`crate::tables::nft::NFLOG_REPEATS_PER_SECOND`]):
+    /// counted under their `Drop` series, missing from the flows' counts.
+    Unlogged,
 }
+
+/// The fixed counter of [`Series::Unlogged`].
+pub const UNLOGGED: &str = "repeats_unlogged";
 
 /// Why the table dropped a packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -85,7 +92,7 @@ pub fn drop_counter(direction: Direction, reason: Reason) -> String {
 
 /// Every fixed counter, with what it counts.
 pub fn drop_counters() -> Vec<(String, Series)> {
-    let mut out = Vec::new();
+    let mut out = vec![(UNLOGGED.to_string(), Series::Unlogged)];
     for direction in [Direction::Egress, Direction::Ingress] {
         for reason in Reason::ALL {
             out.push((
@@ -193,7 +200,7 @@ impl Tally {
         self.last.retain(|name, _| targets.contains_key(name));
         let live: BTreeSet<&Series> = targets.values().flatten().collect();
         self.totals
-            .retain(|s, _| matches!(s, Series::Drop { .. }) || live.contains(s));
+            .retain(|s, _| matches!(s, Series::Drop { .. } | Series::Unlogged) || live.contains(s));
         for s in live {
             self.totals.entry(s.clone()).or_default();
         }

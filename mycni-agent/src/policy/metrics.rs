@@ -270,5 +270,13 @@ fn encode_totals(
             ])?)?;
         }
     }
+    let unlogged = totals.get(&Series::Unlogged).map_or(0, |(p, _)| *p);
+    let m = e.encode_descriptor(
+        "mycni_policy_drops_unlogged",
+        "Repeated policy drops over the table's logging rate: in mycni_policy_drops, missing from the drop counts flows reports.",
+        None,
+        MetricType::Counter,
+    )?;
+    ConstCounter::new(unlogged).encode(m)?;
     Ok(())
 }

@@ -60,10 +60,11 @@
 use std::fmt::Write as _;
 
 use crate::tables::nft::NFLOG_GROUP as GROUP;
+use crate::tables::nft::{REPEATS, repeats_limit};
 use mycni_common::contract::HOST_VETH_PREFIX;
 use mycni_common::{POLICY_MARK_MASK, POLICY_MARK_SHIFT};
 
-use super::counters::{Reason, drop_counter, drop_counters};
+use super::counters::{Reason, UNLOGGED, drop_counter, drop_counters};
 use super::model::Direction;
 use super::sets::{Desired, SetKind, SetName};
 
@@ -97,8 +98,8 @@ fn add_counter(s: &mut String, name: &str, comment: &str) {
 /// One family's judging chains: `judge4`/`judge6`, `egress*`, `ingress*`,
 /// and the chains a packet is sent to once decided: `admit_*` (logs a new
 /// connection a rule admitted, then returns as `return` would) and one
-/// `drop_*` per direction and reason (logs at most once a second per flow,
-/// counts, drops). Only packets so decided pay for the logging: the
+/// `drop_*` per direction and reason (logs a flow's first drop and its
+/// repeats up to the node's rate, counts, drops). Only packets so decided pay for the logging: the
 /// established path has no rule more than before.
 fn chains(v6: bool) -> String {
     let (n, ip) = if v6 { (6, "ip6") } else { (4, "ip") };
@@ -121,16 +122,23 @@ fn chains(v6: bool) -> String {
         );
         for r in Reason::ALL {
             let chain = to(d, r);
+            let (prefix, counter) = (log_prefix(Logged::Drop(d, r)), drop_counter(d, r));
             let _ = writeln!(s, "add chain {t} {chain}");
+            // A flow's first drop, and one a second after: each flow has a
+            // limit of its own, so a flood of one never hides another's.
             let _ = writeln!(
                 s,
-                "add rule {t} {chain} add @logged{n} {{ {ip} saddr . {ip} daddr . meta l4proto . th dport limit rate 1/second burst 1 packets }} log group {GROUP} prefix \"{}\"",
-                log_prefix(Logged::Drop(d, r))
+                "add rule {t} {chain} add @logged{n} {{ {ip} saddr . {ip} daddr . meta l4proto . th dport limit rate 1/second burst 1 packets }} log group {GROUP} prefix \"{prefix}\" counter name \"{counter}\" drop"
+            );
+            // Its repeats, for the flows room to count (it folds them), up
+            // to the node's rate; past it only counted here.
+            let _ = writeln!(
+                s,
+                "add rule {t} {chain} limit name \"{REPEATS}\" log group {GROUP} prefix \"{prefix}\" counter name \"{counter}\" drop"
             );
             let _ = writeln!(
                 s,
-                "add rule {t} {chain} counter name \"{}\" drop comment \"mycni: {}\"",
-                drop_counter(d, r),
+                "add rule {t} {chain} counter name \"{UNLOGGED}\" counter name \"{counter}\" drop comment \"mycni: {}\"",
                 drop_comment(d, r)
             );
         }
@@ -272,6 +280,7 @@ pub fn full_script(d: &Desired, epoch: u32) -> String {
     for (name, c) in &d.counters {
         add_counter(&mut s, name, &c.comment);
     }
+    s.push_str(&repeats_limit(&t));
     for v6 in [false, true] {
         for kind in SetKind::ALL {
             let name = SetName { kind, v6 };
@@ -279,8 +288,9 @@ pub fn full_script(d: &Desired, epoch: u32) -> String {
             let _ = writeln!(s, "add {what} {t} {name} {{ {} }}", set_type(kind, v6));
         }
     }
-    // What the drop chains log by: a flow logged in the last second is not
-    // logged again (the element's limit), and is forgotten after two.
+    // What the drop chains log a flow's first drop by: a flow logged in the
+    // last second is not logged so again (the element's limit; its repeats
+    // go under `repeats`), and is forgotten after two.
     let _ = writeln!(
         s,
         "add set {t} logged4 {{ type ipv4_addr . ipv4_addr . inet_proto . inet_service; flags dynamic, timeout; timeout 2s; size 65536; }}"

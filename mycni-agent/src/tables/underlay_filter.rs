@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 
 use anyhow::Result;
 
-use super::nft;
+use super::nft::{self, REPEATS, repeats_limit};
 use crate::metrics::Metrics;
 
 pub const TABLE: &str = "mycni_underlay";
@@ -69,8 +69,9 @@ impl Family for Ipv6Addr {
 /// without it.
 ///
 /// A dropped datagram goes through the chain `stranger`, which logs it to the
-/// flows' NFLOG group at most once a second per sender (set `logged`),
-/// then drops it; the counter stays on the input rule.
+/// flows' NFLOG group (a sender's first once a second, set `logged`; its
+/// repeats up to the table's rate, folded by the flows room), then drops
+/// it; the counter stays on the input rule.
 fn chain_and_rule<A: Family>(port: u16) -> String {
     let f = A::NFT;
     let saddr = A::SADDR;
@@ -78,7 +79,8 @@ fn chain_and_rule<A: Family>(port: u16) -> String {
     format!(
         "add chain {f} {TABLE} stranger\n\
          flush chain {f} {TABLE} stranger\n\
-         add rule {f} {TABLE} stranger add @logged {{ {saddr} limit rate 1/second burst 1 packets }} log group {group} prefix \"{prefix}\"\n\
+         add rule {f} {TABLE} stranger add @logged {{ {saddr} limit rate 1/second burst 1 packets }} log group {group} prefix \"{prefix}\" drop\n\
+         add rule {f} {TABLE} stranger limit name \"{REPEATS}\" log group {group} prefix \"{prefix}\" drop\n\
          add rule {f} {TABLE} stranger drop\n\
          add chain {f} {TABLE} {CHAIN} {{ type filter hook input priority -10; policy accept; }}\n\
          flush chain {f} {TABLE} {CHAIN}\n\
@@ -92,9 +94,10 @@ pub const LOG_PREFIX: &str = "mycni underlay-drop";
 /// Senders whose dropped VXLAN was logged in the last seconds.
 fn logged_set<A: Family>() -> String {
     format!(
-        "add set {} {TABLE} logged {{ type {}; flags dynamic, timeout; timeout 2s; size 4096; }}\n",
+        "add set {} {TABLE} logged {{ type {}; flags dynamic, timeout; timeout 2s; size 4096; }}\n{}",
         A::NFT,
-        A::SET_TYPE
+        A::SET_TYPE,
+        repeats_limit(&format!("{} {TABLE}", A::NFT))
     )
 }
 
@@ -328,9 +331,11 @@ mod tests {
              add set ip mycni_underlay peers { type ipv4_addr; }\n\
              add element ip mycni_underlay peers { 10.0.0.2 }\n\
              add set ip mycni_underlay logged { type ipv4_addr; flags dynamic, timeout; timeout 2s; size 4096; }\n\
+             add limit ip mycni_underlay repeats { rate 2000/second burst 2000 packets; }\n\
              add chain ip mycni_underlay stranger\n\
              flush chain ip mycni_underlay stranger\n\
-             add rule ip mycni_underlay stranger add @logged { ip saddr limit rate 1/second burst 1 packets } log group 1717 prefix \"mycni underlay-drop\"\n\
+             add rule ip mycni_underlay stranger add @logged { ip saddr limit rate 1/second burst 1 packets } log group 1717 prefix \"mycni underlay-drop\" drop\n\
+             add rule ip mycni_underlay stranger limit name \"repeats\" log group 1717 prefix \"mycni underlay-drop\" drop\n\
              add rule ip mycni_underlay stranger drop\n\
              add chain ip mycni_underlay input { type filter hook input priority -10; policy accept; }\n\
              flush chain ip mycni_underlay input\n\
@@ -341,9 +346,11 @@ mod tests {
              add set ip6 mycni_underlay peers { type ipv6_addr; }\n\
              add element ip6 mycni_underlay peers { fd00::2 }\n\
              add set ip6 mycni_underlay logged { type ipv6_addr; flags dynamic, timeout; timeout 2s; size 4096; }\n\
+             add limit ip6 mycni_underlay repeats { rate 2000/second burst 2000 packets; }\n\
              add chain ip6 mycni_underlay stranger\n\
              flush chain ip6 mycni_underlay stranger\n\
-             add rule ip6 mycni_underlay stranger add @logged { ip6 saddr limit rate 1/second burst 1 packets } log group 1717 prefix \"mycni underlay-drop\"\n\
+             add rule ip6 mycni_underlay stranger add @logged { ip6 saddr limit rate 1/second burst 1 packets } log group 1717 prefix \"mycni underlay-drop\" drop\n\
+             add rule ip6 mycni_underlay stranger limit name \"repeats\" log group 1717 prefix \"mycni underlay-drop\" drop\n\
              add rule ip6 mycni_underlay stranger drop\n\
              add chain ip6 mycni_underlay input { type filter hook input priority -10; policy accept; }\n\
              flush chain ip6 mycni_underlay input\n\
@@ -362,7 +369,7 @@ mod tests {
             s.contains("add set ip6 mycni_underlay peers { type ipv6_addr; }\n"),
             "{s}"
         );
-        assert_eq!(s.matches("add rule").count(), 6, "{s}");
+        assert_eq!(s.matches("add rule").count(), 8, "{s}");
     }
 
     #[test]

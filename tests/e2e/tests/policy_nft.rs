@@ -11,6 +11,7 @@ use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use mycni_agent::policy::counters::parse_counters;
 use mycni_agent::policy::nft::{diff_script, full_script};
 use mycni_agent::policy::sets::{Desired, desired};
 use mycni_agent::policy::{
@@ -552,17 +553,17 @@ fn an_unknown_pod_is_cut_off_once_policy_exists() -> Result<()> {
 }
 
 /// What the table logs to NFLOG, read by the agent's own reader
-/// (`flows::nflog`) in the node's namespace: a denied connection once
-/// however often it is retried within the second (and with its direction
-/// and reason), an admitted new connection of an isolated pod once, with
+/// (`flows::nflog`) in the node's namespace: a denied flow at once, its
+/// repeats within the second as one record with their count (and with its
+/// direction and reason), an admitted new connection of an isolated pod once, with
 /// the rule's direction; a connection between pods no policy isolates,
 /// nothing.
 #[test]
 fn the_table_logs_its_verdicts_to_nflog_once_per_flow() -> Result<()> {
     use mycni_agent::flows::nflog::{NflogCounts, spawn};
-    use mycni_agent::flows::{NftVerdict, Observation, Sink};
+    use mycni_agent::flows::{NftLog, NftVerdict, Observation, Sink};
     use mycni_agent::policy::Direction;
-    use mycni_agent::policy::counters::Reason;
+    use mycni_agent::policy::counters::{Reason, drop_counter};
 
     let node = node(&[("x", "a"), ("x", "b"), ("y", "c")])?;
     for p in &node.pods {
@@ -598,7 +599,8 @@ fn the_table_logs_its_verdicts_to_nflog_once_per_flow() -> Result<()> {
     anyhow::ensure!(!probe(c, a.ip4, Protocol::Tcp, 80)?, "y/c reached x/a");
     anyhow::ensure!(probe(b, a.ip4, Protocol::Tcp, 80)?, "x/b did not reach x/a");
     anyhow::ensure!(probe(c, b.ip4, Protocol::Tcp, 80)?, "y/c did not reach x/b");
-    std::thread::sleep(Duration::from_millis(300));
+    // Past the second the reader holds a flow's repeats for.
+    std::thread::sleep(mycni_agent::flows::nflog::FOLD + Duration::from_millis(600));
     let mut logs = Vec::new();
     while let Ok(o) = rx.try_recv() {
         if let Observation::Nft(l) = o {
@@ -617,10 +619,25 @@ fn the_table_logs_its_verdicts_to_nflog_once_per_flow() -> Result<()> {
     let admitted = NftVerdict::PolicyAllow {
         direction: Direction::Ingress,
     };
-    // Two connections of y/c (and their SYN retransmits) within a second:
-    // the first SYN only. Each connection has its own source port, so the
-    // once-a-second key (addresses, protocol, port) is the same flow.
-    anyhow::ensure!(of(denied, c) == 1, "drops logged: {logs:#?}");
+    // Two connections of y/c within a second, each a SYN: one flow (the
+    // once-a-second key is addresses, protocol, port, not the source
+    // port), so the first SYN at once and the second folded into a
+    // record of its own once the flow's second is over: every dropped
+    // packet counted once, as the table's own counter counts them.
+    let drops: Vec<&NftLog> = logs
+        .iter()
+        .filter(|l| l.verdict == denied && l.src == c.ip4 && l.dst == a.ip4)
+        .collect();
+    let counted: u32 = drops.iter().map(|l| l.count).sum();
+    let kernel = sh_in(&node.ns, "nft -j list counters table inet mycni_policy")?;
+    let kernel = parse_counters(&kernel)?
+        .get(&drop_counter(Direction::Ingress, Reason::Denied))
+        .map(|(packets, _)| *packets)
+        .context("no ingress denied counter")?;
+    anyhow::ensure!(
+        drops.len() == 2 && drops[0].count == 1 && u64::from(counted) == kernel && kernel >= 2,
+        "drops logged (the table counted {kernel}): {drops:#?}"
+    );
     anyhow::ensure!(of(admitted, b) == 1, "admissions logged: {logs:#?}");
     let d = logs
         .iter()
