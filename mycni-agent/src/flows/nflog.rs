@@ -334,7 +334,8 @@ fn read(sock: &Socket, sink: &Sink, counts: &NflogCounts) {
                 return;
             }
         };
-        let at = SystemTime::now();
+        // One clock read of each kind per datagram: the kernel batches logs.
+        let (at, arrived) = (SystemTime::now(), Instant::now());
         let mut off = 0;
         while off < n {
             let Ok(msg) = <NetlinkMessage<NetfilterMessage>>::deserialize(&rx[off..n]) else {
@@ -349,7 +350,7 @@ fn read(sock: &Socket, sink: &Sink, counts: &NflogCounts) {
             {
                 match log_of(nlas, at) {
                     Some(log) => {
-                        if let Some(log) = fold.take(log, Instant::now()) {
+                        if let Some(log) = fold.take(log, arrived) {
                             sink.send(Observation::Nft(log));
                         }
                     }

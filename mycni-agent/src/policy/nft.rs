@@ -61,8 +61,7 @@
 
 use std::fmt::Write as _;
 
-use crate::tables::nft::NFLOG_GROUP as GROUP;
-use crate::tables::nft::{REPEATS, repeats_limit};
+use crate::tables::nft::{NFLOG_GROUP as GROUP, REPEATS, repeats_limit};
 use mycni_common::contract::HOST_VETH_PREFIX;
 use mycni_common::{POLICY_MARK_MASK, POLICY_MARK_SHIFT};
 
