@@ -20,11 +20,13 @@
 //! put `ct reply proto-src` in a concatenation (its size depends on the
 //! protocol).
 //!
-//! Every packet to or from an isolated pod is judged, not only a
-//! connection's first: a policy change cuts a live connection it no
-//! longer allows at its next packet, on both datapaths (see the stamp
-//! below). A pod no policy isolates costs three set lookups per forwarded
-//! packet on the kernel path.
+//! A connection is judged again under every new policy, not only at its
+//! first packet: a policy change cuts a live connection it no longer
+//! allows at its next packet, on both datapaths (see the stamp below).
+//! Within one policy epoch its verdict cannot change, so an established
+//! connection already admitted under the current epoch is accepted first
+//! thing (chain `judged`, one conntrack mark compare), as the fast path
+//! forwards it; the kernel path judged each of its packets before.
 //!
 //! Both datapaths bring every new connection here: the fast path forwards
 //! only established TCP / assured UDP flows without NAT and leaves SYN,
@@ -240,17 +242,24 @@ fn drop_comment(d: Direction, r: Reason) -> &'static str {
     }
 }
 
-/// The one rule that changes with the members: every packet the table let
+/// The two rules that change with the members: every packet the table let
 /// through stamps its connection's mark with `epoch` (its policy bits
 /// only), so the fast path knows which live flows were judged under the
-/// current policy (`mycni_common::POLICY_MARK_SHIFT`).
+/// current policy (`mycni_common::POLICY_MARK_SHIFT`); and an established
+/// connection stamped so is admitted before the judging chains, as the fast
+/// path forwards it. Within an epoch the verdict is the connection's (the
+/// rules read its conntrack tuple, and every change of a set comes with a
+/// new epoch), so judging each of its packets again only costs: on the
+/// kernel path that was every packet of an isolated pod's connections.
 fn stamp(epoch: u32) -> String {
     let t = format!("{FAMILY} {TABLE}");
     let e = (epoch << POLICY_MARK_SHIFT) & POLICY_MARK_MASK;
     let keep = !POLICY_MARK_MASK;
     format!(
         "flush chain {t} stamp\n\
-         add rule {t} stamp ct mark and {POLICY_MARK_MASK:#010x} != {e:#010x} ct mark set ct mark and {keep:#010x} or {e:#010x}\n"
+         add rule {t} stamp ct mark and {POLICY_MARK_MASK:#010x} != {e:#010x} ct mark set ct mark and {keep:#010x} or {e:#010x}\n\
+         flush chain {t} judged\n\
+         add rule {t} judged ct state established ct mark and {POLICY_MARK_MASK:#010x} == {e:#010x} accept\n"
     )
 }
 
@@ -303,6 +312,7 @@ pub fn full_script(d: &Desired, epoch: u32) -> String {
         "add chain {t} forward {{ type filter hook forward priority filter; policy accept; }}"
     );
     let _ = writeln!(s, "add chain {t} stamp");
+    let _ = writeln!(s, "add chain {t} judged");
     s.push_str(&chains(false));
     s.push_str(&chains(true));
     let _ = writeln!(s, "add rule {t} forward ct state related accept");
@@ -310,6 +320,7 @@ pub fn full_script(d: &Desired, epoch: u32) -> String {
         s,
         "add rule {t} forward icmpv6 type {{ nd-router-solicit, nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert, nd-redirect }} accept"
     );
+    let _ = writeln!(s, "add rule {t} forward jump judged");
     let _ = writeln!(s, "add rule {t} forward meta nfproto ipv4 jump judge4");
     let _ = writeln!(s, "add rule {t} forward meta nfproto ipv6 jump judge6");
     let _ = writeln!(s, "add rule {t} forward jump stamp");

@@ -418,11 +418,11 @@ fn the_node_reaches_its_pods_under_deny_all() -> Result<()> {
     Ok(())
 }
 
-/// Every packet of an isolated pod's connections is judged, so a policy
-/// change cuts a live connection it no longer allows at its next packet
-/// (on the kernel datapath; the fast path's established flows are issue
-/// 25's), and lets it go on once allowed again; a connection the change
-/// still allows is untouched.
+/// A policy change (a new epoch) judges every live connection again, so it
+/// cuts one it no longer allows at its next packet (on the kernel
+/// datapath; the fast path's established flows are issue 25's), and lets it
+/// go on once allowed again; a connection the change still allows is
+/// untouched, and judged once, not at each packet.
 #[test]
 fn a_live_connection_is_cut_by_a_deny_and_resumes_when_lifted() -> Result<()> {
     let node = node(&[("x", "a"), ("x", "b")])?;
@@ -485,6 +485,26 @@ fn a_live_connection_is_cut_by_a_deny_and_resumes_when_lifted() -> Result<()> {
     assert!(
         round_trip(&mut s81),
         "the stream on 81 was cut though still allowed"
+    );
+    // Admitted under this epoch, the connection is not judged again (chain
+    // `judged`): the rule counters, which count every packet judged, stand
+    // still over 20 round trips (80 packets and their ACKs).
+    let judged = || -> Result<u64> {
+        let json = sh_in(&node.ns, "nft -j list counters table inet mycni_policy")?;
+        Ok(parse_counters(&json)?
+            .iter()
+            .filter(|(name, _)| name.starts_with('r'))
+            .map(|(_, (packets, _))| packets)
+            .sum())
+    };
+    let before = judged()?;
+    for _ in 0..20 {
+        assert!(round_trip(&mut s81), "the stream on 81 stopped");
+    }
+    let after = judged()?;
+    assert!(
+        after - before < 5,
+        "an admitted connection was judged again: {before} -> {after} packets"
     );
 
     nft_in(
