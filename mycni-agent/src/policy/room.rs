@@ -31,7 +31,10 @@ use super::counters::drop_counters;
 use super::inspect::View;
 use super::metrics::{PolicyMetrics, read_counters};
 use super::model::{Key, Namespace, Pod, Policy};
-use super::nft::{FAMILY, TABLE, diff_script, full_script, remove_script, whole_is_cheaper};
+use super::nft::{
+    FAMILY, TABLE, diff_script, full_script, parse_stamped_epoch, remove_script, settle_script,
+    whole_is_cheaper,
+};
 use super::sets::{self, Desired};
 use super::{Cluster, compile_node};
 use crate::datapath::{read_policy_epoch, write_policy_epoch};
@@ -108,9 +111,14 @@ pub fn spawn(
     published: watch::Sender<Arc<Cluster>>,
 ) -> JoinHandle<()> {
     let pin_dir = pin_dir.to_path_buf();
-    // Past whatever epoch an earlier agent left: every flow stamped under
+    // Past whatever epoch an earlier agent left (the pinned map; on the
+    // kernel path only its table's stamp tells): every flow stamped under
     // it is judged again once.
-    let epoch = next_epoch(read_policy_epoch(&pin_dir).unwrap_or(0));
+    let left = read_policy_epoch(&pin_dir)
+        .into_iter()
+        .chain(nft::list_chain(FAMILY, TABLE, "stamp").and_then(|l| parse_stamped_epoch(&l)))
+        .max();
+    let epoch = next_epoch(left.unwrap_or(0));
     let metrics = metrics.clone();
     let records = state_dir.join(POD_RECORDS_DIR);
     // Registered now, so its series (enforcing 0) are there while the
@@ -412,10 +420,14 @@ impl Room {
             r => r,
         };
         result?;
+        // Spent even if the settle fails: stamps of it may be wrong.
+        self.epoch = epoch;
+        let settled = next_epoch(epoch);
+        run_nft(settle_script(settled)).await?;
+        self.epoch = settled;
         // Only now: a flow stamped under the old epoch goes on fast until
         // the fast path checks for the new one, and the new stamps exist.
-        self.epoch = epoch;
-        write_policy_epoch(&self.pin_dir, epoch)?;
+        write_policy_epoch(&self.pin_dir, settled)?;
         self.metrics
             .set_elements
             .store(want.len() as u64, Ordering::Relaxed);

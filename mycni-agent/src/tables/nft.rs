@@ -102,6 +102,18 @@ pub fn table_exists(family: &str, table: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// `nft list chain` of one chain; None when it (or nft) is not there.
+pub fn list_chain(family: &str, table: &str, chain: &str) -> Option<String> {
+    let out = Command::new("nft")
+        .args(["list", "chain", family, table, chain])
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 fn ok_or_stderr(status: std::process::ExitStatus, stderr: &[u8]) -> Result<()> {
     if !status.success() {
         bail!("nft failed: {}", String::from_utf8_lossy(stderr).trim());
