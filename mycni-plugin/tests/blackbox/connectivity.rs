@@ -29,6 +29,58 @@ fn pods_reach_each_other_and_the_node() -> Result<()> {
     Ok(())
 }
 
+/// The fallback behind the static neighbour: with it gone, the pod ARPs
+/// for 169.254.1.1 and its host veth answers by proxy ARP at once.
+#[test]
+fn the_host_veth_answers_arp_for_the_gateway_at_once() -> Result<()> {
+    let node = node()?;
+    let conf = node.conf("1.1.0", "10.244.13.0/24");
+    let pod = NetNs::new("pod")?;
+    let add = node.run("mycni", "ADD", &call("p", &netns_path(&pod), ""), &conf)?;
+    assert!(add.ok, "{}", add.stdout);
+    let host = add.json["interfaces"][0]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    for (key, want) in [
+        (format!("net.ipv4.conf.{host}.proxy_arp"), "1"),
+        (format!("net.ipv4.conf.{host}.rp_filter"), "1"),
+        (format!("net.ipv4.neigh.{host}.proxy_delay"), "0"),
+    ] {
+        assert_eq!(node.ns.exec("sysctl", &["-n", &key])?.trim(), want, "{key}");
+    }
+    // Proxy ARP answers only for an address the node routes through
+    // another interface, as a node's default route does.
+    for args in [
+        &[
+            "link",
+            "add",
+            "uplink",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "uplink-end",
+        ][..],
+        &["link", "set", "uplink-end", "up"],
+        &["link", "set", "uplink", "up"],
+        &["route", "add", "default", "dev", "uplink"],
+        &["addr", "add", "10.99.0.2/32", "dev", "lo"],
+    ] {
+        node.ns.exec("ip", args)?;
+    }
+    // A proxy_delay left at its default would hold the answer up to 0.8 s,
+    // mostly past ping's 0.3 s deadline.
+    pod.exec("ip", &["neigh", "flush", "dev", "eth0", "nud", "permanent"])?;
+    pod.exec("ping", &["-c", "1", "-W", "0.3", "10.99.0.2"])?;
+    let neigh = pod.exec("ip", &["neigh", "show", "169.254.1.1", "dev", "eth0"])?;
+    assert!(
+        neigh.contains("lladdr"),
+        "gateway not learned by ARP: {neigh}"
+    );
+    Ok(())
+}
+
 /// The plugin alone, as a runtime or a test harness runs it with only its
 /// conflist: it turns forwarding on itself, as the reference `ptp` does,
 /// instead of relying on the agent.
