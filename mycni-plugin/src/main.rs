@@ -15,6 +15,10 @@
 #[cfg(not(test))]
 use std::io::Write;
 
+#[cfg(target_env = "musl")]
+#[global_allocator]
+static ALLOC: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
+
 /// The C entry point, called by the C runtime with the process's
 /// arguments (which the plugin does not read: CNI passes everything in
 /// the environment and on stdin).

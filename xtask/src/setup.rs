@@ -69,6 +69,7 @@ pub fn run() -> Result<()> {
     let started = Instant::now();
     packages()?;
     toolchain(HOST_TOOLCHAIN, &["clippy", "rustfmt"])?;
+    rust_target(HOST_TOOLCHAIN, &crate::plugin_target())?;
     toolchain(EBPF_TOOLCHAIN, &["rust-src", "clippy", "rustfmt"])?;
     bpf_linker()?;
     cargo_fuzz()?;
@@ -138,6 +139,21 @@ fn toolchain(name: &str, components: &[&str]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Adds the standard library for `target` to `toolchain` if it lacks it
+/// (the plugin ships built for musl).
+pub fn rust_target(toolchain: &str, target: &str) -> Result<()> {
+    let have = Cmd::new("rustup")
+        .args(["target", "list", "--installed", "--toolchain", toolchain])
+        .output()?;
+    if have.lines().any(|l| l.trim() == target) {
+        return Ok(());
+    }
+    eprintln!("xtask setup: adding the {target} target to {toolchain}");
+    Cmd::new("rustup")
+        .args(["target", "add", "--toolchain", toolchain, target])
+        .run()
 }
 
 fn cargo_bin(name: &str) -> PathBuf {

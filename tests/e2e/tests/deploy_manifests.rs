@@ -587,7 +587,7 @@ fn dockerfile_checks_catch_their_breakage() {
         ),
         // Copies the plugin built with the workspace, not the one that ships.
         (
-            "target/plugin/x86_64-unknown-linux-gnu/release/mycni ",
+            "target/plugin/x86_64-unknown-linux-musl/release/mycni ",
             "target/release/mycni ",
         ),
         // Builds in debug, so target/release is empty.

@@ -152,4 +152,4 @@ pub(crate) const RUNTIME_PACKAGES: &[&str] = &["iproute2", "nftables"];
 /// workspace root.
 pub(crate) const EBPF_OBJECT: &str = "target/ebpf/bpfel-unknown-none/release/mycni-ebpf";
 /// What `cargo xtask build-plugin` builds (the image is amd64 only).
-pub(crate) const PLUGIN_BINARY: &str = "target/plugin/x86_64-unknown-linux-gnu/release/mycni";
+pub(crate) const PLUGIN_BINARY: &str = "target/plugin/x86_64-unknown-linux-musl/release/mycni";
