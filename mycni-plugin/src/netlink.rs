@@ -148,3 +148,9 @@ impl Drop for Back {
 pub fn netlink_in(netns: &File) -> Result<Netlink> {
     in_netns(netns, || Ok(Netlink::current()?))
 }
+
+/// [`netlink_in`] with its batch socket made there too (ADD's changes go
+/// as one batch per namespace).
+pub fn netlink_with_batches_in(netns: &File) -> Result<Netlink> {
+    in_netns(netns, || Ok(Netlink::current_with_batches()?))
+}

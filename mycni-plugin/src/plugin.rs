@@ -7,13 +7,12 @@ pub use check::check;
 
 use std::collections::HashSet;
 use std::fs::File;
-use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
-use std::pin::Pin;
 
 use mycni_common::contract::VethAlias;
 use mycni_common::net::{Cidr, Mac};
+use mycni_common::netlink::Batch;
 
 use crate::config::{Env, NetConf};
 use crate::error::{CniError, Code, Result};
@@ -21,7 +20,7 @@ use crate::ipam::Ipam;
 use crate::log;
 use crate::netlink::{
     GATEWAY, GATEWAY_V6, GATEWAY_V6_PREFIX, Link, Netlink, cidr, in_netns, ipv6_conf, netlink_in,
-    plugin_route, read_sysctl, write_sysctl,
+    netlink_with_batches_in, plugin_route, read_sysctl, write_sysctl,
 };
 use crate::types::{CniResult, Interface, IpConfig, Route};
 
@@ -136,9 +135,6 @@ impl PodIps {
     }
 }
 
-/// One netlink step of ADD, run together with the others.
-type Step<'a> = Pin<Box<dyn Future<Output = mycni_common::netlink::Result<()>> + 'a>>;
-
 /// Test hook: `MYCNI_TEST_FAULT=<step>` makes ADD fail right after that
 /// step, so the rollback of every step can be tested against the real
 /// kernel; `MYCNI_TEST_FAULT=kill:<step>` SIGKILLs the plugin there
@@ -172,8 +168,8 @@ pub fn add(conf: &NetConf, env: &Env) -> Result<CniResult> {
     let netns = open_netns(&env.netns)?;
     let rt = runtime()?;
     rt.block_on(async {
-        let host = Netlink::current()?;
-        let pod = netlink_in(&netns)?;
+        let host = Netlink::current_with_batches()?;
+        let pod = netlink_with_batches_in(&netns)?;
         let host_name = host_veth_name(env);
         // Two lookups on two sockets, in flight together.
         let (in_pod, stale) =
@@ -352,53 +348,36 @@ async fn add_steps(
             format!("host veth {host_name} has no Ethernet address"),
         )
     })?;
-    // Every remaining change, as one batch per namespace in flight at once:
-    // the kernel takes a socket's requests in the order they were sent, so
-    // each batch keeps its order (an address before its interface is up,
-    // an interface up before a route through it) without a round trip per
-    // step. The static neighbours save the first packet a neighbour round
-    // trip and work even where proxy ARP would not answer (no host route to
-    // 169.254.1.1).
-    let mut pod_steps: Vec<Step<'_>> = Vec::new();
-    let mut host_steps: Vec<Step<'_>> =
-        vec![Box::pin(host.set_alias_and_up(host_link.index, &alias))];
+    // Every remaining change, as one batch per namespace, both in flight at
+    // once: the kernel takes a datagram's requests in order, so each batch
+    // keeps its order (an address before its interface is up, an interface
+    // up before a route through it), and a namespace's changes cost one
+    // round trip instead of one each (netlink-proto sends a connection's
+    // requests one per round trip). The static neighbours save the first
+    // packet a neighbour round trip and work even where proxy ARP would
+    // not answer (no host route to 169.254.1.1).
+    let mut pod_batch = Batch::new();
+    let mut host_batch = Batch::new();
+    host_batch.set_alias_and_up(host_link.index, &alias);
     if let Some(a) = pod_ips.v4 {
-        pod_steps.push(Box::pin(pod.add_address(pod_link.index, cidr(a, 32)?)));
+        pod_batch.add_ipv4_address(pod_link.index, cidr(a, 32)?);
     }
     if let Some(b) = pod_ips.v6 {
-        pod_steps.push(Box::pin(
-            pod.add_ipv6_address_nodad(pod_link.index, cidr(b, 128)?),
-        ));
+        pod_batch.add_ipv6_address_nodad(pod_link.index, cidr(b, 128)?);
     }
-    pod_steps.push(Box::pin(pod.set_up(pod_link.index)));
-    // Where the steps that need eth0 up begin (results before it: "host").
-    let pod_up = pod_steps.len();
+    pod_batch.set_up(pod_link.index);
+    // Where the changes that need eth0 up begin (results before it: "host").
+    let pod_up = pod_batch.len();
     if let Some(a) = pod_ips.v4 {
         let (gw_32, default, pod_32) = (
             cidr(GATEWAY, 32)?,
             cidr(Ipv4Addr::UNSPECIFIED, 0)?,
             cidr(a, 32)?,
         );
-        pod_steps.push(Box::pin(pod.replace_permanent_neighbour(
-            pod_link.index,
-            GATEWAY,
-            host_mac,
-        )));
-        pod_steps.push(Box::pin(pod.add_route(plugin_route(
-            gw_32,
-            None,
-            pod_link.index,
-        ))));
-        pod_steps.push(Box::pin(pod.add_route(plugin_route(
-            default,
-            Some(GATEWAY),
-            pod_link.index,
-        ))));
-        host_steps.push(Box::pin(host.add_route(plugin_route(
-            pod_32,
-            None,
-            host_link.index,
-        ))));
+        pod_batch.replace_permanent_neighbour(pod_link.index, GATEWAY, host_mac);
+        pod_batch.add_route(plugin_route(gw_32, None, pod_link.index));
+        pod_batch.add_route(plugin_route(default, Some(GATEWAY), pod_link.index));
+        host_batch.add_route(plugin_route(pod_32, None, host_link.index));
     }
     if let Some(b) = pod_ips.v6 {
         let (default, pod_128, gw) = (
@@ -406,30 +385,16 @@ async fn add_steps(
             cidr(b, 128)?,
             cidr(GATEWAY_V6, GATEWAY_V6_PREFIX)?,
         );
-        pod_steps.push(Box::pin(pod.replace_permanent_neighbour(
-            pod_link.index,
-            GATEWAY_V6,
-            host_mac,
-        )));
-        pod_steps.push(Box::pin(pod.add_route(plugin_route(
-            default,
-            Some(GATEWAY_V6),
-            pod_link.index,
-        ))));
-        host_steps.push(Box::pin(host.add_ipv6_address_nodad(host_link.index, gw)));
-        host_steps.push(Box::pin(host.add_route(plugin_route(
-            pod_128,
-            None,
-            host_link.index,
-        ))));
+        pod_batch.replace_permanent_neighbour(pod_link.index, GATEWAY_V6, host_mac);
+        pod_batch.add_route(plugin_route(default, Some(GATEWAY_V6), pod_link.index));
+        host_batch.add_ipv6_address_nodad(host_link.index, gw);
+        host_batch.add_route(plugin_route(pod_128, None, host_link.index));
     }
-    let (pod_done, host_done) = futures::join!(
-        futures::future::join_all(pod_steps),
-        futures::future::join_all(host_steps)
-    );
+    let (pod_done, host_done) =
+        futures::join!(pod.apply_batch(pod_batch), host.apply_batch(host_batch));
     let (mut host_done, mut pod_done) = (host_done.into_iter(), pod_done.into_iter());
     // The host veth up with its alias, then the pod's addresses and eth0
-    // up, then the rest: the first error in the order the steps were meant.
+    // up, then the rest: the first error in the order the changes were meant.
     host_done.next().transpose()?;
     for r in pod_done.by_ref().take(pod_up) {
         r?;

@@ -1,4 +1,5 @@
-//! Many changes (neighbours, FDB entries, routes) a datagram at a time.
+//! Many changes (neighbours, FDB entries, routes, addresses, links) a
+//! datagram at a time.
 //!
 //! One change per request costs a round trip through the connection task
 //! and the kernel each (~17 us at thousands of peers, most of it wake-ups
@@ -30,11 +31,14 @@ use std::{format, vec};
 use futures::StreamExt;
 use futures::channel::mpsc::UnboundedReceiver;
 use netlink_packet_route::RouteNetlinkMessage;
+use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags};
 use rtnetlink::packet_core::{
-    NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload,
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST, NetlinkMessage,
+    NetlinkPayload,
 };
 use rtnetlink::proto::{ConnectionHandle, NetlinkCodec, ReplyExpectation, from_socket_with_codec};
 use rtnetlink::sys::{Socket, SocketAddr, TokioSocket};
+use rtnetlink::{AddressMessageBuilder, LinkUnspec};
 
 use super::neighbours::{
     delete_fdb_message, delete_neighbour_message, set_fdb_message, set_neighbour_message,
@@ -43,6 +47,7 @@ use super::request::socket_in;
 use super::routes::{delete_route_message, nexthop_route_message, route_message};
 use super::{Cause, Error, Netlink, NexthopRoute, Result, Route, RouteFamily, gone_is_ok};
 use crate::net::{Cidr, Mac};
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 /// Requests per datagram: even if all fail, 128 answers of < 1 KiB each
 /// stay well inside a default receive buffer (208 KiB).
@@ -68,8 +73,11 @@ enum What {
     SetFdb(u32, Mac),
     DelFdb(u32, Mac),
     SetRoute(IpAddr, u8),
+    AddRoute(IpAddr, u8),
     SetNexthopRoute(IpAddr, u8, u32),
     DelRoute(IpAddr, u8),
+    AddAddress(u32, IpAddr, u8),
+    SetUp(u32),
 }
 
 impl What {
@@ -89,6 +97,9 @@ impl fmt::Display for What {
             What::SetFdb(i, mac) => write!(f, "setting FDB entry {mac} on link {i}"),
             What::DelFdb(i, mac) => write!(f, "deleting FDB entry {mac} on link {i}"),
             What::SetRoute(a, p) => write!(f, "replacing route {a}/{p}"),
+            What::AddRoute(a, p) => write!(f, "adding route {a}/{p}"),
+            What::AddAddress(i, a, p) => write!(f, "adding {a}/{p} to link {i}"),
+            What::SetUp(i) => write!(f, "setting link {i} up"),
             What::SetNexthopRoute(a, p, id) => write!(f, "replacing route {a}/{p} nhid {id}"),
             What::DelRoute(a, p) => write!(f, "deleting route {a}/{p}"),
         }
@@ -163,6 +174,65 @@ impl Batch {
         ));
     }
 
+    /// [`Netlink::add_route`]: one to the same destination already there is
+    /// an error.
+    pub fn add_route<A: RouteFamily>(&mut self, route: Route<A>) {
+        self.entries.push((
+            RouteNetlinkMessage::NewRoute(route_message(&route)),
+            NLM_F_CREATE | NLM_F_EXCL,
+            What::AddRoute(route.dst.addr().into(), route.dst.prefix()),
+        ));
+    }
+
+    /// [`Netlink::add_address`] of an IPv4 address.
+    pub fn add_ipv4_address(&mut self, index: u32, address: Cidr<Ipv4Addr>) {
+        let m = AddressMessageBuilder::<Ipv4Addr>::new()
+            .index(index)
+            .address(address.addr(), address.prefix())
+            .build();
+        self.entries.push((
+            RouteNetlinkMessage::NewAddress(m),
+            NLM_F_CREATE | NLM_F_EXCL,
+            What::AddAddress(index, address.addr().into(), address.prefix()),
+        ));
+    }
+
+    /// [`Netlink::add_ipv6_address_nodad`].
+    pub fn add_ipv6_address_nodad(&mut self, index: u32, address: Cidr<Ipv6Addr>) {
+        let mut m = AddressMessageBuilder::<Ipv6Addr>::new()
+            .index(index)
+            .address(address.addr(), address.prefix())
+            .build();
+        m.header.flags = AddressHeaderFlags::Nodad;
+        m.attributes
+            .push(AddressAttribute::Flags(AddressFlags::Nodad));
+        self.entries.push((
+            RouteNetlinkMessage::NewAddress(m),
+            NLM_F_CREATE | NLM_F_EXCL,
+            What::AddAddress(index, address.addr().into(), address.prefix()),
+        ));
+    }
+
+    /// [`Netlink::set_up`].
+    pub fn set_up(&mut self, index: u32) {
+        self.entries.push((
+            RouteNetlinkMessage::SetLink(LinkUnspec::new_with_index(index).up().build()),
+            0,
+            What::SetUp(index),
+        ));
+    }
+
+    /// [`Netlink::set_alias_and_up`].
+    pub fn set_alias_and_up(&mut self, index: u32, alias: &str) {
+        self.entries.push((
+            RouteNetlinkMessage::SetLink(
+                LinkUnspec::new_with_index(index).alias(alias).up().build(),
+            ),
+            0,
+            What::SetUp(index),
+        ));
+    }
+
     /// [`Netlink::replace_nexthop_route`].
     pub fn replace_nexthop_route<A: RouteFamily>(&mut self, r: NexthopRoute<A>) {
         self.entries.push((
@@ -185,13 +255,24 @@ impl Batch {
 /// A batch socket in `netns`, connected: the last request's
 /// acknowledgement forwarded, answers without the echoed request.
 fn connect_in(netns: &std::fs::File) -> Result<BatchConn> {
+    connect(socket_in(netns)?)
+}
+
+/// A batch socket in the calling thread's namespace, connected.
+pub(super) fn connect_here() -> Result<BatchConn> {
+    connect(
+        Socket::new(rtnetlink::sys::protocols::NETLINK_ROUTE)
+            .map_err(|e| Error::io("netlink batch socket", &e))?,
+    )
+}
+
+fn connect(socket: Socket) -> Result<BatchConn> {
     if tokio::runtime::Handle::try_current().is_err() {
         return Err(Error::new(
             "netlink batch socket",
             Cause::Other("not inside a tokio runtime".into()),
         ));
     }
-    let socket: Socket = socket_in(netns)?;
     socket
         .set_cap_ack(true)
         .map_err(|e| Error::io("netlink batch socket: NETLINK_CAP_ACK", &e))?;

@@ -81,6 +81,19 @@ impl Netlink {
         })
     }
 
+    /// [`Netlink::current`] with the socket batches go on opened now, in
+    /// the same namespace, instead of on first use through a helper thread
+    /// that enters it: for a short-lived caller that sends a batch at once
+    /// (the plugin's ADD, one per namespace).
+    pub fn current_with_batches() -> Result<Self> {
+        let nl = Self::current()?;
+        let conn = batch::connect_here()?;
+        Ok(Self {
+            batches: futures::lock::Mutex::new(Some(conn)),
+            ..nl
+        })
+    }
+
     /// A connection whose socket lives in the namespace `netns` (an open
     /// `/proc/<pid>/ns/net` or `/run/netns/<name>`). Must be called inside
     /// a tokio runtime.

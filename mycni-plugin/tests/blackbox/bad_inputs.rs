@@ -225,3 +225,37 @@ fn del_is_idempotent_and_survives_a_missing_netns() -> Result<()> {
     assert!(node.run("mycni", "DEL", &call("never", "", ""), &conf)?.ok);
     Ok(())
 }
+
+/// ADD's last changes go as one datagram per namespace: a change in the
+/// middle of one that the kernel refuses (here the pod's route to the
+/// gateway, which the namespace already has) fails ADD with that change
+/// named, though the changes after it in the datagram went in, and ADD
+/// undoes everything.
+#[test]
+fn a_change_refused_inside_adds_batch_fails_add_and_is_undone() -> Result<()> {
+    let node = node()?;
+    let conf = node.conf("1.1.0", "10.244.14.0/24");
+    let before = node.snapshot()?;
+    let pod = NetNs::new("pod")?;
+    pod.exec("ip", &["link", "set", "lo", "up"])?;
+    pod.exec("ip", &["route", "add", "169.254.1.1/32", "dev", "lo"])?;
+    let routes_before = pod.exec("ip", &["route"])?;
+    let links_before = pod.exec("ip", &["-o", "link"])?;
+    let r = node.run(
+        "mycni",
+        "ADD",
+        &call("c1", &netns_path(&pod), K8S_ARGS),
+        &conf,
+    )?;
+    assert!(!r.ok, "{}", r.stdout);
+    assert!(
+        r.stdout.contains("adding route 169.254.1.1/32"),
+        "the refused change is not the one named: {}",
+        r.stdout
+    );
+    assert_eq!(node.snapshot()?, before);
+    assert_eq!(node.lease_count(), 0);
+    assert_eq!(pod.exec("ip", &["-o", "link"])?, links_before);
+    assert_eq!(pod.exec("ip", &["route"])?, routes_before);
+    Ok(())
+}
