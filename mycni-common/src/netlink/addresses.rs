@@ -8,6 +8,8 @@ use netlink_packet_route::address::{
     AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage,
 };
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+use rtnetlink::AddressMessageBuilder;
+use rtnetlink::packet_core::{NLM_F_CREATE, NLM_F_EXCL};
 
 use super::{Error, Netlink, Result, gone_is_ok};
 use crate::net::{Cidr, Family};
@@ -115,12 +117,18 @@ impl Netlink {
         index: u32,
         address: Cidr<A>,
     ) -> Result<()> {
-        self.handle
-            .address()
-            .add(index, address.addr().into(), address.prefix())
-            .execute()
-            .await
-            .map_err(|e| Error::rtnl(format!("adding {address} to link {index}"), e))
+        let ip: IpAddr = address.addr().into();
+        self.change(
+            &format!("adding {address} to link {index}"),
+            RouteNetlinkMessage::NewAddress(add_address_message(
+                index,
+                ip,
+                address.prefix(),
+                false,
+            )),
+            NLM_F_CREATE | NLM_F_EXCL,
+        )
+        .await
     }
 
     /// Deletes an address of either family from link `index`; one
@@ -160,16 +168,44 @@ impl Netlink {
     /// DAD, for an address only this host can hold on the link. One
     /// already there is an error that [`Error::is_exists`].
     pub async fn add_ipv6_address_nodad(&self, index: u32, address: Cidr<Ipv6Addr>) -> Result<()> {
-        let mut req =
-            self.handle
-                .address()
-                .add(index, IpAddr::V6(address.addr()), address.prefix());
-        let m = req.message_mut();
+        self.change(
+            &format!("adding {address} (nodad) to link {index}"),
+            RouteNetlinkMessage::NewAddress(add_address_message(
+                index,
+                address.addr().into(),
+                address.prefix(),
+                true,
+            )),
+            NLM_F_CREATE | NLM_F_EXCL,
+        )
+        .await
+    }
+}
+
+/// The request that adds `ip`/`prefix` to link `index` (sent with
+/// NLM_F_CREATE | NLM_F_EXCL), as rtnetlink builds it; `nodad` (IPv6)
+/// skips duplicate address detection. One message for the single
+/// operations and [`super::Batch`].
+pub(super) fn add_address_message(
+    index: u32,
+    ip: IpAddr,
+    prefix: u8,
+    nodad: bool,
+) -> AddressMessage {
+    let mut m = match ip {
+        IpAddr::V4(a) => AddressMessageBuilder::<Ipv4Addr>::new()
+            .index(index)
+            .address(a, prefix)
+            .build(),
+        IpAddr::V6(a) => AddressMessageBuilder::<Ipv6Addr>::new()
+            .index(index)
+            .address(a, prefix)
+            .build(),
+    };
+    if nodad {
         m.header.flags = AddressHeaderFlags::Nodad;
         m.attributes
             .push(AddressAttribute::Flags(AddressFlags::Nodad));
-        req.execute()
-            .await
-            .map_err(|e| Error::rtnl(format!("adding {address} (nodad) to link {index}"), e))
     }
+    m
 }

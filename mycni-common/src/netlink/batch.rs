@@ -23,7 +23,7 @@
 //! each, as the kernel accounts them) and fits the receive buffer.
 
 use std::fmt;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{FromRawFd, IntoRawFd};
 use std::prelude::rust_2024::*;
 use std::{format, vec};
@@ -31,15 +31,15 @@ use std::{format, vec};
 use futures::StreamExt;
 use futures::channel::mpsc::UnboundedReceiver;
 use netlink_packet_route::RouteNetlinkMessage;
-use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags};
 use rtnetlink::packet_core::{
     NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST, NetlinkMessage,
     NetlinkPayload,
 };
 use rtnetlink::proto::{ConnectionHandle, NetlinkCodec, ReplyExpectation, from_socket_with_codec};
 use rtnetlink::sys::{Socket, SocketAddr, TokioSocket};
-use rtnetlink::{AddressMessageBuilder, LinkUnspec};
 
+use super::addresses::add_address_message;
+use super::links::up_message;
 use super::neighbours::{
     delete_fdb_message, delete_neighbour_message, set_fdb_message, set_neighbour_message,
 };
@@ -47,7 +47,6 @@ use super::request::socket_in;
 use super::routes::{delete_route_message, nexthop_route_message, route_message};
 use super::{Cause, Error, Netlink, NexthopRoute, Result, Route, RouteFamily, gone_is_ok};
 use crate::net::{Cidr, Mac};
-use std::net::{Ipv4Addr, Ipv6Addr};
 
 /// Requests per datagram: even if all fail, 128 answers of < 1 KiB each
 /// stay well inside a default receive buffer (208 KiB).
@@ -186,37 +185,26 @@ impl Batch {
 
     /// [`Netlink::add_address`] of an IPv4 address.
     pub fn add_ipv4_address(&mut self, index: u32, address: Cidr<Ipv4Addr>) {
-        let m = AddressMessageBuilder::<Ipv4Addr>::new()
-            .index(index)
-            .address(address.addr(), address.prefix())
-            .build();
-        self.entries.push((
-            RouteNetlinkMessage::NewAddress(m),
-            NLM_F_CREATE | NLM_F_EXCL,
-            What::AddAddress(index, address.addr().into(), address.prefix()),
-        ));
+        self.add_address(index, address.addr().into(), address.prefix(), false);
     }
 
     /// [`Netlink::add_ipv6_address_nodad`].
     pub fn add_ipv6_address_nodad(&mut self, index: u32, address: Cidr<Ipv6Addr>) {
-        let mut m = AddressMessageBuilder::<Ipv6Addr>::new()
-            .index(index)
-            .address(address.addr(), address.prefix())
-            .build();
-        m.header.flags = AddressHeaderFlags::Nodad;
-        m.attributes
-            .push(AddressAttribute::Flags(AddressFlags::Nodad));
+        self.add_address(index, address.addr().into(), address.prefix(), true);
+    }
+
+    fn add_address(&mut self, index: u32, ip: IpAddr, prefix: u8, nodad: bool) {
         self.entries.push((
-            RouteNetlinkMessage::NewAddress(m),
+            RouteNetlinkMessage::NewAddress(add_address_message(index, ip, prefix, nodad)),
             NLM_F_CREATE | NLM_F_EXCL,
-            What::AddAddress(index, address.addr().into(), address.prefix()),
+            What::AddAddress(index, ip, prefix),
         ));
     }
 
     /// [`Netlink::set_up`].
     pub fn set_up(&mut self, index: u32) {
         self.entries.push((
-            RouteNetlinkMessage::SetLink(LinkUnspec::new_with_index(index).up().build()),
+            RouteNetlinkMessage::SetLink(up_message(index, None)),
             0,
             What::SetUp(index),
         ));
@@ -225,9 +213,7 @@ impl Batch {
     /// [`Netlink::set_alias_and_up`].
     pub fn set_alias_and_up(&mut self, index: u32, alias: &str) {
         self.entries.push((
-            RouteNetlinkMessage::SetLink(
-                LinkUnspec::new_with_index(index).alias(alias).up().build(),
-            ),
+            RouteNetlinkMessage::SetLink(up_message(index, Some(alias))),
             0,
             What::SetUp(index),
         ));

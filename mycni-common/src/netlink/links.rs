@@ -269,7 +269,7 @@ impl Netlink {
 
     /// Brings the link up.
     pub async fn set_up(&self, index: u32) -> Result<()> {
-        let msg = LinkUnspec::new_with_index(index).up().build();
+        let msg = up_message(index, None);
         self.set_link(|| format!("setting link {index} up"), msg)
             .await
     }
@@ -277,7 +277,7 @@ impl Netlink {
     /// Sets the alias and brings the link up, in one request: nothing ever
     /// sees the link up without its alias.
     pub async fn set_alias_and_up(&self, index: u32, alias: &str) -> Result<()> {
-        let msg = LinkUnspec::new_with_index(index).alias(alias).up().build();
+        let msg = up_message(index, Some(alias));
         self.set_link(
             || format!("setting the alias of link {index} and it up"),
             msg,
@@ -311,4 +311,17 @@ impl Netlink {
                 .map_err(|e| Error::rtnl(format!("deleting link {index}"), e)),
         )
     }
+}
+
+/// The RTM_SETLINK request that brings link `index` up, setting its alias
+/// in the same request when given. One message for the single operations
+/// and [`super::Batch`].
+pub(super) fn up_message(index: u32, alias: Option<&str>) -> LinkMessage {
+    let b = LinkUnspec::new_with_index(index);
+    match alias {
+        Some(a) => b.alias(a),
+        None => b,
+    }
+    .up()
+    .build()
 }
