@@ -19,7 +19,7 @@ use mycni_common::{DpConfig, DpPath, LocalEndpoint, RemoteNode};
 
 use crate::gate::{From, Next, inspect};
 use crate::maps::LOCAL;
-use crate::parse::{ETH_HLEN, ETH_P_IP, IP_HLEN, Ip, PACKET_HOST, Tuple, ingress, linear};
+use crate::parse::{ETH_HLEN, ETH_P_IP, IP_HLEN, Ip, PACKET_HOST, Tuple, ingress, linear, skb};
 
 const AF_INET: u8 = 2;
 
@@ -34,9 +34,13 @@ pub(crate) fn deliver(
     dec_ttl(ctx, ETH_HLEN, ip)?;
     set_macs(ctx, 0, ep.pod_mac, ep.host_mac)?;
     // A frame that arrived for the VTEP, the gateway or the host's MAC must
-    // look addressed to the pod when it lands there.
-    ctx.change_type(PACKET_HOST)
-        .map_err(|_| DpPath::KernelError)?;
+    // look addressed to the pod when it lands there. Most already are
+    // PACKET_HOST (decap admits nothing else): no helper call for those.
+    // SAFETY: a plain read of the context.
+    if unsafe { (*skb(ctx)).pkt_type } != PACKET_HOST {
+        ctx.change_type(PACKET_HOST)
+            .map_err(|_| DpPath::KernelError)?;
+    }
     // SAFETY: a helper call on a valid ifindex; it only sets the redirect.
     redirected(unsafe { bpf_redirect_peer(ep.ifindex, 0) })?;
     Ok(match from {
