@@ -371,7 +371,6 @@ mod tests {
     /// version with code 1 (before doing anything, as libcni's skel), and
     /// logs each command it runs to `log`.
     fn fake_delegate(dir: &Path) -> (PathBuf, PathBuf) {
-        use std::os::unix::fs::PermissionsExt;
         let bin = dir.join("fake-ipam");
         let log = dir.join("calls");
         let script = format!(
@@ -389,9 +388,24 @@ echo '{{"cniVersion":"1.0.0","ips":[{{"address":"10.1.0.2/24"}}]}}'
 "#,
             log = log.display()
         );
-        std::fs::write(&bin, script).unwrap();
-        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        install_exe(&bin, &script);
         (bin, log)
+    }
+
+    /// Writes an executable through `install(1)`, so that the write
+    /// descriptor lives in another process. Written from here, a fork by a
+    /// test on another thread can inherit it until that child's exec, and
+    /// an exec of `path` in that window fails with ETXTBSY.
+    fn install_exe(path: &Path, contents: &str) {
+        let src = path.with_extension("src");
+        std::fs::write(&src, contents).unwrap();
+        let status = std::process::Command::new("install")
+            .args(["-m", "755"])
+            .arg(&src)
+            .arg(path)
+            .status()
+            .unwrap();
+        assert!(status.success(), "install {}", path.display());
     }
 
     fn calls(log: &Path) -> Vec<String> {
@@ -487,11 +501,7 @@ echo '{{"cniVersion":"1.0.0","ips":[{{"address":"10.1.0.2/24"}}]}}'
         // An upgrade puts another file at the same path.
         let script = std::fs::read_to_string(&bin).unwrap();
         std::fs::remove_file(&bin).unwrap();
-        std::fs::write(&bin, format!("{script}# upgraded\n")).unwrap();
-        {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
-        }
+        install_exe(&bin, &format!("{script}# upgraded\n"));
         Delegate::new(bin, Some(&state)).exec("ADD", &conf).unwrap();
         assert_eq!(
             calls(&log),
