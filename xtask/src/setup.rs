@@ -44,6 +44,18 @@ const PACKAGES: &[(&str, &str)] = &[
     ),
     ("busybox-static", "the test image for containerd and podman"),
     (
+        "qemu-system-x86",
+        "boots Debian's stock kernels for `cargo xtask kernels`",
+    ),
+    (
+        "kmod",
+        "depmod for the kernels' modules and the guests' modprobe (aliases, softdeps)",
+    ),
+    (
+        "xz-utils",
+        "decompresses 6.12's .ko.xz modules for the kernels guests' initramfs",
+    ),
+    (
         "libcap2-bin",
         "capsh: the capability tests run the agent without one capability at a time",
     ),
