@@ -6,6 +6,7 @@
 
 mod docs;
 mod fuzz;
+mod kernels;
 mod lab;
 mod setup;
 mod shape;
@@ -129,6 +130,18 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// The tests on Debian's stock kernels (5.10, 6.1, 6.12), each booted
+    /// under QEMU with the host's /usr and /etc and the workspace shared
+    /// over 9p: fetches and caches the kernels, builds the test binaries,
+    /// runs the entries of xtask/src/kernels.rs in every guest and prints a
+    /// table (also target/kernels.md). See `cargo xtask kernels --help`.
+    #[command(disable_help_flag = true)]
+    Kernels {
+        /// `[--kernel 5.10|6.1|6.12 ...] [--keep-logs] [-- LIBTEST ARGS]`,
+        /// see `cargo xtask kernels --help`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -148,6 +161,7 @@ fn main() -> ExitCode {
         Command::Bench { args } => bench(&args),
         Command::Lab { args } => lab::run(&args),
         Command::Soak { args } => lab::soak(&args),
+        Command::Kernels { args } => kernels::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
