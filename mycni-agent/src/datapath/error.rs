@@ -16,6 +16,8 @@ pub enum DatapathError {
     PinDir { path: PathBuf, source: io::Error },
     #[error("loading the eBPF object failed: {0}")]
     Load(#[from] aya::EbpfError),
+    #[error("{0}")]
+    Kfuncs(#[from] super::kfuncs::KfuncError),
     #[error("cannot list {path}: {source}")]
     ListPins { path: PathBuf, source: io::Error },
     #[error("program {0} is missing from the eBPF object")]

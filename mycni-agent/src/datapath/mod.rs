@@ -50,6 +50,7 @@ pub mod counters;
 pub mod desired;
 mod error;
 pub mod inspect;
+pub mod kfuncs;
 pub mod kdrop;
 pub mod maps;
 mod prog;

@@ -51,7 +51,20 @@ impl Datapath {
                 source,
             })?;
         }
+        let sys_btf = Path::new("/sys/kernel/btf");
+        super::kfuncs::pull_in_conntrack(Path::new("/sys/module"));
+        let home = super::kfuncs::locate(sys_btf)?;
         let mut loader = EbpfLoader::new();
+        match &home {
+            super::kfuncs::Home::Vmlinux { btf } => loader.btf(btf),
+            super::kfuncs::Home::Module {
+                btf,
+                fd,
+                first_type_id,
+            } => loader
+                .btf(btf)
+                .kfunc_module_btf(fd.clone(), *first_type_id),
+        };
         let level: u8 = if log { aya_log::Level::Debug as u8 } else { 0 };
         loader.override_global(aya_log::LEVEL, &level, true);
         let paths: Vec<(&str, PathBuf)> = MAPS.iter().map(|m| (*m, pin_dir.join(m))).collect();

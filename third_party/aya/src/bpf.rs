@@ -88,6 +88,24 @@ pub struct EbpfLoader<'a> {
     extensions: HashSet<&'a str>,
     verifier_log_level: VerifierLogLevel,
     allow_unsupported_maps: bool,
+    // mycni patch: see `kfunc_module_btf`.
+    kfunc_module_btf: Option<KfuncModuleBtf>,
+}
+
+/// mycni patch: a kernel module's BTF object that kfunc calls resolve into.
+#[derive(Debug, Clone)]
+struct KfuncModuleBtf {
+    fd: Arc<std::os::fd::OwnedFd>,
+    first_type_id: u32,
+}
+
+/// mycni patch: the kernel objects a program's `BPF_PROG_LOAD` refers to by
+/// fd: the object's own BTF, and the `fd_array` of module BTF objects its
+/// kfunc calls index (`insn.off`, from 1; 0 is vmlinux).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ProgramLoadFds {
+    pub(crate) btf: Option<Arc<crate::MockableFd>>,
+    pub(crate) kfunc_module_btf: Option<Arc<std::os::fd::OwnedFd>>,
 }
 
 #[derive(Debug)]
@@ -137,6 +155,28 @@ bitflags::bitflags! {
     }
 }
 
+/// mycni patch: marks each kfunc call resolved into the module's BTF (its
+/// id at or above `first_type_id`) as a call through `fd_array[1]`.
+/// Returns how many calls it marked.
+pub(crate) fn point_module_kfunc_calls(
+    instructions: &mut [aya_obj::generated::bpf_insn],
+    first_type_id: u32,
+) -> usize {
+    let call = (aya_obj::generated::BPF_JMP | aya_obj::generated::BPF_CALL) as u8;
+    let mut marked = 0;
+    for ins in instructions {
+        if ins.code == call
+            && u32::from(ins.src_reg()) == aya_obj::generated::BPF_PSEUDO_KFUNC_CALL
+            && ins.imm >= 0
+            && ins.imm as u32 >= first_type_id
+        {
+            ins.off = 1;
+            marked += 1;
+        }
+    }
+    marked
+}
+
 impl Default for VerifierLogLevel {
     fn default() -> Self {
         Self::DEBUG | Self::STATS
@@ -155,7 +195,29 @@ impl<'a> EbpfLoader<'a> {
             extensions: HashSet::new(),
             verifier_log_level: VerifierLogLevel::default(),
             allow_unsupported_maps: false,
+            kfunc_module_btf: None,
         }
+    }
+
+    /// mycni patch: resolves kfunc calls into one kernel module's BTF.
+    ///
+    /// The target BTF ([`EbpfLoader::btf`]) must then be the vmlinux BTF with
+    /// that module's split BTF appended (split BTF numbers its types after
+    /// the base's and offsets its strings after the base's, so the two
+    /// concatenate into one valid BTF): externs and CO-RE relocations resolve
+    /// against it as usual. Every kfunc call whose resolved id is
+    /// `first_type_id` (the number of types in vmlinux, plus one) or above is
+    /// then a call into the module: its `off` is set to 1 and `fd`, the
+    /// module's kernel BTF object (`BPF_BTF_GET_FD_BY_ID`), is passed as
+    /// `fd_array[1]` when each program loads. `fd` stays open as long as a
+    /// program of this loader is not loaded.
+    pub fn kfunc_module_btf(
+        &mut self,
+        fd: Arc<std::os::fd::OwnedFd>,
+        first_type_id: u32,
+    ) -> &mut Self {
+        self.kfunc_module_btf = Some(KfuncModuleBtf { fd, first_type_id });
+        self
     }
 
     /// Sets the target [BTF](Btf) info.
@@ -459,6 +521,7 @@ impl<'a> EbpfLoader<'a> {
             verifier_log_level,
             allow_unsupported_maps,
             map_pin_path_by_name,
+            kfunc_module_btf,
         } = self;
         let mut obj = Object::parse(data)?;
         obj.patch_map_data(globals.clone())?;
@@ -691,6 +754,11 @@ impl<'a> EbpfLoader<'a> {
 
         obj.relocate_calls(&text_sections)?;
         obj.sanitize_functions(|| FEATURES.is_supported(Feature::BpfProbeReadKernel));
+        if let Some(module) = kfunc_module_btf.as_ref() {
+            for function in obj.functions.values_mut() {
+                point_module_kfunc_calls(&mut function.instructions, module.first_type_id);
+            }
+        }
 
         let programs = obj
             .programs
@@ -704,7 +772,11 @@ impl<'a> EbpfLoader<'a> {
                 let section = prog_obj.section.clone();
                 let obj = (prog_obj, function_obj);
 
-                let btf_fd = btf_fd.as_ref().map(Arc::clone);
+                // mycni patch: every `ProgramData::new` below takes these.
+                let btf_fd = ProgramLoadFds {
+                    btf: btf_fd.as_ref().map(Arc::clone),
+                    kfunc_module_btf: kfunc_module_btf.as_ref().map(|m| Arc::clone(&m.fd)),
+                };
                 let program = if extensions.contains(name.as_str()) {
                     Program::Extension(Extension {
                         data: ProgramData::new(prog_name, obj, btf_fd, *verifier_log_level),
@@ -1021,6 +1093,37 @@ mod tests {
 
     const PAGE_SIZE: u32 = 4096;
     const NUM_CPUS: NonZeroU32 = NonZeroU32::new(4).unwrap();
+
+    // mycni patch's tests.
+    fn insn(code: u32, src_reg: u8, imm: i32) -> aya_obj::generated::bpf_insn {
+        // Safety: bpf_insn is plain integers; all zeroes is a valid value.
+        let mut ins: aya_obj::generated::bpf_insn = unsafe { std::mem::zeroed() };
+        ins.code = code as u8;
+        ins.set_src_reg(src_reg);
+        ins.imm = imm;
+        ins
+    }
+
+    #[test]
+    fn only_kfunc_calls_into_the_module_get_its_fd_array_index() {
+        use aya_obj::generated::{
+            BPF_CALL, BPF_DW, BPF_IMM, BPF_JMP, BPF_LD, BPF_PSEUDO_CALL, BPF_PSEUDO_KFUNC_CALL,
+        };
+        let call = BPF_JMP | BPF_CALL;
+        let kfunc = BPF_PSEUDO_KFUNC_CALL as u8;
+        let mut prog = [
+            insn(call, kfunc, 99_999),                       // vmlinux kfunc
+            insn(call, kfunc, 100_000),                      // the module's first type
+            insn(call, kfunc, 123_456),                      // a module kfunc
+            insn(call, 0, 123_456),                          // a helper call
+            insn(call, BPF_PSEUDO_CALL as u8, 200_000),      // a bpf-to-bpf call
+            insn(BPF_LD | BPF_DW | BPF_IMM, kfunc, 150_000), // not a call
+            insn(call, kfunc, -1),                           // a poisoned (unresolved) call
+        ];
+        assert_eq!(super::point_module_kfunc_calls(&mut prog, 100_000), 2);
+        let offs: Vec<i16> = prog.iter().map(|i| i.off).collect();
+        assert_eq!(offs, [0, 1, 1, 0, 0, 0, 0]);
+    }
 
     #[test]
     fn test_adjust_to_page_size() {

@@ -606,6 +606,8 @@ pub(crate) struct ProgramData<T: Link> {
     pub(crate) attach_btf_id: Option<u32>,
     pub(crate) attach_prog_fd: Option<ProgramFd>,
     pub(crate) btf_fd: Option<Arc<crate::MockableFd>>,
+    // mycni patch: the module BTF object kfunc calls index as fd_array[1].
+    pub(crate) kfunc_module_btf: Option<Arc<std::os::fd::OwnedFd>>,
     pub(crate) verifier_log_level: VerifierLogLevel,
     pub(crate) path: Option<PathBuf>,
     pub(crate) flags: u32,
@@ -615,7 +617,8 @@ impl<T: Link> ProgramData<T> {
     pub(crate) fn new(
         name: Option<Cow<'static, str>>,
         obj: (aya_obj::Program, aya_obj::Function),
-        btf_fd: Option<Arc<crate::MockableFd>>,
+        // mycni patch: was `btf_fd: Option<Arc<crate::MockableFd>>`.
+        fds: crate::bpf::ProgramLoadFds,
         verifier_log_level: VerifierLogLevel,
     ) -> Self {
         Self {
@@ -626,7 +629,8 @@ impl<T: Link> ProgramData<T> {
             attach_btf_obj_fd: None,
             attach_btf_id: None,
             attach_prog_fd: None,
-            btf_fd,
+            btf_fd: fds.btf,
+            kfunc_module_btf: fds.kfunc_module_btf,
             verifier_log_level,
             path: None,
             flags: 0,
@@ -654,6 +658,7 @@ impl<T: Link> ProgramData<T> {
             attach_btf_id,
             attach_prog_fd: None,
             btf_fd: None,
+            kfunc_module_btf: None,
             verifier_log_level,
             path: Some(path.to_path_buf()),
             flags: 0,
@@ -766,6 +771,7 @@ fn load_program<T: Link>(
         attach_btf_id,
         attach_prog_fd,
         btf_fd,
+        kfunc_module_btf,
         verifier_log_level,
         path: _,
         flags,
@@ -808,6 +814,11 @@ fn load_program<T: Link>(
         None
     };
 
+    // mycni patch: index 0 stands for vmlinux and is never read.
+    let fd_array: Vec<i32> = kfunc_module_btf
+        .as_ref()
+        .map(|fd| vec![0, std::os::fd::AsRawFd::as_raw_fd(fd.as_ref())])
+        .unwrap_or_default();
     let attr = EbpfLoadProgramAttrs {
         name: prog_name,
         ty: prog_type,
@@ -824,6 +835,7 @@ fn load_program<T: Link>(
         line_info_rec_size: *line_info_rec_size,
         line_info: line_info.clone(),
         flags: *flags,
+        fd_array: &fd_array,
     };
 
     let (ret, verifier_log) = retry_with_verifier_logs(10, |logger| {

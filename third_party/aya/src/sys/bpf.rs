@@ -158,6 +158,8 @@ pub(crate) struct EbpfLoadProgramAttrs<'a> {
     pub(crate) line_info_rec_size: usize,
     pub(crate) line_info: LineSecInfo,
     pub(crate) flags: u32,
+    // mycni patch: BTF object fds that kfunc calls index by `insn.off`.
+    pub(crate) fd_array: &'a [i32],
 }
 
 pub(crate) fn bpf_load_program(
@@ -218,6 +220,9 @@ pub(crate) fn bpf_load_program(
 
     if let Some(v) = aya_attr.attach_btf_id {
         u.attach_btf_id = v;
+    }
+    if !aya_attr.fd_array.is_empty() {
+        u.fd_array = aya_attr.fd_array.as_ptr().expose_provenance() as u64;
     }
     bpf_prog_load(&mut attr)
 }
