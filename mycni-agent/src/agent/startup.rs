@@ -94,6 +94,7 @@ pub(super) async fn start(cfg: &Config, metrics: &Arc<Metrics>) -> Result<Starte
         (None, None) => anyhow::bail!("this node has no podCIDR of either family"),
     };
     let fast = load_programs(cfg, metrics)?;
+    crate::caps::drop_sys_admin_after_load()?;
     if own.v4.is_some() {
         set_sysctl(&cfg.proc_sys, "net.ipv4.ip_forward", "1")?;
     }
