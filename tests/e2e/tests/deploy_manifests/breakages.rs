@@ -105,9 +105,21 @@ pub(crate) const BREAKAGES: &[Breakage] = &[
     ("agent may escalate", check_agent_capabilities, |d| {
         security_mut(d, AGENT).allow_privilege_escalation = None
     }),
-    ("agent adds SYS_ADMIN", check_agent_capabilities, |d| {
-        add_capability(d, AGENT, "SYS_ADMIN")
+    ("agent adds SYS_MODULE", check_agent_capabilities, |d| {
+        add_capability(d, AGENT, "SYS_MODULE")
     }),
+    (
+        "agent spells it CAP_SYS_ADMIN",
+        check_bpffs_propagation,
+        |d| {
+            let caps = security_mut(d, AGENT).capabilities.as_mut().expect("caps");
+            for c in caps.add.iter_mut().flatten() {
+                if c == "SYS_ADMIN" {
+                    *c = "CAP_SYS_ADMIN".into();
+                }
+            }
+        },
+    ),
     ("agent lacks PERFMON", check_agent_capabilities, |d| {
         let caps = security_mut(d, AGENT).capabilities.as_mut().expect("caps");
         caps.add.as_mut().expect("add").retain(|c| c != "PERFMON");

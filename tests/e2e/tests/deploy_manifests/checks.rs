@@ -195,6 +195,16 @@ pub(crate) fn check_bpffs_propagation(d: &Deploy) -> Check<()> {
                 c.name
             ));
         }
+        // The same rule's other half compares the literal name.
+        let added = sc.and_then(|s| s.capabilities.as_ref()?.add.as_ref());
+        if sc.and_then(|s| s.allow_privilege_escalation) == Some(false)
+            && added.is_some_and(|a| a.iter().any(|c| c == "CAP_SYS_ADMIN"))
+        {
+            return Err(format!(
+                "{}: allowPrivilegeEscalation false with CAP_SYS_ADMIN added is refused",
+                c.name
+            ));
+        }
     }
     // Our decision: one privileged container, an init container that only mounts bpffs.
     let privileged_names: Vec<&str> = all_containers(p)

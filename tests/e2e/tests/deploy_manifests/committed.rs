@@ -71,6 +71,11 @@ pub(crate) const AGENT_CAPABILITIES: &[(&str, &str)] = &[
         "the verifier's privileged mode (bpf_bypass_spec_v1/v4, allow_ptr_leaks): \
          variable-offset arithmetic on packet pointers",
     ),
+    (
+        "SYS_ADMIN",
+        "only while the programs load: nf_conntrack's BTF object for the kfuncs \
+         (BPF_BTF_GET_NEXT_ID, BPF_BTF_GET_FD_BY_ID); the agent drops it after the load",
+    ),
 ];
 
 /// The ClusterRole, exactly: (API group, resource, verbs). The reason for
