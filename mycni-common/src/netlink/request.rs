@@ -15,6 +15,19 @@ use rtnetlink::sys::{Socket, TokioSocket};
 
 use super::{Cause, Error, Result};
 
+/// Whether `netns` is the calling thread's network namespace: the same
+/// nsfs inode, as `ip netns identify` compares them.
+fn is_current_netns(netns: &File) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (
+        netns.metadata(),
+        std::fs::metadata("/proc/thread-self/ns/net"),
+    ) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    }
+}
+
 /// How often a dump interrupted by concurrent changes is tried in all.
 /// Each attempt takes about a millisecond per thousand entries; five
 /// interruptions in a row mean changes faster than a dump can be read.
@@ -110,8 +123,15 @@ pub(super) async fn read_replies<T>(
 }
 
 /// A NETLINK_ROUTE socket inside the namespace `netns`, opened from a
-/// throwaway thread, so the caller's thread never leaves its namespace.
+/// throwaway thread, so the caller's thread never leaves its namespace;
+/// here when the caller is in `netns` already (the agent's own sockets):
+/// setns(2) needs CAP_SYS_ADMIN even into the namespace a thread is in,
+/// and the agent holds none once its programs are loaded.
 pub(super) fn socket_in(netns: &File) -> Result<Socket> {
+    if is_current_netns(netns) {
+        return Socket::new(rtnetlink::sys::protocols::NETLINK_ROUTE)
+            .map_err(|e| Error::io("netlink socket", &e));
+    }
     let ns_fd = netns.as_raw_fd();
     std::thread::scope(|s| {
         s.spawn(|| -> Result<Socket> {
@@ -134,4 +154,19 @@ pub(super) fn socket_in(netns: &File) -> Result<Socket> {
             )
         })?
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_own_namespace_is_recognised_and_needs_no_setns() {
+        let own = File::open("/proc/thread-self/ns/net").expect("own netns");
+        assert!(is_current_netns(&own));
+        let other = File::open("/proc/self/status").expect("a file");
+        assert!(!is_current_netns(&other));
+        // Here no thread enters anything: this works without CAP_SYS_ADMIN.
+        socket_in(&own).expect("a socket in the own namespace");
+    }
 }
