@@ -1,11 +1,25 @@
 //! The agent with one capability removed at a time (capsh drops it from the
 //! bounding set, so even root cannot have it): it must stop at once and name
 //! the missing capability, before touching the API or the kernel.
+//!
+//! CAP_SYS_ADMIN is the exception: only the program load may use it (to
+//! find nf_conntrack's BTF object where conntrack is a module), a running
+//! agent must not hold it in any thread, and an agent started without it
+//! must run (the fast path where the kfuncs are in vmlinux, else the
+//! kernel path naming CAP_SYS_ADMIN).
 
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, ensure};
+
+mod common;
+use common::lab;
+
+const SYS_ADMIN: u64 = 1 << 21;
+/// CAP_NET_ADMIN, CAP_PERFMON, CAP_BPF: what the agent keeps.
+const KEPT: u64 = (1 << 12) | (1 << 38) | (1 << 39);
 
 fn agent() -> std::path::PathBuf {
     mycni_e2e::bin("mycni-agent")
@@ -91,5 +105,107 @@ fn the_kernel_datapath_needs_no_bpf_capabilities() -> Result<()> {
         !ok && stderr.contains("missing capability CAP_NET_ADMIN"),
         "{stderr}"
     );
+    Ok(())
+}
+
+/// A capability set of `/proc/.../status` (`CapEff:` etc.).
+fn set(status: &str, name: &str) -> Result<u64> {
+    let v = status
+        .lines()
+        .find_map(|l| l.strip_prefix(name))
+        .with_context(|| format!("no {name} line"))?;
+    Ok(u64::from_str_radix(v.trim(), 16)?)
+}
+
+/// The pid node 1's agent runs as (`ip netns exec` and capsh exec it).
+fn agent_pid(l: &mycni_lab::Lab) -> Result<u32> {
+    let pidfile = l.spec.node_dir(1).join("agent.pid");
+    Ok(std::fs::read_to_string(&pidfile)?.trim().parse()?)
+}
+
+#[test]
+fn a_running_agent_holds_no_sys_admin_in_any_thread() -> Result<()> {
+    // The lab starts its agents as root: every capability, CAP_SYS_ADMIN
+    // included, and CAP_SETPCAP to empty the bounding set of it too. A pod,
+    // so the agent reads a pod's veth and attaches to it after the drop.
+    let t = lab(1, 1)?;
+    let l = &t.0;
+    let pid = agent_pid(l)?;
+    let mut threads = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let path = task?.path().join("status");
+        let status = std::fs::read_to_string(&path)?;
+        for name in ["CapEff:", "CapPrm:", "CapInh:", "CapBnd:"] {
+            let v = set(&status, name)?;
+            ensure!(v & SYS_ADMIN == 0, "{}: {name} {v:#x}", path.display());
+        }
+        let eff = set(&status, "CapEff:")?;
+        ensure!(eff & KEPT == KEPT, "{}: CapEff {eff:#x}", path.display());
+        ensure!(
+            status.lines().any(|l| l == "NoNewPrivs:\t1"),
+            "{}: no no_new_privs",
+            path.display()
+        );
+        threads += 1;
+    }
+    ensure!(
+        threads > 1,
+        "{threads} thread(s): the runtime's are missing"
+    );
+    // A few of the lab's 1 s passes (overlay, tables, policy, flows) after
+    // the drop: none of them may need it.
+    std::thread::sleep(Duration::from_secs(3));
+    let log = std::fs::read_to_string(l.spec.node_dir(1).join("agent.log"))?;
+    ensure!(!log.contains("os error 1)"), "EPERM after the drop:\n{log}");
+    let metrics = l.metrics(1)?;
+    ensure!(
+        metrics.lines().any(|m| m == "mycni_datapath_ebpf 1"),
+        "the fast path is not running: {}",
+        l.readyz(1)?
+    );
+    Ok(())
+}
+
+#[test]
+fn without_sys_admin_the_agent_runs() -> Result<()> {
+    let t = lab(1, 0)?;
+    let l = &t.0;
+    let cmdline = l.agent_cmdline(1).context("node 1's agent command line")?;
+    l.stop_agent(1);
+    let dir = l.spec.node_dir(1);
+    let mut args: Vec<String> = vec![
+        "--drop=cap_sys_admin".into(),
+        "--".into(),
+        "-c".into(),
+        r#"exec "$0" "$@""#.into(),
+    ];
+    args.extend(cmdline);
+    // In the lab's pid file, so the lab stops it when the test ends.
+    mycni_lab::spawn_daemon(
+        &l.spec.node_name(1),
+        Path::new("capsh"),
+        &args,
+        &dir.join("agent.log"),
+        &dir.join("agent.pid"),
+    )?;
+    let log = || std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+    l.check_ready().with_context(log)?;
+    let status = std::fs::read_to_string(format!("/proc/{}/status", agent_pid(l)?))?;
+    ensure!(set(&status, "CapBnd:")? & SYS_ADMIN == 0, "capsh kept it");
+    let ebpf = l.metrics(1)?.lines().any(|m| m == "mycni_datapath_ebpf 1");
+    let ready = l.readyz(1)?;
+    // The lab's first agent loaded nf_conntrack if it is a module.
+    if Path::new("/sys/kernel/btf/nf_conntrack").exists() {
+        ensure!(
+            !ebpf && ready.contains("CAP_SYS_ADMIN"),
+            "kfuncs in a module: the kernel path naming CAP_SYS_ADMIN expected: {ready}"
+        );
+    } else {
+        ensure!(
+            ebpf,
+            "kfuncs in vmlinux: the fast path expected: {ready}\n{}",
+            log()
+        );
+    }
     Ok(())
 }
