@@ -31,6 +31,7 @@ pub mod caps;
 pub mod datapath;
 pub mod flows;
 mod kernel;
+pub mod kernel_check;
 pub mod metrics;
 pub mod overlay;
 pub mod policy;

@@ -87,8 +87,8 @@ enum Cmd {
     /// Remove the conflist, ready marker, masquerade rules, the fast path and the VXLAN device.
     Uninstall(RunArgs),
     /// Check the configuration (flags, and the environment the ConfigMap
-    /// fills) as `run` would, print it, and exit: a bad value fails here
-    /// with the setting's name, before a rollout.
+    /// fills) as `run` would, print it and what this kernel offers the fast
+    /// path, and exit: a bad value fails here with the setting's name.
     CheckConfig(RunArgs),
 }
 
@@ -594,7 +594,7 @@ fn main() -> Result<()> {
                 cfg.resync,
                 stale_after,
             );
-            Ok(())
+            mycni_agent::kernel_check::print(cfg.datapath, cfg.ebpf_object.as_deref())
         }
         Some(Cmd::Run(args)) => run(&rt, args),
         None => run(&rt, cli.run),
