@@ -76,12 +76,12 @@ pub enum KfuncError {
     #[error(
         "this kernel has no conntrack kfunc {name} (Linux >= {since} with nf_conntrack and BTF; the kernel path runs)"
     )]
-    Absent { name: &'static str, since: &'static str },
-    #[error("reading {path}: {source}")]
-    Read {
-        path: String,
-        source: io::Error,
+    Absent {
+        name: &'static str,
+        since: &'static str,
     },
+    #[error("reading {path}: {source}")]
+    Read { path: String, source: io::Error },
     #[error("parsing {what} BTF: {detail}")]
     Parse { what: String, detail: String },
     #[error(
@@ -115,12 +115,10 @@ pub fn locate(sys_btf: &Path) -> Result<Home, KfuncError> {
         return Ok(Home::Vmlinux { btf });
     }
     let module = read(&module_path)?;
-    let first_type_id = type_count(&vmlinux)
-        .map_err(|detail| KfuncError::Parse {
-            what: "vmlinux".to_owned(),
-            detail,
-        })?
-        + 1;
+    let first_type_id = type_count(&vmlinux).map_err(|detail| KfuncError::Parse {
+        what: "vmlinux".to_owned(),
+        detail,
+    })? + 1;
     let merged = concat_split(&vmlinux, &module).map_err(|detail| KfuncError::Parse {
         what: MODULE.to_owned(),
         detail,
@@ -165,7 +163,9 @@ pub fn pull_in_conntrack(sys_module: &Path) {
                   delete table inet mycni_conntrack_probe\n";
     match crate::tables::nft::apply(script) {
         Ok(()) => tracing::info!("nf_conntrack pulled in through nftables' module autoload"),
-        Err(e) => tracing::warn!(error = %format!("{e:#}"), "cannot make the kernel load nf_conntrack"),
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "cannot make the kernel load nf_conntrack")
+        }
     }
 }
 
@@ -400,7 +400,13 @@ mod tests {
         let mut out = vec![];
         out.extend(BTF_MAGIC.to_ne_bytes());
         out.extend([1, 0]);
-        for v in [24u32, 0, types.len() as u32, types.len() as u32, strings.len() as u32] {
+        for v in [
+            24u32,
+            0,
+            types.len() as u32,
+            types.len() as u32,
+            strings.len() as u32,
+        ] {
             out.extend(v.to_ne_bytes());
         }
         out.extend(types);
@@ -475,6 +481,9 @@ mod tests {
         let err = locate(Path::new("/nonexistent")).expect_err("absent");
         unsafe { std::env::remove_var("MYCNI_KFUNC_PROBE") };
         let text = err.to_string();
-        assert!(text.contains("bpf_ct_change_timeout") && text.contains("6.0"), "{text}");
+        assert!(
+            text.contains("bpf_ct_change_timeout") && text.contains("6.0"),
+            "{text}"
+        );
     }
 }
