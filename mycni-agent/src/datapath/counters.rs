@@ -34,6 +34,8 @@ pub struct DatapathMetrics {
     pub(super) local: AtomicU64,
     /// Entries in the podCIDR tries, both families.
     pub(super) remote: AtomicU64,
+    /// Interfaces the programs should be on and could not be attached to.
+    pub(super) attach_failed: AtomicU64,
 }
 
 impl Collector for DatapathMetrics {
@@ -48,6 +50,13 @@ impl Collector for DatapathMetrics {
         for (map, n) in [("local", load(&self.local)), ("remote", load(&self.remote))] {
             ConstGauge::new(n).encode(m.encode_family(&[("map", map)])?)?;
         }
+        let m = e.encode_descriptor(
+            "mycni_datapath_attach_failures",
+            "Interfaces the fast path should run on and whose programs could not be attached at the last pass: their traffic takes the kernel path (the readiness detail names one and why).",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(load(&self.attach_failed)).encode(m)?;
         let pin = self.pin_dir.lock().ok().and_then(|p| p.clone());
         // A map that cannot be read this time leaves the family out rather
         // than failing the whole scrape; the log of the load says why.

@@ -184,11 +184,21 @@ impl AttachedMaps {
     }
 
     fn visit(&mut self, ifindex: u32) -> Result<(), DatapathError> {
-        let programs = match SchedClassifier::query_tcx(ifindex, TcAttachType::Ingress) {
+        // A device gone since its index was read has nothing to show.
+        let mut programs = match SchedClassifier::query_tcx(ifindex, TcAttachType::Ingress) {
             Ok((_, programs)) => programs,
-            // A device gone since its index was read has nothing to show.
-            Err(_) => return Ok(()),
+            Err(_) => vec![],
         };
+        // Legacy tc filters (a kernel without TCX, or MYCNI_TC_ATTACH).
+        if let Ok(ids) = super::attach::filter_program_ids(ifindex)
+            && !ids.is_empty()
+        {
+            programs.extend(
+                aya::programs::loaded_programs()
+                    .filter_map(Result::ok)
+                    .filter(|info| ids.contains(&info.id())),
+            );
+        }
         for info in programs {
             // The kernel keeps 15 bytes of a program's name.
             let Some(prog) = info.name_as_str().and_then(|n| {

@@ -46,12 +46,13 @@ use crate::kernel::PodEndpoints;
 use crate::metrics::Metrics;
 use crate::overlay::{OverlayState, VxlanSpec};
 
+pub mod attach;
 pub mod counters;
 pub mod desired;
 mod error;
 pub mod inspect;
-pub mod kfuncs;
 pub mod kdrop;
+pub mod kfuncs;
 pub mod maps;
 mod prog;
 pub mod programs;
@@ -103,6 +104,10 @@ pub struct FastPath {
     why_not: Option<String>,
     /// Attachments this process made or adopted (swapped its program into).
     attached: BTreeSet<(Prog, u32)>,
+    /// Attachments the last full pass wanted and could not make, and why:
+    /// those interfaces run on the kernel path, the rest of the node does
+    /// not (the node stays ready; `/metrics` and `inspect` say which).
+    attach_failed: BTreeMap<(Prog, u32), String>,
     /// What this process last wrote to `mycni_remote`; event passes diff
     /// against it, full passes re-read the map to catch drift.
     remote_written: Option<BTreeMap<(Ipv4Addr, u8), RemoteNode>>,
@@ -144,6 +149,7 @@ impl FastPath {
             dp: None,
             why_not: None,
             attached: BTreeSet::new(),
+            attach_failed: BTreeMap::new(),
             remote_written: None,
             remote6_written: None,
             peers_written: None,
@@ -216,7 +222,7 @@ impl FastPath {
     pub fn describe(&self) -> String {
         match &self.why_not {
             None => format!(
-                "datapath ebpf, {} ({} local pods, {} remote podCIDRs; IPv6: {} and {})",
+                "datapath ebpf, {} ({} local pods, {} remote podCIDRs; IPv6: {} and {}; {} attach{})",
                 if self.vxlan6_only {
                     "via vxlan6.1"
                 } else if self.tc_encap {
@@ -227,7 +233,16 @@ impl FastPath {
                 self.local.len(),
                 self.remote_written.as_ref().map_or(0, BTreeMap::len),
                 self.local6.len(),
-                self.remote6_written.as_ref().map_or(0, BTreeMap::len)
+                self.remote6_written.as_ref().map_or(0, BTreeMap::len),
+                self.dp.as_ref().map_or("no", |dp| dp.attach_mode().name()),
+                match self.attach_failed.iter().next() {
+                    None => String::new(),
+                    Some(((p, ifindex), why)) => format!(
+                        "; {} interface(s) on the kernel path, e.g. {} on ifindex {ifindex}: {why}",
+                        self.attach_failed.len(),
+                        p.name()
+                    ),
+                }
             ),
             Some(why) => format!("datapath kernel: {why}"),
         }
@@ -295,16 +310,27 @@ impl FastPath {
                 pods,
             );
             kdrop::sync(dp, &want, &self.metrics);
+            self.attach_failed.retain(|a, _| want.contains(a));
             for &(p, ifindex) in want.difference(&self.attached.clone()) {
                 match dp.attach(p, ifindex) {
                     Ok(fresh) => {
                         tracing::debug!(prog = p.name(), ifindex, fresh, "attached");
                         self.attached.insert((p, ifindex));
+                        self.attach_failed.remove(&(p, ifindex));
                     }
-                    // The veth may be going away under us; the next pass retries.
-                    Err(e) => tracing::warn!(prog = p.name(), ifindex, error = %e, "cannot attach"),
+                    // The veth may be going away under us; the next pass
+                    // retries. Until then this interface alone is on the
+                    // kernel path, and says why.
+                    Err(e) => {
+                        tracing::warn!(prog = p.name(), ifindex, error = %e, "cannot attach; this interface runs on the kernel path");
+                        self.attach_failed
+                            .insert((p, ifindex), first_line(&e.to_string()).to_owned());
+                    }
                 }
             }
+            self.exported
+                .attach_failed
+                .store(self.attach_failed.len() as u64, Ordering::Relaxed);
             for (p, ifindex) in pinned_links(&pin)? {
                 if !want.contains(&(p, ifindex)) {
                     detach(&pin, p, ifindex)?;

@@ -12,6 +12,7 @@ use aya::programs::links::{FdLink, LinkError, PinnedLink};
 use aya::programs::{LinkOrder, SchedClassifier, TcAttach, TcAttachType};
 use aya::{Ebpf, EbpfLoader};
 
+use super::attach::{self, AttachMode};
 use super::error::DatapathError;
 use super::maps::MAPS;
 pub use super::prog::{PROG_FROM_POD, Prog};
@@ -30,6 +31,8 @@ pub fn embedded_object() -> Option<&'static [u8]> {
 pub struct Datapath {
     pub(super) bpf: Ebpf,
     pin_dir: PathBuf,
+    /// TCX links or legacy tc filters ([`AttachMode::choose`]).
+    mode: AttachMode,
 }
 
 impl Datapath {
@@ -61,9 +64,7 @@ impl Datapath {
                 btf,
                 fd,
                 first_type_id,
-            } => loader
-                .btf(btf)
-                .kfunc_module_btf(fd.clone(), *first_type_id),
+            } => loader.btf(btf).kfunc_module_btf(fd.clone(), *first_type_id),
         };
         let level: u8 = if log { aya_log::Level::Debug as u8 } else { 0 };
         loader.override_global(aya_log::LEVEL, &level, true);
@@ -80,10 +81,18 @@ impl Datapath {
                 .map_err(p.error())?;
             prog.load().map_err(p.error())?;
         }
+        let mode = AttachMode::choose();
+        tracing::info!(attach = mode.name(), kfuncs = %home.describe(), "eBPF programs loaded");
         Ok(Self {
             bpf,
             pin_dir: pin_dir.to_path_buf(),
+            mode,
         })
+    }
+
+    /// How this datapath attaches its programs.
+    pub fn attach_mode(&self) -> AttachMode {
+        self.mode
     }
 
     /// Pins again every map whose pin is gone (someone removed it from
@@ -145,6 +154,22 @@ impl Datapath {
     /// the hook empty. Returns whether the attachment is new.
     pub fn attach(&mut self, p: Prog, ifindex: u32) -> Result<bool, DatapathError> {
         let pin = self.link_pin_path(p, ifindex);
+        let marker = attach::marker_path(&self.pin_dir, p, ifindex);
+        if self.mode == AttachMode::Legacy {
+            let prog: &mut SchedClassifier = self
+                .bpf
+                .program_mut(p.name())
+                .ok_or(DatapathError::MissingProgram(p.name()))?
+                .try_into()
+                .map_err(p.error())?;
+            let fresh = attach::attach(prog, p, ifindex, &self.pin_dir)?;
+            // Attached the other way before (TCX, then a forced legacy):
+            // the new filter is in place first, so no packet misses both.
+            if pin.exists() {
+                detach_link(&self.pin_dir, p, ifindex)?;
+            }
+            return Ok(fresh);
+        }
         let prog: &mut SchedClassifier = self
             .bpf
             .program_mut(p.name())
@@ -198,6 +223,9 @@ impl Datapath {
         }
         // A replaced link stays pinned at the same path: dropping our handle
         // leaves the attachment in place.
+        if marker.exists() {
+            attach::detach(&self.pin_dir, p, ifindex)?;
+        }
         Ok(fresh)
     }
 }
@@ -208,9 +236,20 @@ pub fn link_pin_path(pin_dir: &Path, prog: Prog, ifindex: u32) -> PathBuf {
         .join(format!("{}_{ifindex}", prog.name()))
 }
 
-/// The links pinned under `pin_dir`: what is attached, whoever attached it.
+/// What is attached, whoever attached it: the links pinned under
+/// `pin_dir` and the legacy filters recorded there.
 pub fn pinned_links(pin_dir: &Path) -> Result<Vec<(Prog, u32)>, DatapathError> {
-    let dir = pin_dir.join("links");
+    let mut out = parse_pin_names(&pin_dir.join("links"))?;
+    out.extend(attach::markers(pin_dir)?);
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// The `(program, ifindex)` pairs named by the pins in `dir`
+/// (`<prog>_<ifindex>`).
+pub(super) fn parse_pin_names(dir: &Path) -> Result<Vec<(Prog, u32)>, DatapathError> {
+    let dir = dir.to_path_buf();
     let entries = match std::fs::read_dir(&dir) {
         Ok(e) => e,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(vec![]),
@@ -234,9 +273,17 @@ pub fn pinned_links(pin_dir: &Path) -> Result<Vec<(Prog, u32)>, DatapathError> {
     Ok(out)
 }
 
-/// Detaches `prog` from `ifindex` by removing its pinned link (the last
-/// reference: TCX detaches it). Absent is fine.
+/// Detaches `prog` from `ifindex`, however it is attached. Absent is fine.
 pub fn detach(pin_dir: &Path, prog: Prog, ifindex: u32) -> Result<(), DatapathError> {
+    if attach::marker_path(pin_dir, prog, ifindex).exists() {
+        attach::detach(pin_dir, prog, ifindex)?;
+    }
+    detach_link(pin_dir, prog, ifindex)
+}
+
+/// Removes the pinned TCX link of `prog` on `ifindex` (the last
+/// reference: TCX detaches it). Absent is fine.
+fn detach_link(pin_dir: &Path, prog: Prog, ifindex: u32) -> Result<(), DatapathError> {
     let pin = link_pin_path(pin_dir, prog, ifindex);
     match PinnedLink::from_pin(&pin) {
         Ok(link) => {
@@ -272,5 +319,6 @@ pub fn detach_all(pin_dir: &Path) -> Result<usize, DatapathError> {
         let _ = std::fs::remove_file(pin_dir.join(m));
     }
     let _ = std::fs::remove_dir(pin_dir.join("links"));
+    let _ = std::fs::remove_dir(pin_dir.join("tc"));
     Ok(n)
 }

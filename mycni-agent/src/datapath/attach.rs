@@ -1,0 +1,247 @@
+//! How the programs are hooked to an interface's ingress: TCX links
+//! (Linux >= 6.6), or, where the kernel has no TCX, a `cls_bpf` filter in
+//! direct-action mode under a `clsact` qdisc, as tc and Cilium attach.
+//!
+//! The mode is probed, not read off the version: a `BPF_PROG_QUERY` for
+//! TCX ingress on `lo` succeeds only where TCX exists. `MYCNI_TC_ATTACH`
+//! (`tcx` or `legacy`, unset: probe) overrides it, for tests and for
+//! operators whose other tools expect tc filters.
+//!
+//! A legacy filter has no `bpf_link` to pin. It lives as long as its
+//! interface does, whether the agent runs or not, and is found again by
+//! its place: mycni's filters are at [`LEGACY_PRIORITY`] and
+//! [`LEGACY_HANDLE`] on the ingress parent, and replacing the filter at
+//! that place swaps the program atomically (cls_bpf's change), as
+//! swapping a TCX link's program does. So that `inspect`, the detach of
+//! gone interfaces and `--datapath kernel` see legacy attachments as they
+//! see links, each one also pins its program at `<pin dir>/tc/<prog>_<ifindex>`.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use aya::programs::tc::{
+    NlOptions, SchedClassifierLink, TcHandle, qdisc_add_clsact, qdisc_detach_program,
+};
+use aya::programs::{SchedClassifier, TcAttach, TcAttachType};
+
+use super::error::DatapathError;
+use super::prog::Prog;
+
+/// The filter priority of mycni's programs: first on the hook, as a TCX
+/// program runs before every tc filter. A program with no opinion on a
+/// packet returns `TC_ACT_UNSPEC` (the same value as `TCX_NEXT`) and the
+/// filters after it still run.
+pub const LEGACY_PRIORITY: u16 = 1;
+/// The filter handle at [`LEGACY_PRIORITY`].
+pub const LEGACY_HANDLE: u32 = 1;
+
+/// How programs are attached on this kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttachMode {
+    /// TCX links, pinned.
+    Tcx,
+    /// `clsact` + `cls_bpf` direct-action filters.
+    Legacy,
+}
+
+impl AttachMode {
+    pub const fn name(self) -> &'static str {
+        match self {
+            AttachMode::Tcx => "tcx",
+            AttachMode::Legacy => "legacy tc",
+        }
+    }
+
+    /// The mode the agent uses here: `MYCNI_TC_ATTACH`, else the probe.
+    pub fn choose() -> Self {
+        match std::env::var("MYCNI_TC_ATTACH").as_deref() {
+            Ok("legacy") => AttachMode::Legacy,
+            Ok("tcx") => AttachMode::Tcx,
+            _ if tcx_available() => AttachMode::Tcx,
+            _ => AttachMode::Legacy,
+        }
+    }
+}
+
+/// Whether the kernel has TCX: a query of TCX ingress on `lo` (ifindex 1
+/// in every network namespace) is an unknown attach type before 6.6.
+pub fn tcx_available() -> bool {
+    SchedClassifier::query_tcx(1u32, TcAttachType::Ingress).is_ok()
+}
+
+fn marker_dir(pin_dir: &Path) -> PathBuf {
+    pin_dir.join("tc")
+}
+
+/// Where the legacy attachment of `p` on `ifindex` pins its program.
+pub fn marker_path(pin_dir: &Path, p: Prog, ifindex: u32) -> PathBuf {
+    marker_dir(pin_dir).join(format!("{}_{ifindex}", p.name()))
+}
+
+/// The legacy attachments recorded under `pin_dir`.
+pub fn markers(pin_dir: &Path) -> Result<Vec<(Prog, u32)>, DatapathError> {
+    super::programs::parse_pin_names(&marker_dir(pin_dir))
+}
+
+fn place() -> NlOptions {
+    NlOptions {
+        priority: LEGACY_PRIORITY,
+        handle: TcHandle::from(LEGACY_HANDLE),
+        classid: None,
+    }
+}
+
+/// Attaches `prog` (named `p`) on ingress of `ifindex` as a `cls_bpf`
+/// filter at mycni's place: replaces the program of a filter already there
+/// (atomically), else adds the `clsact` qdisc if needed and creates the
+/// filter. Returns whether the filter is new.
+pub fn attach(
+    prog: &mut SchedClassifier,
+    p: Prog,
+    ifindex: u32,
+    pin_dir: &Path,
+) -> Result<bool, DatapathError> {
+    let parent = TcHandle::from(TcAttachType::Ingress);
+    let existing = SchedClassifierLink::attached(
+        ifindex,
+        parent,
+        LEGACY_PRIORITY,
+        TcHandle::from(LEGACY_HANDLE),
+        None,
+    )
+    .map_err(|e| DatapathError::Program {
+        name: p.name(),
+        source: aya::programs::ProgramError::IOError(e),
+    })?;
+    let (id, fresh) = match prog.attach_to_link(existing) {
+        Ok(id) => (id, false),
+        Err(_) => {
+            // No filter at our place yet (the replace found none).
+            match qdisc_add_clsact(ifindex) {
+                Ok(()) => {}
+                Err(aya::programs::tc::TcError::NetlinkError(e))
+                    if e.raw_os_error() == Some(libc::EEXIST) => {}
+                Err(e) => {
+                    return Err(DatapathError::Program {
+                        name: p.name(),
+                        source: e.into(),
+                    });
+                }
+            }
+            let id = prog
+                .attach(
+                    ifindex,
+                    TcAttach::Netlink {
+                        parent,
+                        options: place(),
+                    },
+                )
+                .map_err(p.error())?;
+            (id, true)
+        }
+    };
+    let link = prog.take_link(id).map_err(p.error())?;
+    // Dropping aya's handle of a netlink filter deletes the filter; it must
+    // outlive the agent, as a pinned TCX link does. The handle holds no fd.
+    std::mem::forget(link);
+    let marker = marker_path(pin_dir, p, ifindex);
+    std::fs::create_dir_all(marker_dir(pin_dir)).map_err(|source| DatapathError::PinDir {
+        path: marker_dir(pin_dir),
+        source,
+    })?;
+    // The marker holds the program now in the filter.
+    let _ = std::fs::remove_file(&marker);
+    prog.pin(&marker).map_err(|source| DatapathError::Pin {
+        path: marker.clone(),
+        source,
+    })?;
+    Ok(fresh)
+}
+
+/// Deletes mycni's filter of `p` on `ifindex` and its marker. An interface
+/// or filter already gone is fine.
+pub fn detach(pin_dir: &Path, p: Prog, ifindex: u32) -> Result<(), DatapathError> {
+    match qdisc_detach_program(ifindex, TcHandle::from(TcAttachType::Ingress), p.name()) {
+        Ok(()) => {}
+        Err(aya::programs::tc::TcError::IoError(e)) if gone(&e) => {}
+        Err(aya::programs::tc::TcError::NetlinkError(e))
+            if e.raw_os_error()
+                .is_some_and(|c| c == libc::ENODEV || c == libc::ENOENT || c == libc::EINVAL) => {}
+        Err(e) => {
+            return Err(DatapathError::Program {
+                name: p.name(),
+                source: e.into(),
+            });
+        }
+    }
+    let _ = std::fs::remove_file(marker_path(pin_dir, p, ifindex));
+    Ok(())
+}
+
+fn gone(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENODEV)
+}
+
+/// The ids of the programs in `cls_bpf` filters on ingress of `ifindex`
+/// (in the calling thread's network namespace): how `inspect` finds a
+/// legacy fast path without its pins, as `BPF_PROG_QUERY` finds TCX links.
+pub fn filter_program_ids(ifindex: u32) -> io::Result<Vec<u32>> {
+    use netlink_packet_core::{
+        NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+    };
+    use netlink_packet_route::RouteNetlinkMessage;
+    use netlink_packet_route::tc::{TcAttribute, TcFilterBpfOption, TcMessage, TcOption};
+    use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
+
+    let mut socket = Socket::new(NETLINK_ROUTE)?;
+    socket.bind_auto()?;
+    socket.connect(&SocketAddr::new(0, 0))?;
+    let mut tc = TcMessage::with_index(ifindex as i32);
+    tc.header.parent = u32::from(TcHandle::from(TcAttachType::Ingress)).into();
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+    let mut req = NetlinkMessage::new(
+        header,
+        NetlinkPayload::from(RouteNetlinkMessage::GetTrafficFilter(tc)),
+    );
+    req.finalize();
+    let mut buf = vec![0; req.buffer_len()];
+    req.serialize(&mut buf);
+    socket.send(&buf, 0)?;
+    let mut ids = vec![];
+    let mut rx = vec![0u8; 64 * 1024];
+    loop {
+        let n = socket.recv(&mut &mut rx[..], 0)?;
+        let mut at = 0;
+        while at < n {
+            let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&rx[at..n])
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+            let len = msg.header.length as usize;
+            match msg.payload {
+                NetlinkPayload::Done(_) => return Ok(ids),
+                NetlinkPayload::Error(e) => {
+                    return Err(e.code.map_or_else(
+                        || io::Error::other("netlink error"),
+                        |c| io::Error::from_raw_os_error(-c.get()),
+                    ));
+                }
+                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewTrafficFilter(f)) => {
+                    for a in &f.attributes {
+                        if let TcAttribute::Options(opts) = a {
+                            for o in opts {
+                                if let TcOption::Bpf(TcFilterBpfOption::ProgId(id)) = o {
+                                    ids.push(*id);
+                                }
+                            }
+                        }
+                    }
+                }
+                _ => {}
+            }
+            if len == 0 {
+                break;
+            }
+            at += len;
+        }
+    }
+}
