@@ -128,3 +128,83 @@ pub fn strip_ansi(s: &str) -> String {
     }
     out
 }
+
+/// The capabilities of Linux 6.18 by number (`include/uapi/linux/capability.h`).
+const CAPS: [&str; 41] = [
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "DAC_READ_SEARCH",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "SETGID",
+    "SETUID",
+    "SETPCAP",
+    "LINUX_IMMUTABLE",
+    "NET_BIND_SERVICE",
+    "NET_BROADCAST",
+    "NET_ADMIN",
+    "NET_RAW",
+    "IPC_LOCK",
+    "IPC_OWNER",
+    "SYS_MODULE",
+    "SYS_RAWIO",
+    "SYS_CHROOT",
+    "SYS_PTRACE",
+    "SYS_PACCT",
+    "SYS_ADMIN",
+    "SYS_BOOT",
+    "SYS_NICE",
+    "SYS_RESOURCE",
+    "SYS_TIME",
+    "SYS_TTY_CONFIG",
+    "MKNOD",
+    "LEASE",
+    "AUDIT_WRITE",
+    "AUDIT_CONTROL",
+    "SETFCAP",
+    "MAC_OVERRIDE",
+    "MAC_ADMIN",
+    "SYSLOG",
+    "WAKE_ALARM",
+    "BLOCK_SUSPEND",
+    "AUDIT_READ",
+    "PERFMON",
+    "BPF",
+    "CHECKPOINT_RESTORE",
+];
+
+/// `program args` run through capsh with every capability but `keep` (a
+/// comma-separated list of names as a pod spec writes them, `NET_ADMIN`)
+/// dropped from the bounding set: as root, the program then holds exactly
+/// `keep`, as a container with `drop: [ALL]` and `add: keep` does.
+pub(crate) fn with_only_caps(
+    keep: &str,
+    program: &Path,
+    args: Vec<String>,
+) -> Result<(std::path::PathBuf, Vec<String>)> {
+    let keep: Vec<&str> = keep
+        .split(',')
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    if let Some(unknown) = keep.iter().find(|c| !CAPS.contains(c)) {
+        anyhow::bail!("unknown capability {unknown:?} in {AGENT_CAPS_ENV}");
+    }
+    let drop: Vec<String> = (0..CAPS.len())
+        .filter(|&n| !keep.contains(&CAPS[n]))
+        .map(|n| n.to_string())
+        .collect();
+    let mut out = vec![
+        format!("--drop={}", drop.join(",")),
+        format!("--shell={}", program.display()),
+        "--".into(),
+    ];
+    out.extend(args);
+    Ok(("/usr/sbin/capsh".into(), out))
+}
+
+/// Set to a comma-separated list of capability names (`NET_ADMIN,BPF`),
+/// every agent the lab starts holds exactly those (the DaemonSet's list:
+/// tests read it from deploy/base/daemonset.yaml).
+pub const AGENT_CAPS_ENV: &str = "MYCNI_LAB_AGENT_CAPS";

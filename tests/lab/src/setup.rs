@@ -9,6 +9,7 @@ use anyhow::{Context, Result, bail};
 use mycni_apiserver::{ApiServer, node_with_cidrs};
 use mycni_testkit::{in_netns, sh};
 
+use crate::daemon::AGENT_CAPS_ENV;
 use crate::daemon::{ns_exec, spawn_daemon, stop_pidfile};
 use crate::{IpFamily, Lab, Spec, Stack, check_interrupted, wait_for};
 
@@ -325,9 +326,13 @@ impl Lab {
             args.extend(["--cluster-cidr".into(), s.stack.cluster_cidr()]);
         }
         args.extend(s.agent_args.iter().cloned());
+        let (program, args) = match std::env::var(AGENT_CAPS_ENV) {
+            Ok(keep) => crate::daemon::with_only_caps(&keep, &s.bins.agent, args)?,
+            Err(_) => (s.bins.agent.clone(), args),
+        };
         spawn_daemon(
             &s.node_name(i),
-            &s.bins.agent,
+            &program,
             &args,
             &dir.join("agent.log"),
             &dir.join("agent.pid"),
