@@ -44,7 +44,7 @@ const CRATES: &[&str] = &[
 const SINKS: &[(&str, &str)] = &[("mycni-agent/src", "metrics")];
 
 /// Folders the line rule skips: generated or vendored text.
-const SKIP_DIRS: &[&str] = &["target", ".git", "corpus", "artifacts"];
+const SKIP_DIRS: &[&str] = &["target", ".git", "corpus", "artifacts", "third_party"];
 
 pub fn run() -> Result<()> {
     let root = crate::util::workspace_root();
