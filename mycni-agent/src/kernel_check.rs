@@ -77,6 +77,9 @@ pub struct Probe {
     pub tcx: Tcx,
     /// The agent has an eBPF object (embedded, or `--ebpf-object`).
     pub object: bool,
+    /// `MYCNI_TC_ATTACH` (`tcx` or `legacy`), which the agent obeys
+    /// instead of the probe.
+    pub forced: Option<&'static str>,
 }
 
 impl Probe {
@@ -100,16 +103,31 @@ impl Probe {
             conntrack,
             tcx: tcx(),
             object,
+            forced: match std::env::var("MYCNI_TC_ATTACH").as_deref() {
+                Ok("tcx") => Some("tcx"),
+                Ok("legacy") => Some("legacy"),
+                _ => None,
+            },
         }
     }
 
-    /// How the programs attach: TCX where the kernel has it, else the
-    /// legacy clsact qdisc with cls_bpf filters.
-    pub fn attach(&self) -> &'static str {
-        match self.tcx {
-            Tcx::Yes => "tcx",
-            Tcx::No => "clsact + cls_bpf (legacy tc)",
-            Tcx::Unknown(_) => "tcx on Linux >= 6.6, else clsact + cls_bpf (legacy tc)",
+    /// How the programs attach, as the agent chooses (`datapath::attach`):
+    /// `MYCNI_TC_ATTACH`, else TCX where the kernel has it, else the legacy
+    /// clsact qdisc with cls_bpf filters. None: not probed.
+    fn attach_mode(&self) -> Option<&'static str> {
+        match (self.forced, &self.tcx) {
+            (Some("legacy"), _) | (None, Tcx::No) => Some("clsact + cls_bpf"),
+            (Some(_), _) | (None, Tcx::Yes) => Some("tcx"),
+            (None, Tcx::Unknown(_)) => None,
+        }
+    }
+
+    /// [`Self::attach_mode`] for the report's `attach:` line.
+    pub fn attach(&self) -> String {
+        match (self.attach_mode(), self.forced) {
+            (Some(m), Some(f)) => format!("{m} (MYCNI_TC_ATTACH={f})"),
+            (Some(m), None) => m.to_owned(),
+            (None, _) => "tcx on Linux >= 6.6, else clsact + cls_bpf".to_owned(),
         }
     }
 
@@ -125,11 +143,9 @@ impl Probe {
         if !self.btf {
             return kernel("no BTF (/sys/kernel/btf/vmlinux; CONFIG_DEBUG_INFO_BTF)");
         }
-        let attach = match self.tcx {
-            Tcx::Yes => "attach: tcx",
-            Tcx::No => "attach: clsact + cls_bpf",
-            Tcx::Unknown(_) => "attach not probed",
-        };
+        let attach = self
+            .attach_mode()
+            .map_or("attach not probed".to_owned(), |m| format!("attach: {m}"));
         match &self.kfuncs {
             Kfuncs::Vmlinux | Kfuncs::Module => format!("fast path ({attach})"),
             Kfuncs::ModuleObject(e) => format!(
@@ -325,6 +341,7 @@ mod tests {
             conntrack: Conntrack::Loaded,
             tcx: Tcx::Yes,
             object: true,
+            forced: None,
         }
     }
 
@@ -339,6 +356,15 @@ mod tests {
         };
         assert_eq!(
             old.verdict(Mode::Ebpf),
+            "fast path (attach: clsact + cls_bpf)"
+        );
+        let forced = Probe {
+            forced: Some("legacy"),
+            ..probe()
+        };
+        assert_eq!(forced.attach(), "clsact + cls_bpf (MYCNI_TC_ATTACH=legacy)");
+        assert_eq!(
+            forced.verdict(Mode::Ebpf),
             "fast path (attach: clsact + cls_bpf)"
         );
         let no_object = Probe {
