@@ -12,6 +12,8 @@
 use std::io::Write;
 use std::path::Path;
 
+use crate::datapath::attach::Tcx;
+
 use aya_obj::btf::BtfKind;
 
 use crate::datapath::Mode;
@@ -54,17 +56,6 @@ pub enum Conntrack {
     },
 }
 
-/// TCX (`BPF_TCX_INGRESS`, Linux 6.6), probed rather than read from the
-/// release: `BPF_PROG_QUERY` of it on loopback.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Tcx {
-    Yes,
-    /// EINVAL: the kernel does not know the attach type.
-    No,
-    /// The query failed otherwise (EPERM without CAP_NET_ADMIN).
-    Unknown(String),
-}
-
 /// What was found, the input of [`Probe::render`] and [`Probe::verdict`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Probe {
@@ -101,7 +92,7 @@ impl Probe {
             btf,
             kfuncs,
             conntrack,
-            tcx: tcx(),
+            tcx: crate::datapath::attach::probe_tcx(),
             object,
             forced: match std::env::var("MYCNI_TC_ATTACH").as_deref() {
                 Ok("tcx") => Some("tcx"),
@@ -276,56 +267,6 @@ fn locate(sys_btf: &Path, conntrack: Conntrack) -> Kfuncs {
         Err(KfuncError::Absent { name, since }) => Kfuncs::Absent { name, since },
         Err(e @ KfuncError::ModuleObject(_)) => Kfuncs::ModuleObject(e.to_string()),
         Err(e) => Kfuncs::Unreadable(e.to_string()),
-    }
-}
-
-// bpf(2): BPF_PROG_QUERY and BPF_TCX_INGRESS (include/uapi/linux/bpf.h).
-const BPF_PROG_QUERY: libc::c_long = 16;
-const BPF_TCX_INGRESS: u32 = 46;
-
-/// `union bpf_attr`'s `query` (6.6's layout; older kernels accept the
-/// longer struct as long as the bytes they do not know are zero).
-#[repr(C)]
-#[derive(Default)]
-struct QueryAttr {
-    target_ifindex: u32,
-    attach_type: u32,
-    query_flags: u32,
-    attach_flags: u32,
-    prog_ids: u64,
-    count: u32,
-    _pad: u32,
-    prog_attach_flags: u64,
-    link_ids: u64,
-    link_attach_flags: u64,
-    revision: u64,
-}
-
-/// TCX ingress programs on loopback (ifindex 1, in every namespace), none
-/// read: only whether the kernel knows the attach type.
-fn tcx() -> Tcx {
-    let mut attr = QueryAttr {
-        target_ifindex: 1,
-        attach_type: BPF_TCX_INGRESS,
-        ..Default::default()
-    };
-    // SAFETY: a zeroed query attribute with no id buffers (count 0), and
-    // its size.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_PROG_QUERY,
-            &mut attr as *mut QueryAttr,
-            std::mem::size_of::<QueryAttr>() as libc::c_uint,
-        )
-    };
-    if r == 0 {
-        return Tcx::Yes;
-    }
-    let e = std::io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::EINVAL) => Tcx::No,
-        _ => Tcx::Unknown(format!("BPF_PROG_QUERY: {e}")),
     }
 }
 

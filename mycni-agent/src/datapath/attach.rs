@@ -57,16 +57,75 @@ impl AttachMode {
         match std::env::var("MYCNI_TC_ATTACH").as_deref() {
             Ok("legacy") => AttachMode::Legacy,
             Ok("tcx") => AttachMode::Tcx,
-            _ if tcx_available() => AttachMode::Tcx,
-            _ => AttachMode::Legacy,
+            // Unknown (EPERM: no CAP_NET_ADMIN) tries TCX, whose attach
+            // then fails and says why.
+            _ if probe_tcx() == Tcx::No => AttachMode::Legacy,
+            _ => AttachMode::Tcx,
         }
     }
 }
 
-/// Whether the kernel has TCX: a query of TCX ingress on `lo` (ifindex 1
-/// in every network namespace) is an unknown attach type before 6.6.
-pub fn tcx_available() -> bool {
-    SchedClassifier::query_tcx(1u32, TcAttachType::Ingress).is_ok()
+/// TCX (`BPF_TCX_INGRESS`, Linux 6.6), probed rather than read from the
+/// release: `BPF_PROG_QUERY` of it on loopback.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tcx {
+    Yes,
+    /// EINVAL: the kernel does not know the attach type.
+    No,
+    /// The query failed otherwise (EPERM without CAP_NET_ADMIN).
+    Unknown(String),
+}
+
+// bpf(2): BPF_PROG_QUERY and BPF_TCX_INGRESS (include/uapi/linux/bpf.h).
+const BPF_PROG_QUERY: libc::c_long = 16;
+const BPF_TCX_INGRESS: u32 = 46;
+
+/// `union bpf_attr`'s `query` (6.6's layout; older kernels accept the
+/// longer struct as long as the bytes they do not know are zero).
+#[repr(C)]
+#[derive(Default)]
+struct QueryAttr {
+    target_ifindex: u32,
+    attach_type: u32,
+    query_flags: u32,
+    attach_flags: u32,
+    prog_ids: u64,
+    count: u32,
+    _pad: u32,
+    prog_attach_flags: u64,
+    link_ids: u64,
+    link_attach_flags: u64,
+    revision: u64,
+}
+
+/// Whether the kernel has TCX: a query of the TCX ingress programs on `lo`
+/// (ifindex 1 in every network namespace) for their count alone, an unknown
+/// attach type (EINVAL) before 6.6. Reading the programs themselves (aya's
+/// `query_tcx`) opens them by id, which needs CAP_SYS_ADMIN.
+pub fn probe_tcx() -> Tcx {
+    let mut attr = QueryAttr {
+        target_ifindex: 1,
+        attach_type: BPF_TCX_INGRESS,
+        ..Default::default()
+    };
+    // SAFETY: a zeroed query attribute with no id buffers (count 0), and
+    // its size.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_QUERY,
+            &mut attr as *mut QueryAttr,
+            std::mem::size_of::<QueryAttr>() as libc::c_uint,
+        )
+    };
+    if r == 0 {
+        return Tcx::Yes;
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EINVAL) => Tcx::No,
+        _ => Tcx::Unknown(format!("BPF_PROG_QUERY: {e}")),
+    }
 }
 
 fn marker_dir(pin_dir: &Path) -> PathBuf {
@@ -80,7 +139,7 @@ pub fn marker_path(pin_dir: &Path, p: Prog, ifindex: u32) -> PathBuf {
 
 /// The legacy attachments recorded under `pin_dir`.
 pub fn markers(pin_dir: &Path) -> Result<Vec<(Prog, u32)>, DatapathError> {
-    super::programs::parse_pin_names(&marker_dir(pin_dir))
+    Prog::parse_pins(&marker_dir(pin_dir))
 }
 
 fn place() -> NlOptions {

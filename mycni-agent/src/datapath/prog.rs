@@ -2,6 +2,9 @@
 //! maps' discovery and `inspect` all name (kept apart so none of them
 //! imports another for it).
 
+use std::io;
+use std::path::Path;
+
 use super::error::DatapathError;
 
 /// The programs, by the interface they run on.
@@ -24,6 +27,33 @@ impl Prog {
             name: self.name(),
             source,
         }
+    }
+
+    /// The `(program, ifindex)` pairs named by the pins in `dir`
+    /// (`<prog>_<ifindex>`).
+    pub(super) fn parse_pins(dir: &Path) -> Result<Vec<(Prog, u32)>, DatapathError> {
+        let dir = dir.to_path_buf();
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(vec![]),
+            Err(source) => return Err(DatapathError::ListPins { path: dir, source }),
+        };
+        let mut out = vec![];
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let Some(name) = name.to_str() else { continue };
+            for p in Prog::ALL {
+                if let Some(ifindex) = name
+                    .strip_prefix(p.name())
+                    .and_then(|r| r.strip_prefix('_'))
+                    .and_then(|r| r.parse().ok())
+                {
+                    out.push((p, ifindex));
+                }
+            }
+        }
+        out.sort();
+        Ok(out)
     }
 
     pub const fn name(self) -> &'static str {

@@ -239,37 +239,10 @@ pub fn link_pin_path(pin_dir: &Path, prog: Prog, ifindex: u32) -> PathBuf {
 /// What is attached, whoever attached it: the links pinned under
 /// `pin_dir` and the legacy filters recorded there.
 pub fn pinned_links(pin_dir: &Path) -> Result<Vec<(Prog, u32)>, DatapathError> {
-    let mut out = parse_pin_names(&pin_dir.join("links"))?;
+    let mut out = Prog::parse_pins(&pin_dir.join("links"))?;
     out.extend(attach::markers(pin_dir)?);
     out.sort();
     out.dedup();
-    Ok(out)
-}
-
-/// The `(program, ifindex)` pairs named by the pins in `dir`
-/// (`<prog>_<ifindex>`).
-pub(super) fn parse_pin_names(dir: &Path) -> Result<Vec<(Prog, u32)>, DatapathError> {
-    let dir = dir.to_path_buf();
-    let entries = match std::fs::read_dir(&dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(vec![]),
-        Err(source) => return Err(DatapathError::ListPins { path: dir, source }),
-    };
-    let mut out = vec![];
-    for e in entries.flatten() {
-        let name = e.file_name();
-        let Some(name) = name.to_str() else { continue };
-        for p in Prog::ALL {
-            if let Some(ifindex) = name
-                .strip_prefix(p.name())
-                .and_then(|r| r.strip_prefix('_'))
-                .and_then(|r| r.parse().ok())
-            {
-                out.push((p, ifindex));
-            }
-        }
-    }
-    out.sort();
     Ok(out)
 }
 
