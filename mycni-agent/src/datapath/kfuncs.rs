@@ -90,6 +90,10 @@ pub enum KfuncError {
     ModuleObject(io::Error),
     #[error("{MODULE} is loaded but the kernel lists no BTF object for it")]
     NoModuleObject,
+    #[error(
+        "{MODULE} is not loaded and nftables' module autoload did not load it (the agent's log says why): the conntrack kfuncs are in its BTF"
+    )]
+    NotLoaded,
 }
 
 /// Finds the kfuncs under `sys_btf` (`/sys/kernel/btf`). `nf_conntrack`
@@ -109,10 +113,22 @@ pub fn locate(sys_btf: &Path) -> Result<Home, KfuncError> {
     let Some(&(first_missing, since)) = missing else {
         return Ok(Home::Vmlinux { btf });
     };
-    let module_path = sys_btf.join(MODULE);
-    if forced.as_deref() == Some("vmlinux") || !module_path.exists() {
+    if forced.as_deref() == Some("vmlinux") {
         // What aya alone does: the load then fails naming the kfunc.
         return Ok(Home::Vmlinux { btf });
+    }
+    let module_path = sys_btf.join(MODULE);
+    if !module_path.exists() {
+        // nf_conntrack loaded without BTF of its own: a kernel older than
+        // the kfuncs (5.10), or one built without DEBUG_INFO_BTF_MODULES.
+        return Err(if Path::new("/sys/module").join(MODULE).exists() {
+            KfuncError::Absent {
+                name: first_missing,
+                since,
+            }
+        } else {
+            KfuncError::NotLoaded
+        });
     }
     let module = read(&module_path)?;
     let first_type_id = type_count(&vmlinux).map_err(|detail| KfuncError::Parse {
@@ -151,23 +167,25 @@ pub fn locate(sys_btf: &Path) -> Result<Home, KfuncError> {
 /// same transaction, so nothing of it is ever in force. No CAP_SYS_MODULE
 /// and no /lib/modules in the agent's container: the kernel runs its own
 /// modprobe.
-pub fn pull_in_conntrack(sys_module: &Path) {
+pub fn pull_in_conntrack(sys_module: &Path) -> anyhow::Result<()> {
     // Present for a loaded module and for a built-in one (it has
     // parameters): nothing to pull in.
     if sys_module.join(MODULE).exists() {
-        return;
+        return Ok(());
     }
-    let script = "table inet mycni_conntrack_probe {\n\
-                  \tchain probe { ct state established counter }\n\
-                  }\n\
-                  delete table inet mycni_conntrack_probe\n";
-    match crate::tables::nft::apply(script) {
-        Ok(()) => tracing::info!("nf_conntrack pulled in through nftables' module autoload"),
-        Err(e) => {
-            tracing::warn!(error = %format!("{e:#}"), "cannot make the kernel load nf_conntrack")
-        }
-    }
+    crate::tables::nft::apply(PULL_IN)?;
+    tracing::info!("nf_conntrack pulled in through nftables' module autoload");
+    Ok(())
 }
+
+/// The transaction [`pull_in_conntrack`] runs.
+pub const PULL_IN: &str = "table inet mycni_conntrack_probe {
+	chain probe {
+		ct state established counter
+	}
+}
+delete table inet mycni_conntrack_probe
+";
 
 fn read(path: &Path) -> Result<Vec<u8>, KfuncError> {
     std::fs::read(path).map_err(|source| KfuncError::Read {

@@ -55,7 +55,9 @@ impl Datapath {
             })?;
         }
         let sys_btf = Path::new("/sys/kernel/btf");
-        super::kfuncs::pull_in_conntrack(Path::new("/sys/module"));
+        if let Err(e) = super::kfuncs::pull_in_conntrack(Path::new("/sys/module")) {
+            tracing::warn!(error = %format!("{e:#}"), "cannot make the kernel load nf_conntrack");
+        }
         let home = super::kfuncs::locate(sys_btf)?;
         let mut loader = EbpfLoader::new();
         match &home {
@@ -67,7 +69,8 @@ impl Datapath {
             } => loader.btf(btf).kfunc_module_btf(fd.clone(), *first_type_id),
         };
         let level: u8 = if log { aya_log::Level::Debug as u8 } else { 0 };
-        loader.override_global(aya_log::LEVEL, &level, true);
+        // Absent from an object built without the packet-log feature.
+        loader.override_global(aya_log::LEVEL, &level, false);
         let paths: Vec<(&str, PathBuf)> = MAPS.iter().map(|m| (*m, pin_dir.join(m))).collect();
         for (name, path) in &paths {
             loader.map_pin_path(name, path.as_path());
@@ -135,6 +138,13 @@ impl Datapath {
             .map_err(p.error())?;
         let fd = prog.fd().map_err(p.error())?;
         Ok(fd.as_fd())
+    }
+
+    /// How many instructions the verifier went through for `p` (Linux
+    /// >= 5.16 reports it): how close a kernel's verifier is to its limit.
+    pub fn verified_instructions(&self, p: Prog) -> Option<u32> {
+        let prog: &SchedClassifier = self.bpf.program(p.name())?.try_into().ok()?;
+        prog.info().ok()?.verified_instruction_count()
     }
 
     /// Where the pinned link of `prog` on `ifindex` lives.
