@@ -218,9 +218,9 @@ struct RunArgs {
     /// routes, ARP and FDB only, and anything mycni attached is detached.
     #[arg(long, env = "MYCNI_DATAPATH", default_value = "ebpf", value_parser = parse_datapath)]
     datapath: Mode,
-    /// Log every packet the tc programs see (aya-log, at debug level; also
-    /// set MYCNI_LOG=debug). Costs a ring-buffer write per packet: for
-    /// debugging only. Off, the logging code is pruned at load time.
+    /// Log every packet the tc programs see (aya-log, debug level; also set
+    /// MYCNI_LOG=debug), with an --ebpf-object built with mycni-ebpf's
+    /// `packet-log` feature. A ring-buffer write per packet: debugging only.
     #[arg(long, env = "MYCNI_EBPF_LOG")]
     ebpf_log: bool,
     /// With --datapath ebpf: encapsulate traffic to remote pods in tc and

@@ -2,6 +2,7 @@
 //! decided, and where flow events are emitted (`flow`).
 
 use aya_ebpf::programs::TcContext;
+#[cfg(feature = "packet-log")]
 use aya_log_ebpf::debug;
 use mycni_common::{DpFamily, DpPath, counter_index};
 
@@ -35,10 +36,17 @@ pub(crate) fn account(
     if let Some(t) = flow {
         flow::observe(ctx, from, t, path);
     }
-    // Off unless the agent runs with --ebpf-log: AYA_LOG_LEVEL is then a
-    // load-time 0 and the verifier prunes this call from the hot path.
+    // Only in an object built with the `packet-log` feature, and off there
+    // unless the agent runs with --ebpf-log (AYA_LOG_LEVEL is then a
+    // load-time 0 and the verifier prunes the call). Not in the default
+    // object: aya-log's record writer is a subprogram, and verifiers
+    // before 6.12 count its minimal 32-byte frame on top of
+    // mycni_from_underlay's 488 (544 > 512: Debian 12's 6.1 rejects it).
+    #[cfg(feature = "packet-log")]
     debug!(
         ctx,
         "from {} path {} len {} verdict {}", from as u32, path as u32, len, verdict
     );
+    #[cfg(not(feature = "packet-log"))]
+    let _ = verdict;
 }
