@@ -38,9 +38,16 @@ use self::report::KernelRun;
 /// name for its unit tests. Each runs with `--test-threads=1`, from its
 /// package's directory.
 const ENTRIES: &[(&str, &str, &[&str])] = &[
-    // BPF_PROG_TEST_RUN verdicts of the tc programs: the loader against
-    // each kernel's BTF, kfuncs and verifier.
+    // The loader against each kernel's BTF: kfuncs in vmlinux or in
+    // nf_conntrack's module BTF (and that vmlinux alone fails there), and
+    // the verifier's instruction counts.
+    ("mycni-e2e", "kfunc_module", &["--nocapture"]),
+    // BPF_PROG_TEST_RUN verdicts of the tc programs: each kernel's
+    // kfuncs and verifier.
     ("mycni-e2e", "ebpf_prog", &[]),
+    // Two nodes with agents holding the DaemonSet's capabilities, dual
+    // stack, counters from the pins, a NetworkPolicy on the fast path.
+    ("mycni-e2e", "kernel_matrix", &["--nocapture"]),
 ];
 
 /// The kernels: (the `--kernel` name, the package's name with `*` for its
@@ -58,10 +65,15 @@ const SERIES: &[(&str, &str)] = &[
 /// line on the guest's console). The guest's /init prints those below;
 /// a test may print its own.
 const FACT_COLUMNS: &[(&str, &str)] = &[
-    ("BTF vmlinux", "btf_vmlinux"),
-    ("BTF nf_conntrack (after)", "btf_nf_conntrack"),
+    ("datapath", "datapath"),
+    ("attach", "attach"),
+    ("kfuncs", "kfuncs"),
+    ("IPv4 fast_encap / fast_tc_decap", "ipv4_fast"),
+    ("IPv6 fast_encap / fast_tc_decap", "ipv6_fast"),
+    ("policy deny / allow ms", "policy_ms"),
+    ("verified insns from_pod / from_underlay", "insns"),
     ("tcx (config)", "tcx_config"),
-    ("autoload (after)", "autoload"),
+    ("nf_conntrack at start / after", "conntrack"),
 ];
 
 /// Default hard limit per kernel, boot to power-off. The 6.1 guest needs

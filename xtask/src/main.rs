@@ -359,7 +359,26 @@ fn test(extra: &[String]) -> Result<()> {
         return Ok(());
     }
     shipped_plugin_blackbox(&root)?;
+    vendored_aya_patch(&root)?;
+    // Debian's stock kernels under QEMU (~11 min on 2 cores under TCG):
+    // the fast path where users run it, not only on this machine's kernel.
+    kernels::run(&[])?;
     fuzz::run(fuzz::TEST_SECONDS, None, false)
+}
+
+/// The unit tests of mycni's patch of aya (third_party/aya/MYCNI-PATCH.md),
+/// against aya's own published lock, in a target dir of their own.
+fn vendored_aya_patch(root: &std::path::Path) -> Result<()> {
+    eprintln!("xtask: the vendored aya's patch tests");
+    Cmd::new("cargo")
+        .args(["test", "--locked", "--lib", "--manifest-path"])
+        .arg(root.join("third_party/aya/Cargo.toml"))
+        .arg("--target-dir")
+        .arg(root.join("target/third_party"))
+        .arg("mycni_patch")
+        .toolchain(HOST_TOOLCHAIN)
+        .cwd(root)
+        .run()
 }
 
 /// The plugin's black-box suite once more, against the binary the image

@@ -1105,7 +1105,7 @@ mod tests {
     }
 
     #[test]
-    fn only_kfunc_calls_into_the_module_get_its_fd_array_index() {
+    fn mycni_patch_only_kfunc_calls_into_the_module_get_its_fd_array_index() {
         use aya_obj::generated::{
             BPF_CALL, BPF_DW, BPF_IMM, BPF_JMP, BPF_LD, BPF_PSEUDO_CALL, BPF_PSEUDO_KFUNC_CALL,
         };

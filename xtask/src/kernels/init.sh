@@ -95,7 +95,8 @@ fact uname "$(uname -r)"
 fact btf_vmlinux "$(has /sys/kernel/btf/vmlinux)"
 fact tcx_config "$(if grep -q '^CONFIG_NET_XGRESS=y' $R/kernel/boot/config-*; then echo y; else echo n; fi)"
 # The agent under test must load conntrack itself (through autoload).
-fact conntrack_at_start "$(loaded nf_conntrack)"
+CT_START=$(loaded nf_conntrack)
+fact conntrack_at_start "$CT_START"
 echo "MYCNI-READY uptime=$(up)"
 
 # env -i: init's environment is the kernel's (TERM=linux, HOME=/), nothing
@@ -111,6 +112,7 @@ echo "MYCNI-RUN-DONE rc=$? uptime=$(up)"
 # whether autoload works at all (an nftables ct rule in a throwaway
 # namespace loads nf_conntrack if nothing did).
 fact conntrack_after_tests "$(loaded nf_conntrack)"
+fact conntrack "$CT_START/$(loaded nf_conntrack)"
 C="chroot $R"
 $C /usr/sbin/ip netns add mycni-kprobe
 $C /usr/sbin/ip netns exec mycni-kprobe /usr/sbin/nft \
