@@ -96,6 +96,7 @@ pub(crate) fn stop_pidfile(pidfile: &Path) {
 
 /// Polls `f` every 100 ms until it holds, Ctrl-C or `timeout`.
 pub(crate) fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Result<()> {
+    let timeout = timeout * time_scale();
     let start = Instant::now();
     while start.elapsed() < timeout {
         check_interrupted()?;
@@ -105,6 +106,17 @@ pub(crate) fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> boo
         std::thread::sleep(Duration::from_millis(100));
     }
     bail!("timed out after {timeout:?} waiting for {what}")
+}
+
+/// `MYCNI_LAB_TIME_SCALE` (default 1): how many times longer the lab waits
+/// for anything, for a lab in a guest under QEMU's emulation (~8x slower;
+/// `cargo xtask kernels` sets it).
+pub fn time_scale() -> u32 {
+    std::env::var("MYCNI_LAB_TIME_SCALE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n >= 1)
+        .unwrap_or(1)
 }
 
 /// A log line without its terminal colour codes (tracing's ANSI escapes),

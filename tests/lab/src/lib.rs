@@ -37,7 +37,7 @@ pub mod soak;
 pub mod stats;
 
 pub(crate) use daemon::wait_for;
-pub use daemon::{AGENT_CAPS_ENV, spawn_daemon, strip_ansi};
+pub use daemon::{AGENT_CAPS_ENV, spawn_daemon, strip_ansi, time_scale};
 pub use datapath::{
     Counters, FamilyCounters, NodeDatapath, PathShare, PeerRoutes, VXLAN_DEV, VXLAN6_DEV,
     describe_ipv6_overlay, describe_node, describe_node_routes, family_label, parse_counters,

@@ -100,11 +100,12 @@ fact conntrack_at_start "$CT_START"
 echo "MYCNI-READY uptime=$(up)"
 
 # env -i: init's environment is the kernel's (TERM=linux, HOME=/), nothing
-# a test should see. RUST_BACKTRACE as the development machines set it: an
+# a test should see. MYCNI_LAB_TIME_SCALE: the lab's waits stretched for
+# TCG's ~8x slower guest. RUST_BACKTRACE as the development machines set it: an
 # anyhow error's backtrace is the only pointer to where a test's bare
 # `os error 11` came from.
 chroot $R /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin \
-    HOME=/root TERM=dumb LANG=C.UTF-8 RUST_BACKTRACE=1 /bin/sh "$RUN"
+    HOME=/root TERM=dumb LANG=C.UTF-8 RUST_BACKTRACE=1 MYCNI_LAB_TIME_SCALE=8 /bin/sh "$RUN"
 echo "MYCNI-RUN-DONE rc=$? uptime=$(up)"
 
 # After the tests, so nothing here changes what they see: whether they
