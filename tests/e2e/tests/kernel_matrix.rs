@@ -275,10 +275,10 @@ fn the_fast_path_runs_on_this_kernel_with_the_daemonsets_capabilities() -> Resul
     let denied = match settles(&a.ns, to_b, false, limit) {
         Ok(d) => d,
         Err(e) if table_rejected(l, b.node) => {
-            // Known on Debian's 6.1 and 6.12 (not on 6.18): the kernel
-            // refuses the IPv6 allow maps' rules, the agent retries the
-            // table, and no pod is isolated. Reported in the matrix's
-            // table, and as an open issue, not passed over in silence.
+            // Known on Debian's 6.12 (not on 5.10, 6.1 or 6.18): the
+            // kernel refuses the IPv6 allow maps' rules, the agent retries
+            // the table, and no pod is isolated. Reported in the matrix's
+            // table and the docs as open work, not passed over in silence.
             fact("policy_ms", "table-rejected(EOPNOTSUPP)");
             eprintln!("KNOWN GAP: this kernel rejects the NetworkPolicy table: {e:#}");
             return Ok(());
