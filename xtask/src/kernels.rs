@@ -270,21 +270,7 @@ fn one_kernel(
 /// toolchain, packages and flags, so a full test run and this share every
 /// artifact), and finds each entry's test binary.
 fn build(root: &Path, libtest: &[String]) -> Result<Vec<Job>> {
-    // The end-to-end tests start mycni-agent, mycni, mycni-lab and
-    // mycni-apiserver from next to their own executable.
-    eprintln!("xtask kernels: building the binaries the end-to-end tests run");
-    Cmd::new("cargo")
-        .args([
-            "build",
-            "--workspace",
-            "--exclude",
-            "mycni-ebpf",
-            "--bins",
-            "--locked",
-        ])
-        .toolchain(HOST_TOOLCHAIN)
-        .cwd(root)
-        .run()?;
+    crate::build_e2e_bins(root)?;
     let test = [
         "test",
         "--workspace",

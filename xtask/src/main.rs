@@ -327,23 +327,7 @@ fn test(extra: &[String]) -> Result<()> {
         )
         .cwd(&root)
         .run()?;
-    // The end-to-end tests (mycni-e2e) run mycni-agent, mycni, mycni-lab and
-    // mycni-apiserver as processes and find them next to their own
-    // executable; cargo builds another package's binaries only for that
-    // package's own tests.
-    eprintln!("xtask: building the binaries the end-to-end tests run");
-    Cmd::new("cargo")
-        .args([
-            "build",
-            "--workspace",
-            "--exclude",
-            "mycni-ebpf",
-            "--bins",
-            "--locked",
-        ])
-        .toolchain(HOST_TOOLCHAIN)
-        .cwd(&root)
-        .run()?;
+    build_e2e_bins(&root)?;
     eprintln!("xtask: cargo test");
     Cmd::new("cargo")
         .args(["test", "--workspace", "--exclude", "mycni-ebpf", "--locked"])
@@ -376,6 +360,20 @@ fn vendored_aya_patch(root: &std::path::Path) -> Result<()> {
         .arg("--target-dir")
         .arg(root.join("target/third_party"))
         .arg("mycni_patch")
+        .toolchain(HOST_TOOLCHAIN)
+        .cwd(root)
+        .run()
+}
+
+/// The end-to-end tests (mycni-e2e) run mycni-agent, mycni, mycni-lab and
+/// mycni-apiserver as processes and find them next to their own
+/// executable; cargo builds another package's binaries only for that
+/// package's own tests.
+pub fn build_e2e_bins(root: &std::path::Path) -> Result<()> {
+    eprintln!("xtask: building the binaries the end-to-end tests run");
+    Cmd::new("cargo")
+        .args(["build", "--workspace", "--exclude", "mycni-ebpf"])
+        .args(["--bins", "--locked"])
         .toolchain(HOST_TOOLCHAIN)
         .cwd(root)
         .run()

@@ -159,19 +159,20 @@ impl Datapath {
 
     /// Attaches `prog` on ingress of `ifindex` (in the calling thread's
     /// network namespace) over TCX and pins the link, so the program stays
-    /// attached when the agent exits. A link already pinned for this
+    /// attached when the agent exits (or, without TCX, as a tc filter:
+    /// `attach.rs`). A link already pinned for this
     /// interface gets the new program swapped in atomically: no packet sees
     /// the hook empty. Returns whether the attachment is new.
     pub fn attach(&mut self, p: Prog, ifindex: u32) -> Result<bool, DatapathError> {
         let pin = self.link_pin_path(p, ifindex);
         let marker = attach::marker_path(&self.pin_dir, p, ifindex);
+        let prog: &mut SchedClassifier = self
+            .bpf
+            .program_mut(p.name())
+            .ok_or(DatapathError::MissingProgram(p.name()))?
+            .try_into()
+            .map_err(p.error())?;
         if self.mode == AttachMode::Legacy {
-            let prog: &mut SchedClassifier = self
-                .bpf
-                .program_mut(p.name())
-                .ok_or(DatapathError::MissingProgram(p.name()))?
-                .try_into()
-                .map_err(p.error())?;
             let fresh = attach::attach(prog, p, ifindex, &self.pin_dir)?;
             // Attached the other way before (TCX, then a forced legacy):
             // the new filter is in place first, so no packet misses both.
@@ -180,12 +181,6 @@ impl Datapath {
             }
             return Ok(fresh);
         }
-        let prog: &mut SchedClassifier = self
-            .bpf
-            .program_mut(p.name())
-            .ok_or(DatapathError::MissingProgram(p.name()))?
-            .try_into()
-            .map_err(p.error())?;
         let prog_err = p.error();
         let fresh_attach = |prog: &mut SchedClassifier| {
             prog.attach(
