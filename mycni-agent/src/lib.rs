@@ -27,6 +27,7 @@
 //! and metrics modules; the rest is the crate's own.
 
 pub mod agent;
+mod btf;
 pub mod caps;
 pub mod datapath;
 pub mod flows;

@@ -288,19 +288,10 @@ fn type_count(data: &[u8]) -> Result<u32, String> {
         let info = u32_at(&types, at + 4)?;
         let kind = (info >> 24) & 0x1f;
         let vlen = (info & 0xffff) as usize;
-        let extra = match kind {
-            // INT, VAR, DECL_TAG: one u32
-            1 | 14 | 17 => 4,
-            // ARRAY
-            3 => 12,
-            // STRUCT, UNION, DATASEC, ENUM64: 12 bytes a member
-            4 | 5 | 15 | 19 => 12 * vlen,
-            // ENUM, FUNC_PROTO: 8 bytes a member
-            6 | 13 => 8 * vlen,
-            // PTR, FWD, TYPEDEF, VOLATILE, CONST, RESTRICT, FUNC, FLOAT, TYPE_TAG
-            2 | 7..=12 | 16 | 18 => 0,
-            k => return Err(format!("unknown BTF kind {k} at type {}", n + 1)),
-        };
+        if kind == 0 || kind > crate::btf::KIND_MAX {
+            return Err(format!("unknown BTF kind {kind} at type {}", n + 1));
+        }
+        let extra = crate::btf::trailer(kind, vlen);
         at += 12 + extra;
         n += 1;
     }

@@ -103,29 +103,7 @@ impl DropReasons {
     }
 }
 
-// BTF kinds (include/uapi/linux/btf.h) and what follows each `btf_type`.
-const KIND_INT: u32 = 1;
-const KIND_ARRAY: u32 = 3;
-const KIND_STRUCT: u32 = 4;
-const KIND_UNION: u32 = 5;
-const KIND_ENUM: u32 = 6;
-const KIND_FUNC_PROTO: u32 = 13;
-const KIND_VAR: u32 = 14;
-const KIND_DATASEC: u32 = 15;
-const KIND_DECL_TAG: u32 = 17;
-const KIND_ENUM64: u32 = 19;
-const KIND_MAX: u32 = 19;
-
-/// Bytes that follow a `btf_type` of `kind` with `vlen` members.
-fn trailer(kind: u32, vlen: usize) -> usize {
-    match kind {
-        KIND_INT | KIND_VAR | KIND_DECL_TAG => 4,
-        KIND_ARRAY => 12,
-        KIND_STRUCT | KIND_UNION | KIND_DATASEC | KIND_ENUM64 => 12 * vlen,
-        KIND_ENUM | KIND_FUNC_PROTO => 8 * vlen,
-        _ => 0,
-    }
-}
+use crate::btf::{KIND_ENUM, KIND_ENUM64, KIND_MAX, trailer};
 
 /// The variants (name, value) of the first enum or enum64 named `want`.
 fn enum_variants(data: &[u8], want: &str) -> Result<Option<Vec<(String, u64)>>, NamesError> {
@@ -194,6 +172,7 @@ fn enum_variants(data: &[u8], want: &str) -> Result<Option<Vec<(String, u64)>>, 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::btf::{KIND_INT, KIND_STRUCT};
 
     /// A BTF blob with an int, a struct and then `enums` (name, variants).
     fn btf(enums: &[(&str, &[(&str, u32)])]) -> Vec<u8> {
