@@ -102,6 +102,14 @@ fn add_counter(s: &mut String, name: &str, comment: &str) {
 /// `drop_*` per direction and reason (logs a flow's first drop and its
 /// repeats up to the node's rate, counts, drops). Only packets so decided pay for the logging: the
 /// established path has no rule more than before.
+///
+/// The allow maps' protocol is `ct original protocol`, not `meta l4proto`:
+/// in an interval map's key nft (1.0.6, Debian 12's) converts the 1-byte
+/// `meta l4proto` with a byteorder expression that Debian's 6.12 kernel
+/// refuses (EOPNOTSUPP, the whole table with it: no pod isolated), while
+/// conntrack's own byte loads as it is. Every packet reaching these rules
+/// is tracked, and related ones are accepted before, so both name the
+/// same protocol.
 fn chains(v6: bool) -> String {
     let (n, ip) = if v6 { (6, "ip6") } else { (4, "ip") };
     let t = format!("{FAMILY} {TABLE}");
@@ -154,13 +162,13 @@ fn chains(v6: bool) -> String {
          add rule {t} judge{n} ct original {ip} saddr . ct reply {ip} saddr @self{n} accept comment \"mycni: a pod to itself, through its Service too\"\n\
          add rule {t} judge{n} ct original {ip} saddr @eg_iso{n} jump egress{n}\n\
          add rule {t} judge{n} ct reply {ip} saddr @in_iso{n} jump ingress{n}\n\
-         add rule {t} egress{n} ct direction original counter name ct reply {ip} saddr . ct original {ip} saddr . meta l4proto . th dport map @eg_allow{n} goto {ae}\n\
-         add rule {t} egress{n} ct direction reply counter name ct reply {ip} saddr . ct original {ip} saddr . meta l4proto . th sport map @eg_allow{n} goto {ae}\n\
+         add rule {t} egress{n} ct direction original counter name ct reply {ip} saddr . ct original {ip} saddr . ct original protocol . th dport map @eg_allow{n} goto {ae}\n\
+         add rule {t} egress{n} ct direction reply counter name ct reply {ip} saddr . ct original {ip} saddr . ct original protocol . th sport map @eg_allow{n} goto {ae}\n\
          add rule {t} egress{n} counter name ct reply {ip} saddr . ct original {ip} saddr map @eg_any{n} goto {ae}\n\
          add rule {t} egress{n} counter name ct original {ip} saddr map @eg_deny{n}\n\
          add rule {t} egress{n} goto {}\n\
-         add rule {t} ingress{n} ct direction original counter name ct original {ip} saddr . ct reply {ip} saddr . meta l4proto . th dport map @in_allow{n} goto {ai}\n\
-         add rule {t} ingress{n} ct direction reply counter name ct original {ip} saddr . ct reply {ip} saddr . meta l4proto . th sport map @in_allow{n} goto {ai}\n\
+         add rule {t} ingress{n} ct direction original counter name ct original {ip} saddr . ct reply {ip} saddr . ct original protocol . th dport map @in_allow{n} goto {ai}\n\
+         add rule {t} ingress{n} ct direction reply counter name ct original {ip} saddr . ct reply {ip} saddr . ct original protocol . th sport map @in_allow{n} goto {ai}\n\
          add rule {t} ingress{n} counter name ct original {ip} saddr . ct reply {ip} saddr map @in_any{n} goto {ai}\n\
          add rule {t} ingress{n} counter name ct reply {ip} saddr map @in_deny{n}\n\
          add rule {t} ingress{n} goto {}\n",

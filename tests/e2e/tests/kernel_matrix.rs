@@ -111,15 +111,6 @@ fn pinned_counters(l: &Lab, i: usize) -> Result<BTreeMap<String, u64>> {
         .collect())
 }
 
-/// Whether node `i`'s agent saw the kernel refuse its policy table's rules
-/// as unsupported.
-fn table_rejected(l: &Lab, i: usize) -> bool {
-    let (major, minor) = kernel_version().unwrap_or((0, 0));
-    (major, minor) < (6, 18)
-        && std::fs::read_to_string(l.spec.node_dir(i).join("agent.log"))
-            .is_ok_and(|log| log.contains("Could not process rule: Operation not supported"))
-}
-
 /// `e` with what node `i` enforces and its agent's warnings.
 fn diagnose(l: &Lab, i: usize, e: anyhow::Error) -> anyhow::Error {
     let n = l.spec.node_name(i);
@@ -274,15 +265,6 @@ fn the_fast_path_runs_on_this_kernel_with_the_daemonsets_capabilities() -> Resul
     api.create_network_policy(network_policy("lab", "only-a", deny))?;
     let denied = match settles(&a.ns, to_b, false, limit) {
         Ok(d) => d,
-        Err(e) if table_rejected(l, b.node) => {
-            // Known on Debian's 6.12 (not on 5.10, 6.1 or 6.18): the
-            // kernel refuses the IPv6 allow maps' rules, the agent retries
-            // the table, and no pod is isolated. Reported in the matrix's
-            // table and the docs as open work, not passed over in silence.
-            fact("policy_ms", "table-rejected(EOPNOTSUPP)");
-            eprintln!("KNOWN GAP: this kernel rejects the NetworkPolicy table: {e:#}");
-            return Ok(());
-        }
         Err(e) => return Err(diagnose(l, b.node, e)),
     };
     let a6 = a.addr(IpFamily::V6).context("a has no IPv6 address")?;
