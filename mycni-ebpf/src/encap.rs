@@ -16,7 +16,7 @@ use mycni_common::{
     CFG_TC_DECAP, CFG_TC_ENCAP, DpConfig, DpFamily, DpPath, RemoteNode, VXLAN_OVERHEAD,
 };
 
-use crate::forward::{Route, dec_ttl, deliver, fib_lookup4, via_vxlan, zero_in_place};
+use crate::forward::{Handoff, Route, dec_ttl, deliver_by, fib_lookup4, via_vxlan, zero_in_place};
 use crate::gate::{From, Next, inspect};
 use crate::maps::PEERS;
 use crate::nexthop;
@@ -247,25 +247,35 @@ pub(crate) fn decap(
     // FIXED_GSO keeps an aggregate's segment size (Calico once passed it as
     // the mode and grew gso_size by 50: calico#11160). The kernel refuses
     // aggregates other than TCP, which then go through vxlan.1.
-    // An inner IPv6 packet behind the outer IPv4 header: DECAP_L3_IPV6
-    // makes skb->protocol IPv6 again, or the pod's stack would hand it to
-    // IPv4 (and bpf_redirect_peer does not look at the ethertype).
-    let family = if ip.v6 {
-        u64::from(BPF_F_ADJ_ROOM_DECAP_L3_IPV6)
-    } else {
-        0
+    let unwrap = |flags: u32| {
+        ctx.adjust_room(
+            -(VXLAN_OVERHEAD as i32),
+            BPF_ADJ_ROOM_MAC,
+            u64::from(BPF_F_ADJ_ROOM_FIXED_GSO | flags),
+        )
     };
-    ctx.adjust_room(
-        -(VXLAN_OVERHEAD as i32),
-        BPF_ADJ_ROOM_MAC,
-        u64::from(BPF_F_ADJ_ROOM_FIXED_GSO) | family,
-    )
-    .map_err(|_| DpPath::KernelDecapGso)?;
+    let how = if !ip.v6 {
+        unwrap(0).map_err(|_| DpPath::KernelDecapGso)?;
+        Handoff::Peer
+    } else {
+        // An inner IPv6 packet behind the outer IPv4 header: DECAP_L3_IPV6
+        // (Linux 6.3) makes skb->protocol IPv6 again, or the pod's stack
+        // would hand it to IPv4 (bpf_redirect_peer does not look at the
+        // ethertype). A kernel without the flag refuses the call whole and
+        // changes nothing: unwrap as for IPv4, and let the veth read the
+        // ethertype (`Handoff::Xmit`).
+        if unwrap(BPF_F_ADJ_ROOM_DECAP_L3_IPV6).is_ok() {
+            Handoff::Peer
+        } else {
+            unwrap(0).map_err(|_| DpPath::KernelDecapGso)?;
+            Handoff::Xmit
+        }
+    };
     // What is left in front of the inner packet is the outer Ethernet
     // header, whose ethertype says IPv4.
     if ip.v6 {
         ctx.store(12, &ETH_P_IPV6.to_be_bytes(), 0)
             .map_err(|_| DpPath::KernelError)?;
     }
-    deliver(ctx, From::Underlay, &ip, &ep)
+    deliver_by(ctx, From::Underlay, &ip, &ep, how)
 }

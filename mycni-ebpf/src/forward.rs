@@ -23,6 +23,20 @@ use crate::parse::{ETH_HLEN, ETH_P_IP, IP_HLEN, Ip, PACKET_HOST, Tuple, ingress,
 
 const AF_INET: u8 = 2;
 
+/// How a packet enters a pod here.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Handoff {
+    /// `bpf_redirect_peer`: straight into the pod's namespace, the skb as
+    /// it is (its `protocol` too).
+    Peer,
+    /// `bpf_redirect` out of the host's end of the veth: the pod's end runs
+    /// `eth_type_trans`, so the skb's `protocol` follows the ethertype. For
+    /// IPv6 unwrapped from IPv4 before Linux 6.3, whose skb says IPv4 and
+    /// which no program can otherwise change; one pass through the veth's
+    /// queue more than `Peer`.
+    Xmit,
+}
+
 /// Into a pod on this node; the IP header is right behind Ethernet.
 #[inline(always)]
 pub(crate) fn deliver(
@@ -30,6 +44,18 @@ pub(crate) fn deliver(
     from: From,
     ip: &Ip,
     ep: &LocalEndpoint,
+) -> Result<DpPath, DpPath> {
+    deliver_by(ctx, from, ip, ep, Handoff::Peer)
+}
+
+/// [`deliver`], by `how`.
+#[inline(always)]
+pub(crate) fn deliver_by(
+    ctx: &TcContext,
+    from: From,
+    ip: &Ip,
+    ep: &LocalEndpoint,
+    how: Handoff,
 ) -> Result<DpPath, DpPath> {
     dec_ttl(ctx, ETH_HLEN, ip)?;
     set_macs(ctx, 0, ep.pod_mac, ep.host_mac)?;
@@ -41,8 +67,13 @@ pub(crate) fn deliver(
         ctx.change_type(PACKET_HOST)
             .map_err(|_| DpPath::KernelError)?;
     }
-    // SAFETY: a helper call on a valid ifindex; it only sets the redirect.
-    redirected(unsafe { bpf_redirect_peer(ep.ifindex, 0) })?;
+    // SAFETY: helper calls on a valid ifindex; they only set the redirect.
+    redirected(unsafe {
+        match how {
+            Handoff::Peer => bpf_redirect_peer(ep.ifindex, 0),
+            Handoff::Xmit => bpf_redirect(ep.ifindex, 0),
+        }
+    })?;
     Ok(match from {
         From::Pod => DpPath::FastLocal,
         From::Vxlan => DpPath::FastDecap,

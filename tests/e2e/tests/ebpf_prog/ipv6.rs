@@ -486,19 +486,10 @@ fn ipv6_decap_only_from_peers_for_local_pods() -> Result<()> {
         let ra = from_peer6(&tcp6(a_r.flow.rev(), ACK, b"200 OK"));
         let ok = wrapped(UL_PEER, &ra, |_| {});
         let (path, out) = dp.run(UL, &ok)?;
-        if !decap_l3_ipv6() {
-            // Before 6.3 the kernel cannot unwrap IPv6 from IPv4 in tc:
-            // the packet goes to vxlan.1, untouched, and mycni_from_vxlan
-            // delivers it.
-            ensure!(
-                path == DpPath::KernelDecapGso && out.retval == TCX_NEXT && out.data == ok,
-                "peer's VXLAN before 6.3: {} verdict {}",
-                path.name(),
-                out.retval
-            );
-        }
+        // Before Linux 6.3 (no BPF_F_ADJ_ROOM_DECAP_L3_IPV6) the same bytes
+        // leave by the veth's egress instead of the peer redirect.
         ensure!(
-            !decap_l3_ipv6() || (path == DpPath::FastTcDecap && out.retval == TC_ACT_REDIRECT),
+            path == DpPath::FastTcDecap && out.retval == TC_ACT_REDIRECT,
             "peer's VXLAN: {} verdict {}",
             path.name(),
             out.retval
@@ -512,7 +503,7 @@ fn ipv6_decap_only_from_peers_for_local_pods() -> Result<()> {
         );
         let want = routed6(&ra, TO_A);
         ensure!(
-            out.data == want || !decap_l3_ipv6(),
+            out.data == want,
             "decap6\n  want: {}\n  got:  {}",
             hex(&want),
             hex(&out.data)
@@ -625,27 +616,6 @@ fn ipv6_services_and_unassured_udp_stay_with_the_kernel() -> Result<()> {
     })
 }
 
-/// Whether the kernel has `BPF_F_ADJ_ROOM_DECAP_L3_IPV6` (Linux 6.3), which
-/// unwrapping an IPv6 packet from IPv4 VXLAN in tc needs.
-pub(crate) fn decap_l3_ipv6() -> bool {
-    let r = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let mut v = r
-        .trim()
-        .split(['.', '-'])
-        .map(|x| x.parse::<u32>().unwrap_or(0));
-    (v.next().unwrap_or(0), v.next().unwrap_or(0)) >= (6, 3)
-}
-
-/// The path of an IPv6 packet a peer wrapped in IPv4 VXLAN: unwrapped in
-/// tc, or, before 6.3, left to `vxlan.1`.
-fn tc_decap6() -> DpPath {
-    if decap_l3_ipv6() {
-        DpPath::FastTcDecap
-    } else {
-        DpPath::KernelDecapGso
-    }
-}
-
 /// IPv6 next-header values that are extension headers (as the program
 /// lists them).
 fn is_ext(nh: u8) -> bool {
@@ -667,7 +637,7 @@ fn ipv6_hostile_packets_are_each_counted_once() -> Result<()> {
         let bases = [
             (POD, &ar, IP, DpPath::FastEncap),
             (VX, &ra, IP, DpPath::FastDecap),
-            (UL, &ul, INNER, tc_decap6()),
+            (UL, &ul, INNER, DpPath::FastTcDecap),
         ];
         let mut runs = 0;
         // Every next header on an otherwise fast packet.
