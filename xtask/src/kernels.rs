@@ -43,8 +43,9 @@ const ENTRIES: &[(&str, &str, &[&str])] = &[
     // the verifier's instruction counts.
     ("mycni-e2e", "kfunc_module", &["--nocapture"]),
     // BPF_PROG_TEST_RUN verdicts of the tc programs: each kernel's
-    // kfuncs and verifier.
-    ("mycni-e2e", "ebpf_prog", &[]),
+    // kfuncs and verifier. Not the cost measurements (`#[ignore]`d
+    // everywhere, run by the benches): under TCG they measure QEMU.
+    ("mycni-e2e", "ebpf_prog", &["--skip", "flow_cost::"]),
     // Two nodes with agents holding the DaemonSet's capabilities, dual
     // stack, counters from the pins, a NetworkPolicy on the fast path.
     ("mycni-e2e", "kernel_matrix", &["--nocapture"]),

@@ -34,8 +34,11 @@ pub struct EntryRun {
 }
 
 impl EntryRun {
+    /// Ran, and nothing failed or was skipped: a test `#[ignore]`d on a
+    /// kernel is one that kernel was never checked by (an entry's filter
+    /// leaves out what is not meant to run in a guest).
     pub fn ok(&self) -> bool {
-        self.rc == Some(0) && self.counts.is_some_and(|c| c.failed == 0)
+        self.rc == Some(0) && self.counts.is_some_and(|c| c.failed == 0 && c.ignored == 0)
     }
 }
 
@@ -474,7 +477,7 @@ MYCNI-END uptime=74.18
         let facts = [("BTF", "btf_vmlinux"), ("tcx", "tcx_config")];
         let ok = "MYCNI-BOOT uptime=3.30\nMYCNI-FACT uname=6.12.118+deb12-amd64\n\
                   MYCNI-FACT btf_vmlinux=yes\nMYCNI-READY uptime=4\nMYCNI-START ebpf_prog uptime=4\n\
-                  test result: ok. 24 passed; 0 failed; 4 ignored; 0 measured; 0 filtered out; finished in 9s\n\
+                  test result: ok. 24 passed; 0 failed; 0 ignored; 0 measured; 4 filtered out; finished in 9s\n\
                   MYCNI-RESULT ebpf_prog rc=0 uptime=14\nMYCNI-RUN-DONE rc=0 uptime=14.25\nMYCNI-END uptime=15\n";
         let runs = [
             KernelRun {
@@ -498,12 +501,20 @@ MYCNI-END uptime=74.18
             },
         ];
         assert_eq!(runs[0].failure(&entries), None);
+        let skipped = KernelRun {
+            guest: Some(parse(&lines(&ok.replace("0 ignored", "1 ignored")))),
+            ..KernelRun::default()
+        };
+        assert_eq!(
+            skipped.failure(&entries).as_deref(),
+            Some("tests failed: ebpf_prog")
+        );
         assert_eq!(
             table(&runs, &entries, &facts),
             "\
 | kernel package | `uname -r` | boot s | run s | wall s | ebpf_prog (pass / fail / ign) | BTF | tcx | result |
 |---|---|---|---|---|---|---|---|---|
-| linux-image-6.12.118+deb12-amd64-unsigned | 6.12.118+deb12-amd64 | 3.3 | 10.2 | 21.0 | 24 / 0 / 4 | yes | – | ok |
+| linux-image-6.12.118+deb12-amd64-unsigned | 6.12.118+deb12-amd64 | 3.3 | 10.2 | 21.0 | 24 / 0 / 0 | yes | – | ok |
 | linux-image-6.1.0-57-amd64-unsigned | 6.1.0-57-amd64 | 2.2 | 70.5 | 80.0 | 1 / 1 / 1 | yes | – | FAILED: tests failed: ebpf_prog |
 | (5.10) | – | – | – | – | not run | – | – | FAILED: downloading: 404 \\| gone |
 "
