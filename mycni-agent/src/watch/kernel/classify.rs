@@ -44,6 +44,15 @@ pub(super) fn classify_inner(m: &RouteNetlinkMessage, s: &Snapshot) -> Wake {
     match m {
         M::NewRoute(r) | M::DelRoute(r) => route(r, matches!(m, M::DelRoute(_)), s),
         M::NewLink(l) | M::DelLink(l) => link(l, matches!(m, M::DelLink(_)), s),
+        // A qdisc may shape a pod, which the fast path then leaves alone
+        // (datapath/shaping.rs). Qdiscs change rarely, so any but the
+        // `clsact` the agent's own legacy attach makes re-reads the pods.
+        M::NewQueueDiscipline(q) | M::DelQueueDiscipline(q) => {
+            let clsact = q.attributes.iter().any(
+                |a| matches!(a, netlink_packet_route::tc::TcAttribute::Kind(k) if k == "clsact"),
+            );
+            if clsact { Wake::default() } else { Wake::PODS }
+        }
         M::NewNeighbour(n) | M::DelNeighbour(n) => {
             Wake::overlay(neighbour(n, matches!(m, M::DelNeighbour(_)), s))
         }

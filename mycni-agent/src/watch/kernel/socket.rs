@@ -20,13 +20,14 @@ const RCVBUF: usize = 4 << 20;
 // rtnetlink multicast groups (linux/rtnetlink.h).
 const RTNLGRP_LINK: u32 = 1;
 const RTNLGRP_NEIGH: u32 = 3;
+const RTNLGRP_TC: u32 = 4;
 const RTNLGRP_IPV4_IFADDR: u32 = 5;
 const RTNLGRP_IPV4_ROUTE: u32 = 7;
 const RTNLGRP_IPV6_IFADDR: u32 = 9;
 const RTNLGRP_IPV6_ROUTE: u32 = 11;
 
-/// Subscribes to link, IPv4 and IPv6 address and route, neighbour (incl. FDB) and
-/// nexthop notifications in the calling thread's network namespace and
+/// Subscribes to link, IPv4 and IPv6 address and route, neighbour (incl. FDB),
+/// qdisc (a pod shaped by another tool) and nexthop notifications in the calling thread's network namespace and
 /// raises `signals` (debounced) whenever one may concern them. Needs a
 /// tokio runtime. The task ends (and says so) only if the socket fails;
 /// the loop then subscribes again.
@@ -37,6 +38,7 @@ pub fn spawn(signals: Signals, watched: Arc<Watched>) -> std::io::Result<JoinHan
     for g in [
         RTNLGRP_LINK,
         RTNLGRP_NEIGH,
+        RTNLGRP_TC,
         RTNLGRP_IPV4_IFADDR,
         RTNLGRP_IPV4_ROUTE,
     ] {
