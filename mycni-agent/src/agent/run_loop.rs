@@ -353,6 +353,8 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
     } else {
         None
     };
+    // A legacy attach that waits for a pod's CNI chain wakes a pods pass.
+    let fast = fast.with_pods_wake(signals.pods.clone());
     let mut lp = Loop {
         overlay: Overlay::new(
             kernel,

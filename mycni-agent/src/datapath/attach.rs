@@ -16,8 +16,10 @@
 //! gone interfaces and `--datapath kernel` see legacy attachments as they
 //! see links, each one also pins its program at `<pin dir>/tc/<prog>_<ifindex>`.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use aya::programs::tc::{
     NlOptions, SchedClassifierLink, TcHandle, qdisc_add_clsact, qdisc_detach_program,
@@ -34,6 +36,49 @@ use super::prog::Prog;
 pub const LEGACY_PRIORITY: u16 = 1;
 /// The filter handle at [`LEGACY_PRIORITY`].
 pub const LEGACY_HANDLE: u32 = 1;
+
+/// How long a legacy attach waits on a pod veth it has not attached to yet.
+///
+/// The `clsact` qdisc a legacy attach needs takes the slot of the `ingress`
+/// qdisc the CNI `bandwidth` plugin makes for egress shaping, and the
+/// plugin creates its qdisc exclusively: if the agent got there first, the
+/// pod's ADD would fail with EEXIST ("create ingress qdisc: file exists"),
+/// on every retry. The agent sees a pod ~5-15 ms after mycni's ADD returns,
+/// before the runtime has run the rest of the chain, so it waits this long
+/// for the chain to finish (a runtime runs it at once; seconds are a slow
+/// node), then finds the pod shaped (`shaping.rs`) or attaches. Until then
+/// the pod's own packets take the kernel path; packets to it do not wait.
+/// TCX needs no qdisc and does not wait.
+pub const LEGACY_SETTLE: Duration = Duration::from_secs(2);
+
+/// The pod veth attachments of `want` a legacy attach must not make yet,
+/// and how long until the first of them may be made. `first_seen` is when
+/// this process first saw each pod veth; `have` the attachments already in
+/// place (this process's, or a previous agent's filter, whose replacement
+/// creates no qdisc).
+pub fn settling(
+    want: &BTreeSet<(Prog, u32)>,
+    have: &BTreeSet<(Prog, u32)>,
+    first_seen: &BTreeMap<u32, Instant>,
+    now: Instant,
+) -> (BTreeSet<(Prog, u32)>, Option<Duration>) {
+    let mut next: Option<Duration> = None;
+    let wait = want
+        .iter()
+        .filter(|a| a.0 == Prog::FromPod && !have.contains(a))
+        .filter(|(_, ifindex)| {
+            let seen = first_seen.get(ifindex).copied().unwrap_or(now);
+            let left = LEGACY_SETTLE.saturating_sub(now.saturating_duration_since(seen));
+            if left.is_zero() {
+                return false;
+            }
+            next = Some(next.map_or(left, |n| n.min(left)));
+            true
+        })
+        .copied()
+        .collect();
+    (wait, next)
+}
 
 /// How programs are attached on this kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -245,29 +290,52 @@ fn gone(e: &io::Error) -> bool {
 /// (in the calling thread's network namespace): how `inspect` finds a
 /// legacy fast path without its pins, as `BPF_PROG_QUERY` finds TCX links.
 pub fn filter_program_ids(ifindex: u32) -> io::Result<Vec<u32>> {
+    use netlink_packet_route::RouteNetlinkMessage;
+    use netlink_packet_route::tc::{TcAttribute, TcFilterBpfOption, TcMessage, TcOption};
+
+    let mut tc = TcMessage::with_index(ifindex as i32);
+    tc.header.parent = u32::from(TcHandle::from(TcAttachType::Ingress)).into();
+    let mut ids = vec![];
+    for m in dump(RouteNetlinkMessage::GetTrafficFilter(tc))? {
+        let RouteNetlinkMessage::NewTrafficFilter(f) = m else {
+            continue;
+        };
+        for a in &f.attributes {
+            if let TcAttribute::Options(opts) = a {
+                for o in opts {
+                    if let TcOption::Bpf(TcFilterBpfOption::ProgId(id)) = o {
+                        ids.push(*id);
+                    }
+                }
+            }
+        }
+    }
+    Ok(ids)
+}
+
+/// Sends `request` as a dump on a socket of the calling thread's network
+/// namespace and returns what the kernel answered. Synchronous: tc state is
+/// read where aya's own tc calls block anyway.
+pub(super) fn dump(
+    request: netlink_packet_route::RouteNetlinkMessage,
+) -> io::Result<Vec<netlink_packet_route::RouteNetlinkMessage>> {
     use netlink_packet_core::{
         NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
     };
     use netlink_packet_route::RouteNetlinkMessage;
-    use netlink_packet_route::tc::{TcAttribute, TcFilterBpfOption, TcMessage, TcOption};
     use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 
     let mut socket = Socket::new(NETLINK_ROUTE)?;
     socket.bind_auto()?;
     socket.connect(&SocketAddr::new(0, 0))?;
-    let mut tc = TcMessage::with_index(ifindex as i32);
-    tc.header.parent = u32::from(TcHandle::from(TcAttachType::Ingress)).into();
     let mut header = NetlinkHeader::default();
     header.flags = NLM_F_REQUEST | NLM_F_DUMP;
-    let mut req = NetlinkMessage::new(
-        header,
-        NetlinkPayload::from(RouteNetlinkMessage::GetTrafficFilter(tc)),
-    );
+    let mut req = NetlinkMessage::new(header, NetlinkPayload::from(request));
     req.finalize();
     let mut buf = vec![0; req.buffer_len()];
     req.serialize(&mut buf);
     socket.send(&buf, 0)?;
-    let mut ids = vec![];
+    let mut out = vec![];
     let mut rx = vec![0u8; 64 * 1024];
     loop {
         let n = socket.recv(&mut &mut rx[..], 0)?;
@@ -277,24 +345,14 @@ pub fn filter_program_ids(ifindex: u32) -> io::Result<Vec<u32>> {
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
             let len = msg.header.length as usize;
             match msg.payload {
-                NetlinkPayload::Done(_) => return Ok(ids),
+                NetlinkPayload::Done(_) => return Ok(out),
                 NetlinkPayload::Error(e) => {
                     return Err(e.code.map_or_else(
                         || io::Error::other("netlink error"),
                         |c| io::Error::from_raw_os_error(-c.get()),
                     ));
                 }
-                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewTrafficFilter(f)) => {
-                    for a in &f.attributes {
-                        if let TcAttribute::Options(opts) = a {
-                            for o in opts {
-                                if let TcOption::Bpf(TcFilterBpfOption::ProgId(id)) = o {
-                                    ids.push(*id);
-                                }
-                            }
-                        }
-                    }
-                }
+                NetlinkPayload::InnerMessage(m) => out.push(m),
                 _ => {}
             }
             if len == 0 {
@@ -302,5 +360,38 @@ pub fn filter_program_ids(ifindex: u32) -> io::Result<Vec<u32>> {
             }
             at += len;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_pod_veth_waits_for_its_chain_an_attached_one_and_other_hooks_do_not() {
+        let now = Instant::now();
+        let want: BTreeSet<(Prog, u32)> = [
+            (Prog::FromVxlan, 3),
+            (Prog::FromPod, 10),
+            (Prog::FromPod, 11),
+            (Prog::FromPod, 12),
+        ]
+        .into();
+        // 11 was attached by a previous agent; 12 was seen long ago.
+        let have: BTreeSet<(Prog, u32)> = [(Prog::FromPod, 11)].into();
+        let first_seen: BTreeMap<u32, Instant> = [
+            (10, now - Duration::from_millis(500)),
+            (11, now),
+            (12, now - LEGACY_SETTLE),
+        ]
+        .into();
+        let (wait, next) = settling(&want, &have, &first_seen, now);
+        assert_eq!(
+            wait.into_iter().collect::<Vec<_>>(),
+            vec![(Prog::FromPod, 10)]
+        );
+        assert_eq!(next, Some(LEGACY_SETTLE - Duration::from_millis(500)));
+        let (wait, next) = settling(&want, &have, &first_seen, now + LEGACY_SETTLE);
+        assert!(wait.is_empty() && next.is_none());
     }
 }

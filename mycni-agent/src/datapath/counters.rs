@@ -52,7 +52,7 @@ impl Collector for DatapathMetrics {
         }
         let m = e.encode_descriptor(
             "mycni_datapath_attach_failures",
-            "Interfaces the fast path should run on and whose programs could not be attached at the last pass: their traffic takes the kernel path (the readiness detail names one and why).",
+            "Interfaces the fast path should run on and whose programs could not be attached at the last pass, or pods another tool shapes (a qdisc of the CNI bandwidth plugin), left alone: their traffic takes the kernel path (the readiness detail names one and why).",
             None,
             MetricType::Gauge,
         )?;

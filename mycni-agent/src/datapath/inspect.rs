@@ -174,6 +174,16 @@ fn render_from<S: MapSource + ?Sized>(
         )?;
     }
 
+    // Read from the kernel, not the pins: what the agent leaves alone.
+    if let Ok(shaped) = super::shaping::shaped_pod_veths()
+        && !shaped.is_empty()
+    {
+        writeln!(o, "\nleft to the kernel path ({}):", shaped.len())?;
+        for (ifindex, _, why) in shaped {
+            writeln!(o, "  ifindex {ifindex:<6} {why}")?;
+        }
+    }
+
     let remote = REMOTE.read(pin_dir).context("reading mycni_remote")?;
     // Maps pinned by an agent from before IPv6 have no IPv6 twins: none.
     let remote6 = REMOTE6.read(pin_dir).unwrap_or_default();

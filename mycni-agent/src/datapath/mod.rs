@@ -34,6 +34,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use anyhow::{Context, Result};
 use mycni_common::{
@@ -57,6 +58,7 @@ pub mod maps;
 mod prog;
 pub mod programs;
 mod room;
+pub mod shaping;
 
 pub use counters::{DatapathMetrics, register_metrics};
 pub use error::DatapathError;
@@ -107,7 +109,14 @@ pub struct FastPath {
     /// Attachments the last full pass wanted and could not make, and why:
     /// those interfaces run on the kernel path, the rest of the node does
     /// not (the node stays ready; `/metrics` and `inspect` say which).
+    /// Pods another tool shapes are here too, never attached
+    /// (`shaping.rs`).
     attach_failed: BTreeMap<(Prog, u32), String>,
+    /// When this process first saw each pod veth: a legacy attach waits
+    /// for the CNI chain to finish (`attach::LEGACY_SETTLE`).
+    first_seen: BTreeMap<u32, Instant>,
+    /// Wakes a pods pass once a waiting legacy attach may be made.
+    pods_wake: Option<Arc<tokio::sync::Notify>>,
     /// What this process last wrote to `mycni_remote`; event passes diff
     /// against it, full passes re-read the map to catch drift.
     remote_written: Option<BTreeMap<(Ipv4Addr, u8), RemoteNode>>,
@@ -150,6 +159,8 @@ impl FastPath {
             why_not: None,
             attached: BTreeSet::new(),
             attach_failed: BTreeMap::new(),
+            first_seen: BTreeMap::new(),
+            pods_wake: None,
             remote_written: None,
             remote6_written: None,
             peers_written: None,
@@ -211,6 +222,13 @@ impl FastPath {
     /// until set; written into the config at the next sync).
     pub fn with_flow_events(mut self, on: bool) -> Self {
         self.flow_events = on;
+        self
+    }
+
+    /// What to notify for a pods pass (the kernel watch's signal), when a
+    /// legacy attach waited (`attach::LEGACY_SETTLE`) and may now be made.
+    pub fn with_pods_wake(mut self, wake: Arc<tokio::sync::Notify>) -> Self {
+        self.pods_wake = Some(wake);
         self
     }
 
@@ -300,18 +318,51 @@ impl FastPath {
         sync_remote(&pin, REMOTE6, &mut self.remote6_written, want.remote6, full)?;
 
         if let Some(pods) = pods {
-            self.local = sync_local(&pin, LOCAL, &pods.v4)?;
-            self.local6 = sync_local(&pin, LOCAL6, &pods.v6)?;
+            // A shaped pod is neither attached to nor in the local maps, so
+            // no program redirects past its qdiscs (shaping.rs).
+            let shaped = shaped_pods(pods);
+            let fast = without(pods, &shaped);
+            self.local = sync_local(&pin, LOCAL, &fast.v4)?;
+            self.local6 = sync_local(&pin, LOCAL6, &fast.v6)?;
 
             let want = desired::attachments(
                 vx.map(|v| (vxlan, v.underlay_index)),
                 self.tc_encap,
                 vxlan6.map(|v| v.ifindex),
-                pods,
+                &fast,
             );
             kdrop::sync(dp, &want, &self.metrics);
             self.attach_failed.retain(|a, _| want.contains(a));
+            let pinned: BTreeSet<(Prog, u32)> = pinned_links(&pin)?.into_iter().collect();
+            let now = Instant::now();
+            let veths: BTreeSet<u32> = pods
+                .v4
+                .values()
+                .chain(pods.v6.values())
+                .map(|p| p.ifindex)
+                .collect();
+            self.first_seen.retain(|i, _| veths.contains(i));
+            for i in veths {
+                self.first_seen.entry(i).or_insert(now);
+            }
+            let waiting = if dp.attach_mode() == attach::AttachMode::Legacy {
+                let have: BTreeSet<(Prog, u32)> = pinned.union(&self.attached).copied().collect();
+                let (waiting, next) = attach::settling(&want, &have, &self.first_seen, now);
+                if let Some(after) = next {
+                    wake_after(self.pods_wake.clone(), after);
+                }
+                waiting
+            } else {
+                BTreeSet::new()
+            };
             for &(p, ifindex) in want.difference(&self.attached.clone()) {
+                if waiting.contains(&(p, ifindex)) {
+                    tracing::debug!(
+                        ifindex,
+                        "legacy attach waits for the pod's CNI chain to finish"
+                    );
+                    continue;
+                }
                 match dp.attach(p, ifindex) {
                     Ok(fresh) => {
                         tracing::debug!(prog = p.name(), ifindex, fresh, "attached");
@@ -328,6 +379,15 @@ impl FastPath {
                     }
                 }
             }
+            for (ifindex, why) in &shaped {
+                if self
+                    .attach_failed
+                    .insert((Prog::FromPod, *ifindex), why.clone())
+                    .is_none()
+                {
+                    tracing::info!(ifindex, "{why}");
+                }
+            }
             self.exported
                 .attach_failed
                 .store(self.attach_failed.len() as u64, Ordering::Relaxed);
@@ -335,7 +395,11 @@ impl FastPath {
                 if !want.contains(&(p, ifindex)) {
                     detach(&pin, p, ifindex)?;
                     self.attached.remove(&(p, ifindex));
-                    tracing::info!(prog = p.name(), ifindex, "detached from a gone interface");
+                    if shaped.contains_key(&ifindex) {
+                        tracing::info!(prog = p.name(), ifindex, "detached from a shaped pod");
+                    } else {
+                        tracing::info!(prog = p.name(), ifindex, "detached from a gone interface");
+                    }
                 }
             }
             self.attached.retain(|a| want.contains(a));
@@ -353,6 +417,59 @@ impl FastPath {
         );
         Ok(())
     }
+}
+
+/// The pod veths another tool shapes, with the reason each is left to the
+/// kernel path. A failed read of the qdiscs shapes none (the fast path as
+/// before), and says so.
+fn shaped_pods(pods: &PodEndpoints) -> BTreeMap<u32, String> {
+    let veths: BTreeSet<u32> = pods
+        .v4
+        .values()
+        .chain(pods.v6.values())
+        .map(|p| p.ifindex)
+        .collect();
+    match shaping::qdiscs() {
+        Ok(qs) => shaping::shaped(&qs, &veths)
+            .into_iter()
+            .map(|(i, s)| (i, s.reason(&shaping::ifname(i))))
+            .collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the qdiscs; pods another tool shapes may lose their shaping to the fast path");
+            BTreeMap::new()
+        }
+    }
+}
+
+/// `pods` but those on `shaped` veths.
+fn without(pods: &PodEndpoints, shaped: &BTreeMap<u32, String>) -> PodEndpoints {
+    let keep = |p: &crate::kernel::PodEndpoint| !shaped.contains_key(&p.ifindex);
+    PodEndpoints {
+        v4: pods
+            .v4
+            .iter()
+            .filter(|(_, p)| keep(p))
+            .map(|(a, p)| (*a, *p))
+            .collect(),
+        v6: pods
+            .v6
+            .iter()
+            .filter(|(_, p)| keep(p))
+            .map(|(a, p)| (*a, *p))
+            .collect(),
+    }
+}
+
+/// Notifies `wake` after `after`, from a task of the runtime this pass runs
+/// on (none in a test that syncs by hand: its next sync is the pass).
+fn wake_after(wake: Option<Arc<tokio::sync::Notify>>, after: std::time::Duration) {
+    let (Some(wake), Ok(rt)) = (wake, tokio::runtime::Handle::try_current()) else {
+        return;
+    };
+    rt.spawn(async move {
+        tokio::time::sleep(after).await;
+        wake.notify_one();
+    });
 }
 
 /// Writes one family's podCIDR trie when it differs from what this process

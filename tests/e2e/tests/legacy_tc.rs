@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use anyhow::{Context, Result, ensure};
 use aya::programs::{SchedClassifier, TcAttachType};
 use common::lab_stack;
-use mycni_agent::datapath::attach::filter_program_ids;
+use mycni_agent::datapath::attach::{LEGACY_SETTLE, filter_program_ids};
 use mycni_agent::datapath::pinned_links;
 use mycni_lab::{Lab, Stack};
 use mycni_testkit::{in_netns, sh};
@@ -79,6 +79,8 @@ fn legacy_filters_carry_the_fast_path_and_modes_switch_both_ways() -> Result<()>
     unsafe { std::env::set_var(MODE_ENV, "legacy") };
     let mut t = lab_stack(2, 1, Stack::Ipv4Only, &[])?;
     let l = &mut t.0;
+    // A legacy attach to a new pod waits for its CNI chain to finish.
+    std::thread::sleep(LEGACY_SETTLE + std::time::Duration::from_secs(1));
     let ready = l.readyz(1)?;
     ensure!(ready.contains("legacy tc attach"), "{ready}");
     one_per_hook(l, true)?;
