@@ -36,6 +36,8 @@ pub struct DatapathMetrics {
     pub(super) remote: AtomicU64,
     /// Interfaces the programs should be on and could not be attached to.
     pub(super) attach_failed: AtomicU64,
+    /// Pod veths whose legacy attach waits for the CNI chain to finish.
+    pub(super) attach_waiting: AtomicU64,
 }
 
 impl Collector for DatapathMetrics {
@@ -57,6 +59,13 @@ impl Collector for DatapathMetrics {
             MetricType::Gauge,
         )?;
         ConstGauge::new(load(&self.attach_failed)).encode(m)?;
+        let m = e.encode_descriptor(
+            "mycni_datapath_attach_waiting",
+            "Pod interfaces whose legacy tc attach waits for the pod's CNI chain to finish (a clsact made before the chain's bandwidth plugin would fail its ADD); their traffic takes the kernel path until then. Always 0 over TCX.",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(load(&self.attach_waiting)).encode(m)?;
         let pin = self.pin_dir.lock().ok().and_then(|p| p.clone());
         // A map that cannot be read this time leaves the family out rather
         // than failing the whole scrape; the log of the load says why.

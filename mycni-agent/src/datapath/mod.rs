@@ -355,6 +355,9 @@ impl FastPath {
             } else {
                 BTreeSet::new()
             };
+            self.exported
+                .attach_waiting
+                .store(waiting.len() as u64, Ordering::Relaxed);
             for &(p, ifindex) in want.difference(&self.attached.clone()) {
                 if waiting.contains(&(p, ifindex)) {
                     tracing::debug!(

@@ -501,7 +501,13 @@ impl Lab {
                 &format!("node {i} to run the {mode} datapath"),
                 Duration::from_secs(30),
                 || match self.datapath(i) {
-                    Ok(d) if d.mode() == mode => true,
+                    // A legacy tc attach of a pod veth with nothing on it
+                    // waits for the CNI chain a moment (LEGACY_SETTLE).
+                    Ok(d) if d.mode() == mode => self.metrics(i).is_ok_and(|m| {
+                        !m.lines()
+                            .any(|l| l.starts_with("mycni_datapath_attach_waiting "))
+                            || m.lines().any(|l| l == "mycni_datapath_attach_waiting 0")
+                    }),
                     // The agent says it settled on the kernel path: no
                     // point waiting for the fast path any longer.
                     Ok(NodeDatapath::Kernel(_)) => {

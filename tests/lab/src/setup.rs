@@ -169,7 +169,8 @@ impl Lab {
         }
         // With the fast path on, up also means every pod's veth is attached
         // (the agent picks new pods up on its next full pass). The gauge
-        // counts mycni_local and mycni_local6: one entry per pod and family.
+        // counts mycni_local and mycni_local6: one entry per pod and family;
+        // a legacy tc attach waits for the CNI chain a moment longer.
         let entries = s.pods * s.stack.families().len();
         for i in 1..=s.nodes {
             let want = format!("mycni_datapath_entries{{map=\"local\"}} {entries}");
@@ -180,7 +181,8 @@ impl Lab {
                     self.metrics(i)
                         .map(|m| {
                             m.lines().any(|l| l == "mycni_datapath_ebpf 0")
-                                || m.lines().any(|l| l == want)
+                                || (m.lines().any(|l| l == want)
+                                    && m.lines().any(|l| l == "mycni_datapath_attach_waiting 0"))
                         })
                         .unwrap_or(false)
                 },
