@@ -343,11 +343,37 @@ fn test(extra: &[String]) -> Result<()> {
         return Ok(());
     }
     shipped_plugin_blackbox(&root)?;
+    legacy_tc_datapath(&root)?;
     vendored_aya_patch(&root)?;
     // Debian's stock kernels under QEMU (~11 min on 2 cores under TCG):
     // the fast path where users run it, not only on this machine's kernel.
     kernels::run(&[])?;
     fuzz::run(fuzz::TEST_SECONDS, None, false)
+}
+
+/// The tests of the fast path whose agents attach through TCX, again
+/// with the legacy tc attach (clsact + cls_bpf) forced: Debian 12's 6.1
+/// has no TCX, and the kernel matrix runs one lab there, not these.
+const DATAPATH_TESTS: &[&str] = &[
+    "fastpath",
+    "fastpath6",
+    "agent_fastpath6",
+    "datapath_v2",
+    "legacy_tc",
+];
+
+fn legacy_tc_datapath(root: &std::path::Path) -> Result<()> {
+    eprintln!("xtask: the datapath tests again with MYCNI_TC_ATTACH=legacy");
+    DATAPATH_TESTS
+        .iter()
+        .fold(
+            Cmd::new("cargo").args(["test", "--package", "mycni-e2e", "--locked"]),
+            |c, t| c.args(["--test", t]),
+        )
+        .env("MYCNI_TC_ATTACH", "legacy")
+        .toolchain(HOST_TOOLCHAIN)
+        .cwd(root)
+        .run()
 }
 
 /// The unit tests of mycni's patch of aya (third_party/aya/MYCNI-PATCH.md),
