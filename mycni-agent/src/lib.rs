@@ -9,9 +9,13 @@
 //!   peers: a pure desired state and diff, and its kernel adapter;
 //! - `kernel`: the node's netlink handle, and the pods the datapath reads;
 //! - `datapath`: the tc programs and their maps; `tables`: the node's
-//!   nftables tables (masquerade, anti-spoofing, underlay filter) over one
-//!   `nft` runner; `metrics`: the registry they register their collectors
-//!   in, and the HTTP endpoint;
+//!   nftables tables (masquerade, anti-spoofing, underlay filter);
+//!   `metrics`: the registry they register their collectors in, and the
+//!   HTTP endpoint;
+//! - `nft`: the one runner every room's nftables table goes through;
+//!   `verdict`: what those tables decide and how they log it (NFLOG's
+//!   group, the prefixes and their parser, `Direction`, the drop reasons),
+//!   which the policy room writes and the flows room reads;
 //! - `agent`: start-up and the loop that runs each room in turn;
 //! - `policy`: NetworkPolicy v1 semantics, pure (the evaluator and the
 //!   per-pod compiled form); not yet a room of the loop.
@@ -34,9 +38,11 @@ pub mod flows;
 mod kernel;
 pub mod kernel_check;
 pub mod metrics;
+mod nft;
 pub mod overlay;
 pub mod policy;
 pub mod tables;
+pub mod verdict;
 mod watch;
 
 pub use kernel::is_pod_veth;

@@ -11,14 +11,15 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use mycni_agent::flows::NftVerdict;
 use mycni_agent::flows::enrich::{Record, What, Who};
 use mycni_agent::flows::record::PolicyRef;
 use mycni_agent::flows::room::{KernelNames, Served};
 use mycni_agent::flows::store::Store;
 use mycni_agent::metrics::Metrics;
-use mycni_agent::policy::counters::Reason;
-use mycni_agent::policy::{Direction, Key, Pod};
+use mycni_agent::policy::{Key, Pod};
+use mycni_agent::verdict::Direction;
+use mycni_agent::verdict::NftVerdict;
+use mycni_agent::verdict::Reason;
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 

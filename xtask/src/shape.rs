@@ -64,21 +64,20 @@ struct Floors {
 
 const FLOORS: &[Floors] = &[Floors {
     krate: "mycni-agent/src",
-    ground: &["btf", "caps", "kernel", "metrics", "watch"],
+    ground: &[
+        "btf", "caps", "kernel", "metrics", "nft", "verdict", "watch",
+    ],
     rooms: &["datapath", "flows", "overlay", "policy", "tables"],
     top: &["agent", "kernel_check"],
-    // Being taken down to the ground floor (the rooms issue): the nft
-    // runner, NFLOG's group and prefixes, Direction and the drop reasons,
-    // the pods cache and the HTTP client, the overlay's peer types, the
-    // datapath mode, the policy epoch as a handle the loop gives.
+    // Being taken down to the ground floor (the rooms issue): the pods
+    // cache, the HTTP client and a face for explain (flows -> policy), the
+    // overlay's peer types, the datapath mode, the policy epoch as a
+    // handle the loop gives.
     known: &[
         ("caps", "datapath"),
         ("datapath", "overlay"),
-        ("datapath", "tables"),
         ("flows", "policy"),
-        ("flows", "tables"),
         ("policy", "datapath"),
-        ("policy", "tables"),
         ("watch", "overlay"),
     ],
 }];

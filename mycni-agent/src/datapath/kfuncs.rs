@@ -173,7 +173,7 @@ pub fn pull_in_conntrack(sys_module: &Path) -> anyhow::Result<()> {
     if sys_module.join(MODULE).exists() {
         return Ok(());
     }
-    crate::tables::nft::apply(PULL_IN)?;
+    crate::nft::apply(PULL_IN)?;
     tracing::info!("nf_conntrack pulled in through nftables' module autoload");
     Ok(())
 }

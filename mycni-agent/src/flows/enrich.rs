@@ -18,10 +18,9 @@ use mycni_common::flow::{FLOW_DROP, FLOW_NEW, FlowEvent, FlowSource};
 
 use super::record::{Endpoint, Flow, Interface, Ip, L4, Line, PolicyRef, TcpFlags};
 use super::{NftLog, NftVerdict, NodeAddrs, Observation};
-use crate::policy::counters::Reason;
-use crate::policy::{
-    Cluster, Direction, Endpoint as PolicyEnd, Judgement, Key, Pod, Policy, Protocol,
-};
+use crate::policy::{Cluster, Endpoint as PolicyEnd, Judgement, Key, Pod, Policy, Protocol};
+use crate::verdict::Direction;
+use crate::verdict::Reason;
 
 /// One end of a record.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 
 use super::NftVerdict;
 use super::enrich::{Record, What, Who};
-use crate::policy::Direction;
+use crate::verdict::Direction;
 
 /// One event per pair of ends this often at most.
 pub const PAIR_INTERVAL: Duration = Duration::from_secs(120);
@@ -100,7 +100,7 @@ pub fn event_for(r: &Record) -> Option<(Event, ObjectReference)> {
         Direction::Ingress => format!("ingress from {peer}"),
     };
     let why = match reason {
-        crate::policy::counters::Reason::Denied if !by.is_empty() => format!(
+        crate::verdict::Reason::Denied if !by.is_empty() => format!(
             "isolated by {} and no rule of theirs admits it",
             by.join(", ")
         ),

@@ -12,9 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use super::record::Line;
 use super::store::{Filter, Store};
-use crate::policy::{
-    Cluster, Direction, Endpoint as PolicyEnd, Judgement, Key, Protocol, RuleRef, allowed,
-};
+use crate::policy::{Cluster, Endpoint as PolicyEnd, Judgement, Key, Protocol, RuleRef, allowed};
+use crate::verdict::Direction;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Explanation {

@@ -35,8 +35,7 @@ use std::time::SystemTime;
 use mycni_common::flow::FlowEvent;
 use tokio::sync::mpsc;
 
-use crate::policy::Direction;
-use crate::policy::counters::Reason;
+use crate::verdict::NftVerdict;
 
 pub mod kdrop_names;
 
@@ -72,27 +71,6 @@ pub struct NftLog {
     /// Packets this log stands for: 1 as logged, more once the reader
     /// folded a flow's repeats into it (`nflog::Fold`).
     pub count: u32,
-}
-
-/// What an nftables rule that logs decided, named by its NFLOG prefix.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum NftVerdict {
-    /// A new connection of an isolated pod, admitted by a policy rule in
-    /// `direction` (which rule: the flows room finds it).
-    PolicyAllow { direction: Direction },
-    /// The policy table dropped it, in `direction`, for `reason`.
-    PolicyDrop {
-        direction: Direction,
-        reason: Reason,
-    },
-    /// The underlay filter dropped VXLAN from a host that is not a peer.
-    UnderlayDrop,
-}
-
-impl NftVerdict {
-    pub fn is_drop(self) -> bool {
-        !matches!(self, NftVerdict::PolicyAllow { .. })
-    }
 }
 
 /// Where sources send what they saw.

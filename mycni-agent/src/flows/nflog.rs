@@ -1,6 +1,6 @@
 //! Verdicts nftables decided, through NFLOG: the agent's tables log the
 //! packets they judge to one group ([`GROUP`]), the rule's meaning in the
-//! prefix ([`prefix`] writes it, [`parse_prefix`] reads it: one grammar),
+//! prefix (`crate::verdict` writes and reads it: one grammar),
 //! and [`spawn`] reads the group and hands each packet to the room.
 //!
 //! What logs, and how often (the rules are in `policy/nft.rs` and
@@ -31,39 +31,14 @@ use netlink_packet_netfilter::nflog::{
 use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily};
 use netlink_sys::{Socket, constants::NETLINK_NETFILTER};
 
-use super::{NftLog, NftVerdict, Observation, Sink};
-use crate::policy::nft::{Logged, log_prefix, parse_log_prefix};
-use crate::tables::underlay_filter::LOG_PREFIX;
-
-/// The NFLOG group mycni's tables log to.
-pub const GROUP: u16 = crate::tables::nft::NFLOG_GROUP;
+use super::{NftLog, Observation, Sink};
+use crate::verdict::{NFLOG_GROUP as GROUP, NftVerdict, parse_log_prefix};
 /// Bytes of each packet copied to the agent: an IPv6 header (40) and a
 /// TCP header with options (60) fit.
 pub const COPY_RANGE: u32 = 128;
 /// How long the kernel may hold logged packets to batch them (its default
 /// is a second): a drop shows up in `flows` within this.
 pub const FLUSH: Duration = Duration::from_millis(20);
-
-/// The NFLOG prefix of a rule that decides `v` (the tables write theirs
-/// with the same functions).
-pub fn prefix(v: NftVerdict) -> String {
-    match v {
-        NftVerdict::PolicyAllow { direction } => log_prefix(Logged::Allow(direction)),
-        NftVerdict::PolicyDrop { direction, reason } => log_prefix(Logged::Drop(direction, reason)),
-        NftVerdict::UnderlayDrop => LOG_PREFIX.to_string(),
-    }
-}
-
-/// The verdict a prefix names; None for another tool's prefix.
-pub fn parse_prefix(s: &str) -> Option<NftVerdict> {
-    if s == LOG_PREFIX {
-        return Some(NftVerdict::UnderlayDrop);
-    }
-    Some(match parse_log_prefix(s)? {
-        Logged::Allow(direction) => NftVerdict::PolicyAllow { direction },
-        Logged::Drop(direction, reason) => NftVerdict::PolicyDrop { direction, reason },
-    })
-}
 
 /// The headers of a logged packet (`payload` starts at the IP header).
 fn headers(payload: &[u8]) -> Option<(IpAddr, IpAddr, u8, &[u8])> {
@@ -104,7 +79,7 @@ pub fn log_of(nlas: &[PacketNla], at: SystemTime) -> Option<NftLog> {
     let (mut payload, mut in_ifindex, mut out_ifindex) = (None, 0, 0);
     for nla in nlas {
         match nla {
-            PacketNla::Prefix(p) => verdict = parse_prefix(p.to_str().ok()?),
+            PacketNla::Prefix(p) => verdict = parse_log_prefix(p.to_str().ok()?),
             PacketNla::Payload(p) => payload = Some(p.as_slice()),
             PacketNla::IfIndexInDev(i) => in_ifindex = *i,
             PacketNla::IfIndexOutDev(i) => out_ifindex = *i,
@@ -371,27 +346,7 @@ fn read(sock: &Socket, sink: &Sink, counts: &NflogCounts) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::Direction;
-    use crate::policy::counters::Reason;
-
-    #[test]
-    fn every_verdict_survives_its_prefix() {
-        let mut all = vec![NftVerdict::UnderlayDrop];
-        for direction in [Direction::Egress, Direction::Ingress] {
-            all.push(NftVerdict::PolicyAllow { direction });
-            for reason in Reason::ALL {
-                all.push(NftVerdict::PolicyDrop { direction, reason });
-            }
-        }
-        for v in all {
-            let p = prefix(v);
-            assert!(p.len() < 127, "{p}");
-            assert_eq!(parse_prefix(&p), Some(v), "{p}");
-        }
-        assert_eq!(parse_prefix("other tool"), None);
-        assert_eq!(parse_prefix("mycni allow sideways"), None);
-        assert_eq!(parse_prefix("mycni allow egress extra"), None);
-    }
+    use crate::verdict::{Direction, Reason, log_prefix};
 
     #[test]
     fn a_logged_tcp_syn_becomes_its_log() {
@@ -406,7 +361,7 @@ mod tests {
         p[33] = 0x02;
         let nlas = vec![
             PacketNla::Prefix(
-                std::ffi::CString::new(prefix(NftVerdict::PolicyDrop {
+                std::ffi::CString::new(log_prefix(NftVerdict::PolicyDrop {
                     direction: Direction::Ingress,
                     reason: Reason::Denied,
                 }))

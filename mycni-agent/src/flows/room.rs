@@ -21,7 +21,8 @@ use super::nflog::NflogCounts;
 use super::store::{Filter, Store, json_line};
 use super::{NftVerdict, SINK_CAPACITY, Sink};
 use crate::metrics::{Feed, Metrics, counter, gauge};
-use crate::policy::{Cluster, Direction};
+use crate::policy::Cluster;
+use crate::verdict::Direction;
 
 /// How the room is set up.
 #[derive(Debug, Clone)]

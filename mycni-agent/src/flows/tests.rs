@@ -15,9 +15,10 @@ use super::record::Line;
 use super::room::KernelNames;
 use super::store::{Filter, Store};
 use super::{NftLog, NftVerdict, Observation};
-use crate::policy::counters::Reason;
+use crate::policy::Cluster;
 use crate::policy::tests::fixture::{model, np, pod_ip};
-use crate::policy::{Cluster, Direction};
+use crate::verdict::Direction;
+use crate::verdict::Reason;
 
 fn cluster() -> Arc<Cluster> {
     let mut c = model();

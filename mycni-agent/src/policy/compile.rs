@@ -15,8 +15,9 @@ use std::net::IpAddr;
 use super::Cluster;
 use super::eval::{RuleRef, peer_matches, peers_match};
 use super::model::{
-    Cidr, Direction, IpBlock, Key, Peer, Peers, Pod, Policy, PortMatch, Ports, Protocol, Rule,
+    Cidr, IpBlock, Key, Peer, Peers, Pod, Policy, PortMatch, Ports, Protocol, Rule,
 };
+use crate::verdict::Direction;
 
 /// The remote ends an allow admits.
 #[derive(Debug, Clone, PartialEq, Eq)]

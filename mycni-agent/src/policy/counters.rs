@@ -27,7 +27,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use anyhow::{Context, Result};
 
 use super::eval::RuleRef;
-use super::model::{Direction, Key};
+use super::model::Key;
+use crate::verdict::{Direction, Reason};
 
 /// A named counter of the table: what it counts for.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -47,7 +48,7 @@ pub enum Series {
         reason: Reason,
     },
     /// Repeated drops over the table's logging rate
-    /// ([`crate::tables::nft::NFLOG_REPEATS_PER_SECOND`]):
+    /// ([`crate::verdict::NFLOG_REPEATS_PER_SECOND`]):
     /// counted under their `Drop` series, missing from the flows' counts.
     Unlogged,
 }
@@ -55,39 +56,9 @@ pub enum Series {
 /// The fixed counter of [`Series::Unlogged`].
 pub const UNLOGGED: &str = "repeats_unlogged";
 
-/// Why the table dropped a packet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Reason {
-    /// Isolated, and no rule of the policies isolating the pod admits it.
-    Denied,
-    /// From or to a pod the agent has not judged yet (fail closed).
-    NotJudged,
-    /// No connection to judge it as (conntrack's invalid or untracked).
-    Invalid,
-}
-
-impl Reason {
-    pub const ALL: [Reason; 3] = [Reason::Denied, Reason::NotJudged, Reason::Invalid];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            Reason::Denied => "denied",
-            Reason::NotJudged => "not_judged",
-            Reason::Invalid => "invalid",
-        }
-    }
-}
-
-pub fn direction_label(d: Direction) -> &'static str {
-    match d {
-        Direction::Egress => "egress",
-        Direction::Ingress => "ingress",
-    }
-}
-
 /// The fixed counter of the table's drops for `direction` and `reason`.
 pub fn drop_counter(direction: Direction, reason: Reason) -> String {
-    format!("{}_{}", reason.label(), direction_label(direction))
+    format!("{}_{}", reason.label(), direction.label())
 }
 
 /// Every fixed counter, with what it counts.
@@ -130,7 +101,7 @@ pub fn rule_counter(pod: &Key, rule: &RuleRef) -> String {
             &pod.name,
             &rule.policy.namespace,
             &rule.policy.name,
-            direction_label(rule.direction),
+            rule.direction.label(),
             &index,
         ])
     )
@@ -140,18 +111,13 @@ pub fn rule_counter(pod: &Key, rule: &RuleRef) -> String {
 pub fn pod_counter(pod: &Key, direction: Direction) -> String {
     format!(
         "p{:016x}",
-        fnv(&[&pod.namespace, &pod.name, direction_label(direction)])
+        fnv(&[&pod.namespace, &pod.name, direction.label()])
     )
 }
 
 /// `ns/name egress[0]`, as a rule is named in the comment and the output.
 pub fn rule_name(rule: &RuleRef) -> String {
-    format!(
-        "{} {}[{}]",
-        rule.policy,
-        direction_label(rule.direction),
-        rule.index
-    )
+    format!("{} {}[{}]", rule.policy, rule.direction.label(), rule.index)
 }
 
 /// An nft comment: at most 128 bytes, and no quote (Kubernetes names have

@@ -12,8 +12,9 @@ use std::sync::Arc;
 
 use super::Cluster;
 use super::model::{
-    Direction, Key, NamespaceScope, Peer, Peers, Pod, Policy, PortMatch, Ports, Protocol, Rule,
+    Key, NamespaceScope, Peer, Peers, Pod, Policy, PortMatch, Ports, Protocol, Rule,
 };
+use crate::verdict::Direction;
 
 /// One end of a connection.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -20,8 +20,9 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
 use super::compile::{CompiledPod, DirectionRules, PeerSet, PortSet};
-use super::counters::{direction_label, pod_counter, rule_counter};
-use super::model::{Direction, Key, Protocol};
+use super::counters::{pod_counter, rule_counter};
+use super::model::{Key, Protocol};
+use crate::verdict::Direction;
 
 /// The room's node as of its last write: each local pod's compiled rules
 /// and the policies selecting it.
@@ -195,7 +196,7 @@ pub fn render(r: &PodReport) -> String {
         (Direction::Ingress, &r.ingress),
         (Direction::Egress, &r.egress),
     ] {
-        let d = direction_label(d);
+        let d = d.label();
         if rep.isolated_by.is_empty() {
             let _ = writeln!(s, "\n{d}: open (no policy isolates it)");
             continue;

@@ -19,11 +19,11 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Unit;
 
-use super::counters::{Series, Tally, direction_label, parse_counters};
+use super::counters::{Series, Tally, parse_counters};
 use super::model::Key;
 use super::nft::{FAMILY, TABLE};
 use crate::metrics::{EVENT_TO_KERNEL_BUCKETS, counter, gauge};
-use crate::tables::nft;
+use crate::nft;
 
 /// The most policies with series of their own on one node.
 pub const MAX_POLICIES: usize = 500;
@@ -233,7 +233,7 @@ fn encode_totals(
                 ConstCounter::new(if bytes { *b } else { *p }).encode(m.encode_family(&[
                     ("namespace", policy.namespace.as_str()),
                     ("policy", policy.name.as_str()),
-                    ("direction", direction_label(*direction)),
+                    ("direction", direction.label()),
                     ("rule", index.as_str()),
                 ])?)?;
             }
@@ -252,7 +252,7 @@ fn encode_totals(
             ConstCounter::new(*p).encode(m.encode_family(&[
                 ("namespace", policy.namespace.as_str()),
                 ("policy", policy.name.as_str()),
-                ("direction", direction_label(*direction)),
+                ("direction", direction.label()),
             ])?)?;
         }
     }
@@ -265,7 +265,7 @@ fn encode_totals(
     for (s, (p, _)) in totals {
         if let Series::Drop { direction, reason } = s {
             ConstCounter::new(*p).encode(m.encode_family(&[
-                ("direction", direction_label(*direction)),
+                ("direction", direction.label()),
                 ("reason", reason.label()),
             ])?)?;
         }

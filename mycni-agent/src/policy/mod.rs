@@ -50,6 +50,8 @@ pub use convert::{
 pub use eval::{Endpoint, Isolating, Judgement, RuleRef, Verdict, allowed, allowed_with};
 pub use model::*;
 
+use crate::verdict::Direction;
+
 /// Everything the semantics depend on: the agent's three caches. The
 /// objects are shared with the caches (a pass builds a `Cluster` from
 /// them without copying one), so a change is `Arc::make_mut`.

@@ -11,6 +11,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
 
+use crate::verdict::Direction;
+
 /// Namespace and name of a namespaced object (Pod or NetworkPolicy).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Key {
@@ -332,12 +334,6 @@ pub enum Ports {
 pub struct Rule {
     pub peers: Peers,
     pub ports: Ports,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Direction {
-    Ingress,
-    Egress,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -61,13 +61,14 @@
 
 use std::fmt::Write as _;
 
-use crate::tables::nft::{NFLOG_GROUP as GROUP, REPEATS, repeats_limit};
 use mycni_common::contract::HOST_VETH_PREFIX;
 use mycni_common::{POLICY_MARK_MASK, POLICY_MARK_SHIFT};
 
-use super::counters::{Reason, UNLOGGED, drop_counter, drop_counters};
-use super::model::Direction;
+use super::counters::{UNLOGGED, drop_counter, drop_counters};
 use super::sets::{Desired, SetKind, SetName};
+use crate::verdict::{
+    Direction, NFLOG_GROUP as GROUP, NftVerdict, REPEATS, Reason, log_prefix, repeats_limit,
+};
 
 pub const TABLE: &str = "mycni_policy";
 pub const FAMILY: &str = "inet";
@@ -127,11 +128,17 @@ fn chains(v6: bool) -> String {
             s,
             "add rule {t} {} ct state new log group {GROUP} prefix \"{}\"",
             admit_chain(d, n),
-            log_prefix(Logged::Allow(d))
+            log_prefix(NftVerdict::PolicyAllow { direction: d })
         );
         for r in Reason::ALL {
             let chain = to(d, r);
-            let (prefix, counter) = (log_prefix(Logged::Drop(d, r)), drop_counter(d, r));
+            let (prefix, counter) = (
+                log_prefix(NftVerdict::PolicyDrop {
+                    direction: d,
+                    reason: r,
+                }),
+                drop_counter(d, r),
+            );
             let _ = writeln!(s, "add chain {t} {chain}");
             // A flow's first drop, and one a second after: each flow has a
             // limit of its own, so a flood of one never hides another's.
@@ -182,61 +189,14 @@ fn chains(v6: bool) -> String {
     s
 }
 
-/// What a logged packet of the table says (its NFLOG prefix).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Logged {
-    /// A new connection an allow rule of `direction` admitted.
-    Allow(Direction),
-    /// Dropped in `direction` for `reason`.
-    Drop(Direction, Reason),
-}
-
-/// The NFLOG prefix of `l` (at most 127 bytes; these are under 40).
-pub fn log_prefix(l: Logged) -> String {
-    match l {
-        Logged::Allow(d) => format!("mycni allow {}", dir_label(d)),
-        Logged::Drop(d, r) => format!("mycni drop {} {}", dir_label(d), r.label()),
-    }
-}
-
-/// What a prefix [`log_prefix`] wrote says; None for any other.
-pub fn parse_log_prefix(s: &str) -> Option<Logged> {
-    let mut w = s.split(' ');
-    if w.next()? != "mycni" {
-        return None;
-    }
-    let dir = |s: Option<&str>| match s? {
-        "egress" => Some(Direction::Egress),
-        "ingress" => Some(Direction::Ingress),
-        _ => None,
-    };
-    let l = match w.next()? {
-        "allow" => Logged::Allow(dir(w.next())?),
-        "drop" => {
-            let d = dir(w.next())?;
-            let label = w.next()?;
-            Logged::Drop(d, Reason::ALL.into_iter().find(|r| r.label() == label)?)
-        }
-        _ => return None,
-    };
-    w.next().is_none().then_some(l)
-}
-
-fn dir_label(d: Direction) -> &'static str {
-    match d {
-        Direction::Egress => "egress",
-        Direction::Ingress => "ingress",
-    }
-}
-
 /// Where a packet a rule admitted goes: `admit_egress4`, ...
 fn admit_chain(d: Direction, n: u8) -> String {
-    format!("admit_{}{n}", dir_label(d))
+    format!("admit_{}{n}", d.label())
 }
 
 /// Where a packet dropped for `r` goes: `drop_egress_denied4`, ...
 fn drop_chain(d: Direction, r: Reason, n: u8) -> String {
-    format!("drop_{}_{}{n}", dir_label(d), r.label())
+    format!("drop_{}_{}{n}", d.label(), r.label())
 }
 
 fn drop_comment(d: Direction, r: Reason) -> &'static str {

@@ -39,7 +39,7 @@ use super::sets::{self, Desired};
 use super::{Cluster, compile_node};
 use crate::datapath::{read_policy_epoch, write_policy_epoch};
 use crate::metrics::Metrics;
-use crate::tables::nft;
+use crate::nft;
 use crate::watch::PolicyWatch;
 
 /// What a pass reads: every object as the watch converted it.

@@ -43,9 +43,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use super::compile::{Allow, CompiledPod, DirectionRules, PeerSet, PortSet};
-use super::counters::{Series, comment, direction_label, pod_counter, rule_counter, rule_name};
+use super::counters::{Series, comment, pod_counter, rule_counter, rule_name};
 use super::eval::RuleRef;
-use super::model::{Cidr, Direction, IpBlock, Key, Protocol};
+use super::model::{Cidr, IpBlock, Key, Protocol};
+use crate::verdict::Direction;
 
 /// One set of the table, as its name in nftables reads (`eg_allow4`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -281,7 +282,7 @@ impl Desired {
         self.counters
             .entry(name.clone())
             .or_insert_with(|| Counter {
-                comment: comment(&format!("{pod}: {} denied", direction_label(d))),
+                comment: comment(&format!("{pod}: {} denied", d.label())),
                 series: by
                     .iter()
                     .map(|policy| Series::Denied {

@@ -30,8 +30,8 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 
-use super::nft;
 use crate::metrics::{Metrics, gauge};
+use crate::nft;
 
 pub const TABLE: &str = "mycni_antispoof";
 /// The named counter of dropped packets, read at scrape.

@@ -11,7 +11,7 @@
 
 use anyhow::Result;
 
-use super::nft;
+use crate::nft;
 use mycni_common::net::ClusterCidrs;
 
 pub const TABLE: &str = "mycni";

@@ -1,7 +1,7 @@
 //! The node tables: the nftables tables the agent owns alone, each with a
 //! pure desired state (the script text, built from its inputs and tested
 //! without root) and an apply step that hands the script to the one
-//! runner, [`nft`].
+//! runner, `crate::nft`.
 //!
 //! - [`masq`]: `ip mycni` / `ip6 mycni`, masquerade of pods leaving the
 //!   cluster CIDR (with `--masquerade`), written at start.
@@ -16,7 +16,6 @@
 
 pub mod antispoof;
 pub mod masq;
-pub mod nft;
 pub mod underlay_filter;
 
 use std::net::{Ipv4Addr, Ipv6Addr};

@@ -19,8 +19,9 @@ use std::sync::atomic::Ordering;
 
 use anyhow::Result;
 
-use super::nft::{self, REPEATS, repeats_limit};
 use crate::metrics::Metrics;
+use crate::nft;
+use crate::verdict::{NFLOG_GROUP, NftVerdict, REPEATS, log_prefix, repeats_limit};
 
 pub const TABLE: &str = "mycni_underlay";
 pub const SET: &str = "peers";
@@ -75,7 +76,7 @@ impl Family for Ipv6Addr {
 fn chain_and_rule<A: Family>(port: u16) -> String {
     let f = A::NFT;
     let saddr = A::SADDR;
-    let (prefix, group) = (LOG_PREFIX, super::nft::NFLOG_GROUP);
+    let (prefix, group) = (log_prefix(NftVerdict::UnderlayDrop), NFLOG_GROUP);
     format!(
         "add chain {f} {TABLE} stranger\n\
          flush chain {f} {TABLE} stranger\n\
@@ -87,9 +88,6 @@ fn chain_and_rule<A: Family>(port: u16) -> String {
          add rule {f} {TABLE} {CHAIN} udp dport {port} {saddr} != @{SET} counter goto stranger comment \"mycni: VXLAN from a host that is not a peer node\"\n"
     )
 }
-
-/// The NFLOG prefix of the filter's drops.
-pub const LOG_PREFIX: &str = "mycni underlay-drop";
 
 /// Senders whose dropped VXLAN was logged in the last seconds.
 fn logged_set<A: Family>() -> String {

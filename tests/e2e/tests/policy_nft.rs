@@ -581,9 +581,9 @@ fn an_unknown_pod_is_cut_off_once_policy_exists() -> Result<()> {
 #[test]
 fn the_table_logs_its_verdicts_to_nflog_once_per_flow() -> Result<()> {
     use mycni_agent::flows::nflog::{NflogCounts, spawn};
-    use mycni_agent::flows::{NftLog, NftVerdict, Observation, Sink};
-    use mycni_agent::policy::Direction;
-    use mycni_agent::policy::counters::{Reason, drop_counter};
+    use mycni_agent::flows::{NftLog, Observation, Sink};
+    use mycni_agent::policy::counters::drop_counter;
+    use mycni_agent::verdict::{Direction, NftVerdict, Reason};
 
     let node = node(&[("x", "a"), ("x", "b"), ("y", "c")])?;
     for p in &node.pods {

@@ -14,9 +14,10 @@ use serde_json::{Value, json};
 use super::fixture::np;
 use super::naive::{End, RawLabels, RawPod, World};
 use crate::policy::{
-    Cidr, Cluster, CompiledPod, Direction, Endpoint, IpBlock, Judgement, Key, Protocol, allowed,
-    compile_pod, namespace_from_k8s, pod_from_k8s,
+    Cidr, Cluster, CompiledPod, Endpoint, IpBlock, Judgement, Key, Protocol, allowed, compile_pod,
+    namespace_from_k8s, pod_from_k8s,
 };
+use crate::verdict::Direction;
 
 const KEYS: [&str; 2] = ["app", "tier"];
 const VALUES: [&str; 2] = ["a", "b"];

@@ -218,7 +218,7 @@ fn verdict_explains_itself() {
     let v = allowed(&c, &pod("x", "b"), &pod("x", "a"), Protocol::Tcp, 81);
     let rule = |name: &str, index| RuleRef {
         policy: Key::new("x", name),
-        direction: crate::policy::Direction::Ingress,
+        direction: crate::verdict::Direction::Ingress,
         index,
     };
     assert_eq!(

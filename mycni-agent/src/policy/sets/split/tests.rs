@@ -1,7 +1,8 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use super::*;
-use crate::policy::model::{Direction, Key};
+use crate::policy::model::Key;
+use crate::verdict::Direction;
 
 /// A tiny deterministic generator: the property needs variety, not
 /// cryptographic randomness.

@@ -1,33 +1,11 @@
-//! The one way the agent runs `nft`: every table goes through here, so the
-//! spawn, the error text and the "is nftables installed?" hint are the same
-//! for all of them.
+//! The one way the agent runs `nft`: every table of every room goes
+//! through here, so the spawn, the error text and the "is nftables
+//! installed?" hint are the same for all of them.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
-
-/// The NFLOG group every table of mycni's logs its verdicts to (the flows
-/// room reads it; `flows::nflog`). Other NFLOG users of a node pick another.
-pub const NFLOG_GROUP: u16 = 1717;
-
-/// Repeated drops of flows already logged that a table still logs, a
-/// second, per table (one named limit for all its drop rules): the flows
-/// room folds them into per-flow counts (`flows::nflog::Fold`); past it
-/// they are only counted. A flow's first drop is always logged (a limit
-/// of its own per flow), so a flood of one flow cannot hide another's.
-pub const NFLOG_REPEATS_PER_SECOND: u32 = 2_000;
-
-/// The named limit (`add limit`) of [`NFLOG_REPEATS_PER_SECOND`] in a
-/// table: `limit name "repeats"`.
-pub fn repeats_limit(family_table: &str) -> String {
-    format!(
-        "add limit {family_table} {REPEATS} {{ rate {NFLOG_REPEATS_PER_SECOND}/second burst {NFLOG_REPEATS_PER_SECOND} packets; }}\n"
-    )
-}
-
-/// The name of the limit [`repeats_limit`] adds.
-pub const REPEATS: &str = "repeats";
 
 /// Applies `script` with `nft -f -`: nft runs the whole file as one
 /// transaction, so a table is never seen half-written.
