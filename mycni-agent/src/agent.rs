@@ -68,7 +68,7 @@ pub async fn uninstall(cfg: &Config) -> Result<()> {
     crate::tables::masq::uninstall()?;
     crate::tables::underlay_filter::uninstall()?;
     crate::tables::antispoof::uninstall()?;
-    crate::policy::room::uninstall(&cfg.pin_dir)?;
+    crate::policy::room::uninstall(&crate::datapath::PinnedEpoch(cfg.pin_dir.clone()))?;
     match crate::datapath::detach_all(&cfg.pin_dir) {
         Ok(n) => tracing::info!(links = n, "detached the fast path"),
         Err(e) => tracing::warn!(error = %e, "cannot detach the fast path"),

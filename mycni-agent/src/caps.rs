@@ -8,8 +8,6 @@
 //! programs are loaded. Without it the agent runs all the same; on such a
 //! kernel it runs the kernel path and says why.
 
-use crate::datapath::Mode;
-
 /// A capability, its bit in `CapEff`, and what the agent uses it for.
 pub struct Cap {
     pub name: &'static str,
@@ -17,17 +15,17 @@ pub struct Cap {
     pub why: &'static str,
 }
 
-const NET_ADMIN: Cap = Cap {
+pub const NET_ADMIN: Cap = Cap {
     name: "CAP_NET_ADMIN",
     bit: 12,
     why: "vxlan.1, routes, neighbours, FDB, nftables masquerade, tc programs",
 };
-const PERFMON: Cap = Cap {
+pub const PERFMON: Cap = Cap {
     name: "CAP_PERFMON",
     bit: 38,
     why: "the verifier's privileged mode, which the fast path's packet parsing needs",
 };
-const BPF: Cap = Cap {
+pub const BPF: Cap = Cap {
     name: "CAP_BPF",
     bit: 39,
     why: "loading the fast path's maps and programs (bpf(2))",
@@ -35,14 +33,6 @@ const BPF: Cap = Cap {
 
 /// CAP_SYS_ADMIN's bit: held, if at all, only until the programs are loaded.
 pub const SYS_ADMIN_BIT: u32 = 21;
-
-/// What `mode` needs.
-pub fn required(mode: Mode) -> Vec<Cap> {
-    match mode {
-        Mode::Kernel => vec![NET_ADMIN],
-        Mode::Ebpf => vec![NET_ADMIN, BPF, PERFMON],
-    }
-}
 
 /// The effective capability set of this process, from /proc/self/status.
 pub fn effective() -> std::io::Result<u64> {
@@ -374,14 +364,15 @@ mod tests {
     #[test]
     fn names_exactly_the_missing_ones() {
         let all = (1u64 << 12) | (1 << 38) | (1 << 39);
-        assert!(check(all, &required(Mode::Ebpf)).is_ok());
-        assert!(check(1 << 12, &required(Mode::Kernel)).is_ok());
-        let e = check(all & !(1 << 39), &required(Mode::Ebpf)).unwrap_err();
+        let (ebpf, kernel) = ([NET_ADMIN, BPF, PERFMON], [NET_ADMIN]);
+        assert!(check(all, &ebpf).is_ok());
+        assert!(check(1 << 12, &kernel).is_ok());
+        let e = check(all & !(1 << 39), &ebpf).unwrap_err();
         assert!(
             e.contains("CAP_BPF") && !e.contains("CAP_PERFMON") && !e.contains("CAP_NET_ADMIN")
         );
         assert!(e.contains("--datapath kernel"));
-        let e = check(0, &required(Mode::Kernel)).unwrap_err();
+        let e = check(0, &kernel).unwrap_err();
         assert!(e.contains("CAP_NET_ADMIN") && !e.contains("--datapath kernel"));
     }
 }

@@ -15,7 +15,9 @@
 //! - `nft`: the one runner every room's nftables table goes through;
 //!   `verdict`: what those tables decide and how they log it (NFLOG's
 //!   group, the prefixes and their parser, `Direction`, the drop reasons),
-//!   which the policy room writes and the flows room reads;
+//!   which the policy room writes and the flows room reads; `epoch`: the
+//!   handle through which the policy room publishes its epoch to the fast
+//!   path;
 //! - `agent`: start-up and the loop that runs each room in turn;
 //! - `policy`: NetworkPolicy v1 semantics, pure (the evaluator and the
 //!   per-pod compiled form); not yet a room of the loop.
@@ -34,6 +36,7 @@ pub mod agent;
 mod btf;
 pub mod caps;
 pub mod datapath;
+mod epoch;
 pub mod flows;
 mod kernel;
 pub mod kernel_check;

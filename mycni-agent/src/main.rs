@@ -608,7 +608,7 @@ fn run(rt: &tokio::runtime::Runtime, args: RunArgs) -> Result<()> {
     // Then a missing capability must fail the pod at once, naming it, not
     // later as an EPERM from netlink or bpf(2).
     let eff = mycni_agent::caps::effective().context("reading this process's capabilities")?;
-    if let Err(msg) = mycni_agent::caps::check(eff, &mycni_agent::caps::required(cfg.datapath)) {
+    if let Err(msg) = mycni_agent::caps::check(eff, &cfg.datapath.required_caps()) {
         tracing::error!("{msg}");
         anyhow::bail!(msg);
     }

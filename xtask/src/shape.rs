@@ -65,19 +65,16 @@ struct Floors {
 const FLOORS: &[Floors] = &[Floors {
     krate: "mycni-agent/src",
     ground: &[
-        "btf", "caps", "kernel", "metrics", "nft", "verdict", "watch",
+        "btf", "caps", "epoch", "kernel", "metrics", "nft", "verdict", "watch",
     ],
     rooms: &["datapath", "flows", "overlay", "policy", "tables"],
     top: &["agent", "kernel_check"],
     // Being taken down to the ground floor (the rooms issue): the pods
     // cache, the HTTP client and a face for explain (flows -> policy), the
-    // overlay's peer types, the datapath mode, the policy epoch as a
-    // handle the loop gives.
+    // overlay's peer types.
     known: &[
-        ("caps", "datapath"),
         ("datapath", "overlay"),
         ("flows", "policy"),
-        ("policy", "datapath"),
         ("watch", "overlay"),
     ],
 }];

@@ -317,7 +317,7 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
             client.clone(),
             node_name.clone(),
             &cfg.state_dir,
-            &cfg.pin_dir,
+            Arc::new(crate::datapath::PinnedEpoch(cfg.pin_dir.clone())),
             &metrics,
             cfg.resync,
             cluster_tx,

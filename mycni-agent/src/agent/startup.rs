@@ -108,7 +108,8 @@ pub(super) async fn start(cfg: &Config, metrics: &Arc<Metrics>) -> Result<Starte
     }
     if !cfg.network_policy {
         // An agent run with policy before would leave its last rules in force.
-        crate::policy::room::uninstall(&cfg.pin_dir).context("removing the NetworkPolicy table")?;
+        crate::policy::room::uninstall(&crate::datapath::PinnedEpoch(cfg.pin_dir.clone()))
+            .context("removing the NetworkPolicy table")?;
     }
     announce(
         &nodes,

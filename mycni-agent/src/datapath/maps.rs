@@ -63,6 +63,20 @@ pub fn write_policy_epoch(pin_dir: &Path, epoch: u32) -> Result<bool, aya::maps:
     Ok(true)
 }
 
+/// The policy epoch's home on the fast path: its pinned map under a pin
+/// directory (which may not exist yet: the reads and writes say so).
+pub struct PinnedEpoch(pub PathBuf);
+
+impl crate::epoch::PolicyEpoch for PinnedEpoch {
+    fn read(&self) -> Option<u32> {
+        read_policy_epoch(&self.0)
+    }
+
+    fn write(&self, epoch: u32) -> anyhow::Result<bool> {
+        Ok(write_policy_epoch(&self.0, epoch)?)
+    }
+}
+
 /// The generation of the programs' next-hop cache (`mycni_nexthop_gen`):
 /// bumping it makes every cached next hop stale, so the next packet to
 /// each peer asks the FIB again. Held open: it is bumped on every kernel

@@ -64,8 +64,8 @@ pub use counters::{DatapathMetrics, register_metrics};
 pub use error::DatapathError;
 pub use maps::{
     AttachedMaps, FlowStats, HashMapOf, LOCAL, LOCAL6, MAPS, MapAddr, MapSource, NexthopGen, PEERS,
-    REMOTE, REMOTE6, SyncStats, TrieMap, read_config, read_counters, read_family_counters,
-    read_flow_stats, read_policy_epoch, write_config, write_policy_epoch,
+    PinnedEpoch, REMOTE, REMOTE6, SyncStats, TrieMap, read_config, read_counters,
+    read_family_counters, read_flow_stats, read_policy_epoch, write_config, write_policy_epoch,
 };
 pub use programs::{
     Datapath, PROG_FROM_POD, Prog, detach, detach_all, embedded_object, link_pin_path, pinned_links,
@@ -86,6 +86,18 @@ pub struct Vxlan6State<'a> {
 pub enum Mode {
     Ebpf,
     Kernel,
+}
+
+impl Mode {
+    /// The capabilities running it takes (`caps::check` names the ones
+    /// missing at start).
+    pub fn required_caps(self) -> Vec<crate::caps::Cap> {
+        use crate::caps::{BPF, NET_ADMIN, PERFMON};
+        match self {
+            Mode::Kernel => vec![NET_ADMIN],
+            Mode::Ebpf => vec![NET_ADMIN, BPF, PERFMON],
+        }
+    }
 }
 
 impl std::str::FromStr for Mode {
@@ -335,12 +347,7 @@ impl FastPath {
             self.attach_failed.retain(|a, _| want.contains(a));
             let pinned: BTreeSet<(Prog, u32)> = pinned_links(&pin)?.into_iter().collect();
             let now = Instant::now();
-            let veths: BTreeSet<u32> = pods
-                .v4
-                .values()
-                .chain(pods.v6.values())
-                .map(|p| p.ifindex)
-                .collect();
+            let veths = pods.veths();
             self.first_seen.retain(|i, _| veths.contains(i));
             for i in veths {
                 self.first_seen.entry(i).or_insert(now);
@@ -426,12 +433,7 @@ impl FastPath {
 /// kernel path. A failed read of the qdiscs shapes none (the fast path as
 /// before), and says so.
 fn shaped_pods(pods: &PodEndpoints) -> BTreeMap<u32, String> {
-    let veths: BTreeSet<u32> = pods
-        .v4
-        .values()
-        .chain(pods.v6.values())
-        .map(|p| p.ifindex)
-        .collect();
+    let veths = pods.veths();
     match shaping::qdiscs() {
         Ok(qs) => shaping::shaped(&qs, &veths)
             .into_iter()

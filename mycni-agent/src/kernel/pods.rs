@@ -31,6 +31,17 @@ pub struct PodEndpoints {
     pub v6: BTreeMap<Ipv6Addr, PodEndpoint>,
 }
 
+impl PodEndpoints {
+    /// The pods' host veths (a dual-stack pod's once).
+    pub fn veths(&self) -> std::collections::BTreeSet<u32> {
+        self.v4
+            .values()
+            .chain(self.v6.values())
+            .map(|p| p.ifindex)
+            .collect()
+    }
+}
+
 impl Kernel {
     /// The pods on this node as the kernel holds them: every /32 and /128
     /// host route the plugin installed, through a host veth the plugin

@@ -37,7 +37,7 @@ use super::nft::{
 };
 use super::sets::{self, Desired};
 use super::{Cluster, compile_node};
-use crate::datapath::{read_policy_epoch, write_policy_epoch};
+use crate::epoch::PolicyEpoch;
 use crate::metrics::Metrics;
 use crate::nft;
 use crate::watch::PolicyWatch;
@@ -61,9 +61,9 @@ const RETRY_MAX: Duration = Duration::from_secs(10);
 pub struct Room {
     node: String,
     records: PathBuf,
-    /// Where the fast path's maps are pinned (`mycni_policy` holds the
-    /// epoch it checks established flows against).
-    pin_dir: PathBuf,
+    /// Where the epoch goes for the fast path, which checks established
+    /// flows' stamps against it (the loop's handle: `crate::epoch`).
+    fast_epoch: Arc<dyn PolicyEpoch>,
     /// The policy epoch the table stamps connections with; a new one with
     /// every change written.
     epoch: u32,
@@ -105,16 +105,16 @@ pub fn spawn(
     client: kube::Client,
     node: String,
     state_dir: &Path,
-    pin_dir: &Path,
+    fast_epoch: Arc<dyn PolicyEpoch>,
     metrics: &Arc<Metrics>,
     resync: Duration,
-    published: watch::Sender<Arc<Cluster>>,
+    cluster: watch::Sender<Arc<Cluster>>,
 ) -> JoinHandle<()> {
-    let pin_dir = pin_dir.to_path_buf();
     // Past whatever epoch an earlier agent left (the pinned map; on the
     // kernel path only its table's stamp tells): every flow stamped under
     // it is judged again once.
-    let left = read_policy_epoch(&pin_dir)
+    let left = fast_epoch
+        .read()
         .into_iter()
         .chain(nft::list_chain(FAMILY, TABLE, "stamp").and_then(|l| parse_stamped_epoch(&l)))
         .max();
@@ -143,7 +143,7 @@ pub fn spawn(
         let mut room = Room {
             node,
             records,
-            pin_dir,
+            fast_epoch,
             epoch,
             metrics: collector,
             applied: None,
@@ -151,7 +151,7 @@ pub fn spawn(
             found: BTreeMap::new(),
             view,
             next_view: View::default(),
-            published,
+            published: cluster,
         };
         room.run(watch, resync).await;
     })
@@ -159,9 +159,9 @@ pub fn spawn(
 
 /// Removes the table (`--network-policy=false`, uninstall) and tells the
 /// fast path to check no stamp any more (nobody writes them now).
-pub fn uninstall(pin_dir: &Path) -> Result<()> {
+pub fn uninstall(fast_epoch: &dyn PolicyEpoch) -> Result<()> {
     nft::apply(&remove_script())?;
-    write_policy_epoch(pin_dir, 0)?;
+    fast_epoch.write(0)?;
     Ok(())
 }
 
@@ -427,7 +427,7 @@ impl Room {
         self.epoch = settled;
         // Only now: a flow stamped under the old epoch goes on fast until
         // the fast path checks for the new one, and the new stamps exist.
-        write_policy_epoch(&self.pin_dir, settled)?;
+        self.fast_epoch.write(settled)?;
         self.metrics
             .set_elements
             .store(want.len() as u64, Ordering::Relaxed);
