@@ -33,8 +33,10 @@
 //! and metrics modules; the rest is the crate's own.
 
 pub mod agent;
+pub mod api;
 mod btf;
 pub mod caps;
+pub mod cluster;
 pub mod datapath;
 mod epoch;
 pub mod flows;

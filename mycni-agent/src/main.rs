@@ -508,7 +508,7 @@ fn main() -> Result<()> {
             ..
         }) => {
             use mycni_agent::policy::inspect;
-            let report = inspect::fetch(inspect::agent_address(&agent)?, &pod)?;
+            let report = inspect::fetch(mycni_agent::api::client::agent_address(&agent)?, &pod)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
@@ -539,7 +539,7 @@ fn main() -> Result<()> {
                     client: agent::kube_client(Some(k)).await?,
                     port: a.agent_port,
                 },
-                None => cli::Agents::One(mycni_agent::policy::inspect::agent_address(&a.agent)?),
+                None => cli::Agents::One(mycni_agent::api::client::agent_address(&a.agent)?),
             };
             cli::run(agents, a.filter(), a.output).await
         }),
@@ -561,7 +561,7 @@ fn main() -> Result<()> {
                     explain::fetch_cluster(&agents, &src, &dst, &port)?
                 }
                 None => {
-                    let agent = mycni_agent::policy::inspect::agent_address(&agent)?;
+                    let agent = mycni_agent::api::client::agent_address(&agent)?;
                     explain::fetch(agent, &src, &dst, &port)?
                 }
             };
