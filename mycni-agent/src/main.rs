@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use mycni_agent::agent::{self, Config};
 use mycni_agent::datapath::Mode;
 use mycni_agent::metrics::{DEFAULT_STALE_AFTER, Liveness, Metrics};
-use mycni_agent::overlay::{Underlay6Select, UnderlaySelect};
+use mycni_agent::topology::{Underlay6Select, UnderlaySelect};
 use mycni_common::contract::{
     DEFAULT_STATE_DIR, DEFAULT_VNI, DEFAULT_VXLAN_DEVICE, DEFAULT_VXLAN_PORT, DEFAULT_VXLAN6_DEVICE,
 };

@@ -23,10 +23,9 @@ use super::publish::{conflist, ready_file, set_network_available, write_atomic};
 use super::startup::Started;
 use crate::datapath::FastPath;
 use crate::metrics::{Liveness, Metrics};
-use crate::overlay::{
-    Desire, Device, IPV6_ONLY, Overlay, OverlayState, UnderlayChange, Update, VxlanSpec,
-};
+use crate::overlay::{Desire, Device, Overlay, UnderlayChange, Update};
 use crate::tables::Tables;
+use crate::topology::{IPV6_ONLY, OverlayState, VxlanSpec};
 use crate::watch::kernel::{Expected, Signals, Watched};
 use crate::watch::{ApiWatch, node_view};
 use mycni_common::contract::{ANNOTATION_HOST_IP, ANNOTATION_HOST_IP6, CONFLIST_NAME};

@@ -8,8 +8,8 @@
 use std::time::Instant;
 
 use super::{diff_script, full_script, whole_is_cheaper};
-use crate::cluster::{Cluster, Key};
 use crate::cluster::fixture::bench_cluster;
+use crate::cluster::{Cluster, Key};
 use crate::policy::{compile_node, sets};
 
 #[test]
