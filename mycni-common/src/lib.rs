@@ -18,6 +18,8 @@ extern crate std;
 pub mod contract;
 pub mod flow;
 #[cfg(feature = "std")]
+pub mod fs;
+#[cfg(feature = "std")]
 pub mod net;
 #[cfg(feature = "netlink")]
 pub mod netlink;

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use mycni_common::contract::{self, Conflist, IpamConf, PluginConf};
@@ -12,21 +12,9 @@ use mycni_common::net::PodCidrs;
 
 use super::Config;
 
-/// Write to a temp file in the same directory, then rename: readers (the
-/// runtime reading the conflist, the plugin reading the ready file) never
-/// see a half-written file.
+/// [`mycni_common::fs::write_atomic`], with anyhow's error.
 pub fn write_atomic(path: &Path, content: &[u8]) -> Result<()> {
-    let dir = path.parent().context("path without parent")?;
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp",
-        path.file_name()
-            .map(|n| n.to_string_lossy())
-            .unwrap_or_default()
-    ));
-    std::fs::write(&tmp, content).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
-    Ok(())
+    Ok(mycni_common::fs::write_atomic(path, content)?)
 }
 
 /// The ready marker the plugin's STATUS looks for (the conflist names it).

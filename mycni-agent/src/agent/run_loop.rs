@@ -314,14 +314,19 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
     // The policy room publishes the cluster each pass reads; without it
     // the view keeps one, so flows still name their pods.
     let _cluster = if cfg.network_policy {
+        let section = crate::policy::room::Section {
+            node: node_name.clone(),
+            state_dir: cfg.state_dir.clone(),
+            resync: cfg.resync,
+        };
         crate::policy::room::spawn(
-            client.clone(),
-            node_name.clone(),
-            &cfg.state_dir,
-            Arc::new(crate::datapath::PinnedEpoch(cfg.pin_dir.clone())),
-            &metrics,
-            cfg.resync,
-            cluster_tx,
+            &section,
+            crate::policy::room::Deps {
+                client: client.clone(),
+                metrics: metrics.clone(),
+                fast_epoch: Arc::new(crate::datapath::PinnedEpoch(cfg.pin_dir.clone())),
+                published: cluster_tx,
+            },
         )
     } else {
         crate::cluster::view::spawn(client.clone(), &metrics, cluster_tx)

@@ -341,9 +341,11 @@ fn peer(p: &net::NetworkPolicyPeer, at: &str) -> Result<Peer, Problem> {
     }
 }
 
+/// The workspace's one CIDR syntax (`mycni_common::net`), host bits then
+/// cleared as Go's `net.ParseCIDR` does.
 fn parse_cidr(text: &str) -> Option<Cidr> {
-    let (addr, len) = text.split_once('/')?;
-    Cidr::new(addr.parse().ok()?, len.parse().ok()?)
+    let c: mycni_common::net::Cidr<IpAddr> = text.parse().ok()?;
+    Cidr::new(c.addr(), c.prefix())
 }
 
 fn ip_block(b: &net::IPBlock, at: &str) -> Result<IpBlock, Problem> {

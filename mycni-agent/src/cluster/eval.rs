@@ -11,9 +11,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::Cluster;
-use super::model::{
-    Key, NamespaceScope, Peer, Peers, Pod, Policy, PortMatch, Ports, Protocol, Rule,
-};
+use super::model::{Key, NamespaceScope, Peer, Peers, Pod, Policy, PortMatch, Ports, Protocol};
 use crate::verdict::Direction;
 
 /// One end of a connection.
@@ -123,7 +121,7 @@ pub fn allowed(
     protocol: Protocol,
     port: u16,
 ) -> Verdict {
-    allowed_with(cluster, src, dst, protocol, port, &|pod, direction| {
+    allowed_with(cluster, src, dst, (protocol, port), &|pod, direction| {
         cluster.policies_isolating_shared(pod, direction)
     })
 }
@@ -135,8 +133,7 @@ pub fn allowed_with(
     cluster: &Cluster,
     src: &Endpoint,
     dst: &Endpoint,
-    protocol: Protocol,
-    port: u16,
+    (protocol, port): (Protocol, u16),
     isolating: Isolating,
 ) -> Verdict {
     let (s, d) = (side(cluster, src), side(cluster, dst));
@@ -148,20 +145,31 @@ pub fn allowed_with(
             ingress: Judgement::SamePod,
         };
     }
-    let conn = Conn {
-        dst: d.pod,
-        protocol,
-        port,
+    let ask = Ask {
+        cluster,
+        isolating,
+        conn: Conn {
+            dst: d.pod,
+            protocol,
+            port,
+        },
     };
     Verdict {
-        egress: judge(cluster, Direction::Egress, s, d, &conn, isolating),
-        ingress: judge(cluster, Direction::Ingress, d, s, &conn, isolating),
+        egress: judge(&ask, Direction::Egress, s, d),
+        ingress: judge(&ask, Direction::Ingress, d, s),
     }
 }
 
 /// The policies isolating a pod in a direction (`Cluster::policies_isolating_shared`,
 /// or a caller's copy of its answers).
 pub type Isolating<'a> = &'a dyn Fn(&Pod, Direction) -> Vec<Arc<Policy>>;
+
+/// One connection judged in both directions.
+struct Ask<'a> {
+    cluster: &'a Cluster,
+    isolating: Isolating<'a>,
+    conn: Conn<'a>,
+}
 
 /// What a port rule is checked against; named ports resolve on `dst`.
 struct Conn<'a> {
@@ -170,35 +178,27 @@ struct Conn<'a> {
     port: u16,
 }
 
-fn judge(
-    cluster: &Cluster,
-    direction: Direction,
-    local: Side,
-    remote: Side,
-    conn: &Conn,
-    isolating: Isolating,
-) -> Judgement {
+fn judge(ask: &Ask, direction: Direction, local: Side, remote: Side) -> Judgement {
     let Some(pod) = local.pod else {
         return Judgement::NotJudged;
     };
     if remote.pod.is_none() && remote.node.is_some() && remote.node == pod.node.as_deref() {
         return Judgement::OwnNode;
     }
-    let held = isolating(pod, direction);
+    let held = (ask.isolating)(pod, direction);
     if held.is_empty() {
         return Judgement::NotIsolated;
     }
     let isolating: Vec<&Policy> = held.iter().map(|p| &**p).collect();
     let by: Vec<RuleRef> = Cluster::rules_of(&isolating, direction)
         .filter(|(_, policy, rule)| {
-            rule_matches(
-                cluster,
+            peers_match(
+                ask.cluster,
                 &policy.key.namespace,
-                rule,
+                &rule.peers,
                 remote.pod,
                 remote.ip,
-                conn,
-            )
+            ) && ports_match(&rule.ports, &ask.conn)
         })
         .map(|(at, _, _)| at)
         .collect();
@@ -211,29 +211,20 @@ fn judge(
     }
 }
 
-fn rule_matches(
-    cluster: &Cluster,
-    policy_ns: &str,
-    rule: &Rule,
-    remote: Option<&Pod>,
-    remote_ip: IpAddr,
-    conn: &Conn,
-) -> bool {
-    peers_match(cluster, policy_ns, &rule.peers, remote, remote_ip)
-        && match &rule.ports {
-            Ports::All => true,
-            Ports::Only(list) => list.iter().any(|p| {
-                p.protocol == conn.protocol
-                    && match &p.port {
-                        PortMatch::Any => true,
-                        PortMatch::Range { start, end } => (*start..=*end).contains(&conn.port),
-                        PortMatch::Named(name) => {
-                            conn.dst.and_then(|d| d.named_port(name, conn.protocol))
-                                == Some(conn.port)
-                        }
+fn ports_match(ports: &Ports, conn: &Conn) -> bool {
+    match ports {
+        Ports::All => true,
+        Ports::Only(list) => list.iter().any(|p| {
+            p.protocol == conn.protocol
+                && match &p.port {
+                    PortMatch::Any => true,
+                    PortMatch::Range { start, end } => (*start..=*end).contains(&conn.port),
+                    PortMatch::Named(name) => {
+                        conn.dst.and_then(|d| d.named_port(name, conn.protocol)) == Some(conn.port)
                     }
-            }),
-        }
+                }
+        }),
+    }
 }
 
 /// Whether the remote end (a pod-network pod or not, at `ip`) is one of

@@ -45,7 +45,7 @@ use mycni_common::net::Mac;
 
 use crate::kernel::PodEndpoints;
 use crate::metrics::Metrics;
-use crate::topology::{OverlayState, VxlanSpec};
+use crate::topology::{Output, OverlayState, VxlanSpec};
 
 pub mod attach;
 pub mod counters;
@@ -79,6 +79,18 @@ pub struct Vxlan6State<'a> {
     pub ifindex: u32,
     pub mac: Mac,
     pub overlay: &'a OverlayState,
+}
+
+/// The datapath's settings.
+#[derive(Debug, Clone)]
+pub struct Section {
+    pub mode: Mode,
+    /// VXLAN encapsulated in tc (`--tc-encap`), not by `vxlan.1`.
+    pub tc_encap: bool,
+    /// The programs' log (`--ebpf-log`).
+    pub log: bool,
+    pub pin_dir: PathBuf,
+    pub proc_sys: PathBuf,
 }
 
 /// `--datapath`.
@@ -156,15 +168,14 @@ impl FastPath {
     /// attached for `Mode::Kernel`. Never fails: a node that cannot run the
     /// fast path runs the kernel path, and says why in logs, readiness
     /// detail and metrics.
-    pub fn start(
-        mode: Mode,
-        tc_encap: bool,
-        object: Option<&[u8]>,
-        log: bool,
-        pin_dir: &Path,
-        proc_sys: &Path,
-        metrics: Arc<Metrics>,
-    ) -> Self {
+    pub fn start(section: &Section, object: Option<&[u8]>, metrics: Arc<Metrics>) -> Self {
+        let Section {
+            mode,
+            tc_encap,
+            log,
+            ref pin_dir,
+            ref proc_sys,
+        } = *section;
         let mut fp = FastPath {
             pin_dir: pin_dir.to_path_buf(),
             dp: None,
@@ -298,19 +309,22 @@ impl FastPath {
         Ok(())
     }
 
-    /// Brings maps and attachments in line with the kernel. `overlay` is what
-    /// the kernel holds on `vxlan.1` after this pass; `pods` (read on full
-    /// passes) the pods the plugin set up; `vxlan6` the same for `vxlan6.1`
-    /// on a node with an IPv6 underlay. `vx` is None on a node without
-    /// `vxlan.1` (IPv6-only), whose `overlay` is empty.
+    /// Brings maps and attachments in line with the kernel. `out` is what
+    /// the overlay holds on `vxlan.1` (and on `vxlan6.1`, on a node with an
+    /// IPv6 underlay) after this pass; `pods` (read on full passes) the
+    /// pods the plugin set up. A node without `vxlan.1` (IPv6-only) has no
+    /// `out.vxlan`, and its `out.state` is empty.
     pub fn sync(
         &mut self,
-        vxlan: u32,
-        vx: Option<&VxlanSpec>,
-        overlay: &OverlayState,
+        out: &Output<'_>,
         pods: Option<&PodEndpoints>,
-        vxlan6: Option<Vxlan6State<'_>>,
     ) -> Result<(), DatapathError> {
+        let (vxlan, vx, overlay) = (out.index, out.vxlan, out.state);
+        let vxlan6 = out.vxlan6.map(|(ifindex, mac, overlay)| Vxlan6State {
+            ifindex,
+            mac,
+            overlay,
+        });
         let cfg = self.config(vxlan, vx, vxlan6.as_ref());
         self.vxlan6_only = vx.is_none();
         let Some(dp) = self.dp.as_mut() else {

@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use crate::kernel::Kernel;
 use crate::metrics::{NetlinkOp, netlink_timed};
 
-use super::{FastPath, Vxlan6State};
+use super::FastPath;
 
 impl FastPath {
     /// The pass's datapath step. Pods change only through the plugin:
@@ -27,18 +27,7 @@ impl FastPath {
         } else {
             None
         };
-        let vxlan6 = overlay.vxlan6.map(|(ifindex, mac, overlay)| Vxlan6State {
-            ifindex,
-            mac,
-            overlay,
-        });
-        self.sync(
-            overlay.index,
-            overlay.vxlan,
-            overlay.state,
-            pods.as_ref(),
-            vxlan6,
-        )
-        .context("syncing the eBPF maps")
+        self.sync(overlay, pods.as_ref())
+            .context("syncing the eBPF maps")
     }
 }

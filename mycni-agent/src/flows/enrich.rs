@@ -293,8 +293,7 @@ impl Directory {
             &self.cluster,
             &end(from, log.src),
             &end(to, log.dst),
-            protocol,
-            log.dport,
+            (protocol, log.dport),
             &|pod, d| self.isolating_policies(pod, d),
         );
         let judged = match d {

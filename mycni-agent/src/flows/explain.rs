@@ -115,8 +115,7 @@ pub fn explain(
     store: Option<&Arc<Store>>,
     src: &Asked,
     dst: &Asked,
-    port: u16,
-    protocol: Protocol,
+    (port, protocol): (u16, Protocol),
 ) -> Result<Explanation, String> {
     let want_v6 = {
         // One family for both ends: IPv4 unless one end has only IPv6.

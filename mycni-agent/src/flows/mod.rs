@@ -183,15 +183,14 @@ pub fn start(
     let names = Arc::new(room::KernelNames::new(reasons));
     let counts = Arc::new(events::EventCounts::default());
     let events = Some((events::spawn(client, node, counts.clone()), counts));
-    let (sink, _store, task) = room::spawn(
-        settings,
-        metrics,
+    let inputs = room::Inputs {
         cluster,
         nodes,
-        host::addresses(),
+        host_ips: host::addresses(),
         names,
         events,
-    );
+    };
+    let (sink, _store, task) = room::spawn(settings, metrics, inputs);
     // The programs' ring exists only where they are loaded.
     if let Some(pins) = &s.ring_pins
         && let Err(e) = ring::spawn(pins, sink.clone())

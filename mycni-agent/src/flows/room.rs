@@ -202,15 +202,31 @@ impl Feed for Served {
 /// How often, at most, the other nodes' addresses are read again.
 const NODES_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// What the room reads from the rest of the agent and the node.
+pub struct Inputs {
+    /// The cluster the policy room (or the cluster view) published.
+    pub cluster: watch::Receiver<Arc<Cluster>>,
+    /// The Node objects, after each overlay pass that read them.
+    pub nodes: watch::Receiver<super::Nodes>,
+    /// This host's own addresses.
+    pub host_ips: HashSet<IpAddr>,
+    pub names: Arc<dyn Names + Send + Sync>,
+    /// Where policy drops become Kubernetes Events, and their counts.
+    pub events: Option<(EventSender, Arc<EventCounts>)>,
+}
+
 pub fn spawn(
     settings: Settings,
     metrics: &Arc<Metrics>,
-    mut cluster: watch::Receiver<Arc<Cluster>>,
-    mut nodes: watch::Receiver<super::Nodes>,
-    host_ips: HashSet<IpAddr>,
-    names: Arc<dyn Names + Send + Sync>,
-    events: Option<(EventSender, Arc<EventCounts>)>,
+    inputs: Inputs,
 ) -> (Sink, Arc<Store>, JoinHandle<()>) {
+    let Inputs {
+        mut cluster,
+        mut nodes,
+        host_ips,
+        names,
+        events,
+    } = inputs;
     let (sink, mut rx) = Sink::new(SINK_CAPACITY);
     let store = Arc::new(Store::new(
         settings.node.clone(),
@@ -236,7 +252,7 @@ pub fn spawn(
         Arc::new(move |what: &str| {
             let (src, dst, port, protocol) = super::explain::parse(what)?;
             let c = view.borrow().clone();
-            let e = super::explain::explain(&c, Some(&held), &src, &dst, port, protocol)?;
+            let e = super::explain::explain(&c, Some(&held), &src, &dst, (port, protocol))?;
             serde_json::to_string(&e).map_err(|e| e.to_string())
         }),
     );

@@ -339,7 +339,7 @@ fn explain_names_the_deciding_rule_and_the_isolating_policies() {
     let c = cluster();
     let (src, dst, port, proto) = parse("x/a/x/b/80/tcp").expect("parses");
     assert_eq!(src, Asked::Pod(Key::new("x", "a")));
-    let e = explain(&c, None, &src, &dst, port, proto).expect("explained");
+    let e = explain(&c, None, &src, &dst, (port, proto)).expect("explained");
     assert_eq!(e.verdict, "allowed");
     assert_eq!(e.ingress.rules, ["x/b-from-a ingress[0]"]);
     assert_eq!(e.egress.judgement, "open");
@@ -349,8 +349,7 @@ fn explain_names_the_deciding_rule_and_the_isolating_policies() {
         None,
         &Asked::Pod(Key::new("x", "c")),
         &dst,
-        80,
-        Protocol::Tcp,
+        (80, Protocol::Tcp),
     )
     .expect("explained");
     assert_eq!(e.verdict, "denied");
@@ -370,8 +369,7 @@ fn explain_names_the_deciding_rule_and_the_isolating_policies() {
             None,
             &Asked::Pod(Key::new("x", "nope")),
             &dst,
-            80,
-            Protocol::Tcp
+            (80, Protocol::Tcp)
         )
         .is_err()
     );
@@ -516,8 +514,7 @@ fn explain_with_a_kubeconfig_adds_both_ends_nodes_in_time_order() {
         None,
         &Asked::Pod(Key::new("x", "a")),
         &Asked::Pod(Key::new("x", "b")),
-        80,
-        Protocol::Tcp,
+        (80, Protocol::Tcp),
     )
     .expect("explained");
     // x/a runs on node-0, x/b on node-1 (the fixture's model).
@@ -618,7 +615,7 @@ fn other_nodes_addresses_are_named_remote_nodes() {
 
 #[tokio::test]
 async fn the_room_goes_on_when_there_is_no_policy_room() {
-    use super::room::{KernelNames, Settings, spawn};
+    use super::room::{self, KernelNames, Settings, spawn};
     let metrics = Arc::new(crate::metrics::Metrics::default());
     // Enforcement off: the policy room never starts, its sender is gone.
     let (cluster_tx, cluster_rx) = tokio::sync::watch::channel(cluster());
@@ -631,11 +628,13 @@ async fn the_room_goes_on_when_there_is_no_policy_room() {
             pod_series: 10,
         },
         &metrics,
-        cluster_rx,
-        nodes_rx,
-        HashSet::new(),
-        Arc::new(KernelNames::default()),
-        None,
+        room::Inputs {
+            cluster: cluster_rx,
+            nodes: nodes_rx,
+            host_ips: HashSet::new(),
+            names: Arc::new(KernelNames::default()),
+            events: None,
+        },
     );
     let (a, b) = (pod_ip("x", "a", false), pod_ip("x", "b", false));
     for _ in 0..3 {

@@ -18,6 +18,16 @@ use super::nexthop_ids::{AnyCidr, Hop, NexthopPlan};
 use crate::topology::Action;
 use crate::topology::via_vxlan;
 
+/// What every write of one phase is made against: how peer routes are
+/// made, the phase's nexthop plans, the devices' ifindexes.
+#[derive(Clone, Copy)]
+struct Pass<'a> {
+    mode: PeerRoutes,
+    plans: &'a BTreeMap<AnyCidr, (Hop, NexthopPlan)>,
+    vxlan: u32,
+    underlay: u32,
+}
+
 impl OverlayKernel {
     /// Applies a diff of [`OverlayKernel::dump_vxlan6`]'s state to `vxlan6.1`,
     /// as [`OverlayKernel::apply`] does without nexthop objects. Returns the
@@ -31,7 +41,15 @@ impl OverlayKernel {
         // order kept by the diff's sort within each group.
         for a in dels.into_iter().chain(sets) {
             if let Err(e) = self
-                .apply_one(PeerRoutes::Onlink, &plans, vxlan6, 0, a)
+                .apply_one(
+                    &Pass {
+                        mode: PeerRoutes::Onlink,
+                        plans: &plans,
+                        vxlan: vxlan6,
+                        underlay: 0,
+                    },
+                    a,
+                )
                 .await
             {
                 tracing::warn!(error = %e, device = "vxlan6", "kernel update failed");
@@ -114,7 +132,13 @@ impl OverlayKernel {
                     _ => true,
                 })
                 .collect();
-            failed += self.apply_phase(mode, &plans, vxlan, underlay, phase).await;
+            let pass = Pass {
+                mode,
+                plans: &plans,
+                vxlan,
+                underlay,
+            };
+            failed += self.apply_phase(&pass, phase).await;
         }
         if mode == PeerRoutes::Nexthops {
             let unused = self.ids().take_unused();
@@ -140,29 +164,19 @@ impl OverlayKernel {
     /// of a batch cannot carry (a route whose nexthop is still to be set)
     /// go one at a time first. Returns the number that failed, each
     /// logged.
-    async fn apply_phase(
-        &self,
-        mode: PeerRoutes,
-        plans: &BTreeMap<AnyCidr, (Hop, NexthopPlan)>,
-        vxlan: u32,
-        underlay: u32,
-        phase: Vec<&Action>,
-    ) -> usize {
+    async fn apply_phase(&self, pass: &Pass<'_>, phase: Vec<&Action>) -> usize {
         let mut failed = 0;
         let mut batch = Batch::new();
         // Per batch entry: its action, and for a route through a nexthop
         // that goes, the podCIDR whose nexthop goes after it.
         let mut entries: Vec<(&Action, Option<AnyCidr>)> = Vec::with_capacity(phase.len());
         for a in phase {
-            match batch_entry(mode, plans, vxlan, underlay, a, &mut batch) {
+            match batch_entry(pass, a, &mut batch) {
                 Entry::Batched(then) => entries.push((a, then)),
                 Entry::Nothing => {}
                 Entry::Single => {
-                    let r = crate::metrics::netlink_timed(
-                        netlink_op(a),
-                        self.apply_one(mode, plans, vxlan, underlay, a),
-                    )
-                    .await;
+                    let r =
+                        crate::metrics::netlink_timed(netlink_op(a), self.apply_one(pass, a)).await;
                     if let Err(e) = r {
                         tracing::warn!(error = %e, "kernel update failed");
                         failed += 1;
@@ -193,23 +207,26 @@ impl OverlayKernel {
     }
 
     /// One action; deleting what is already gone is success.
-    async fn apply_one(
-        &self,
-        mode: PeerRoutes,
-        plans: &BTreeMap<AnyCidr, (Hop, NexthopPlan)>,
-        vxlan: u32,
-        underlay: u32,
-        a: &Action,
-    ) -> Result<(), KernelError> {
+    async fn apply_one(&self, pass: &Pass<'_>, a: &Action) -> Result<(), KernelError> {
+        let Pass {
+            mode,
+            plans,
+            vxlan,
+            underlay,
+        } = *pass;
         let nl = &self.nl;
         let r = match a {
             Action::SetRoute(c, gw) if mode == PeerRoutes::Nexthops => {
                 let (hop, plan) = self.plan_of(plans, *c, *gw);
-                return self.set_nexthop_route(vxlan, underlay, hop, plan, *c).await;
+                return self
+                    .set_nexthop_route((vxlan, underlay), hop, plan, *c)
+                    .await;
             }
             Action::SetRoute6(c, gw) if mode == PeerRoutes::Nexthops => {
                 let (hop, plan) = self.plan_of(plans, *c, *gw);
-                return self.set_nexthop_route(vxlan, underlay, hop, plan, *c).await;
+                return self
+                    .set_nexthop_route((vxlan, underlay), hop, plan, *c)
+                    .await;
             }
             Action::DelRoute(c) if mode == PeerRoutes::Nexthops => {
                 return self.delete_nexthop_route(*c).await;
@@ -245,8 +262,7 @@ impl OverlayKernel {
     /// nexthop alone.
     async fn set_nexthop_route<A: RouteFamily>(
         &self,
-        vxlan: u32,
-        underlay: u32,
+        (vxlan, underlay): (u32, u32),
         hop: Hop,
         plan: NexthopPlan,
         c: Cidr<A>,
@@ -406,14 +422,13 @@ enum Entry {
 
 /// Puts `a` into `batch` as the request [`OverlayKernel::apply_one`]
 /// would send alone.
-fn batch_entry(
-    mode: PeerRoutes,
-    plans: &BTreeMap<AnyCidr, (Hop, NexthopPlan)>,
-    vxlan: u32,
-    underlay: u32,
-    a: &Action,
-    batch: &mut Batch,
-) -> Entry {
+fn batch_entry(pass: &Pass<'_>, a: &Action, batch: &mut Batch) -> Entry {
+    let Pass {
+        mode,
+        plans,
+        vxlan,
+        underlay,
+    } = *pass;
     match a {
         Action::SetRoute(c, _) if mode == PeerRoutes::Nexthops => nexthop_route(plans, *c, batch),
         Action::SetRoute6(c, _) if mode == PeerRoutes::Nexthops => nexthop_route(plans, *c, batch),

@@ -32,7 +32,7 @@
 //! IPv6 socket is IPv6-only, so both devices bind port 8472 (tested in
 //! mycni-common/tests/netlink.rs). It also leaves `vxlan.1`, its FDB and
 //! the fast path's IPv4 encapsulation unchanged on every IPv4 node. Its
-//! MTU is the underlay's less 70 (`startup::VXLAN6_OVERHEAD`); peers
+//! MTU is the underlay's less 70 (`start::VXLAN6_OVERHEAD`); peers
 //! announce it with their own annotations (host IPv6 address, that
 //! device's VTEP MAC), as flannel's `public-ip-v6` / `backend-v6-data`.
 //! Only peers without an IPv4 underlay go through it (`peers::select_all`),
@@ -51,6 +51,7 @@ mod incremental;
 mod kernel;
 mod nexthop_ids;
 mod room;
+pub mod start;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

@@ -178,7 +178,7 @@ impl OverlayKernel {
             UnderlaySelect::Name(n) => self.named_underlay(n).await?,
             UnderlaySelect::Pattern(p) => {
                 for l in self.pattern_candidates(p).await? {
-                    match self.ipv6_host(&l.name, l.index, l.mtu, how6, keep).await {
+                    match self.ipv6_host((&l.name, l.index, l.mtu), how6, keep).await {
                         Ok(Some(u)) => return Ok(u),
                         // No such IPv6 address (yet): not a candidate.
                         Ok(None) | Err(KernelError::Other(_)) => continue,
@@ -196,7 +196,7 @@ impl OverlayKernel {
                 )));
             }
         };
-        self.ipv6_host(&link.name, link.index, link.mtu, how6, keep)
+        self.ipv6_host((&link.name, link.index, link.mtu), how6, keep)
             .await?
             .ok_or_else(|| {
                 KernelError::Other(format!(
@@ -216,17 +216,15 @@ impl OverlayKernel {
         underlay: &Underlay,
         how: &Underlay6Select,
     ) -> Result<Option<Underlay6>, KernelError> {
-        self.ipv6_host(&underlay.name, underlay.index, underlay.mtu, how, None)
+        self.ipv6_host((&underlay.name, underlay.index, underlay.mtu), how, None)
             .await
     }
 
-    /// [`OverlayKernel::underlay6`] on the interface `name` (`index`, `mtu`);
+    /// [`OverlayKernel::underlay6`] on the interface `(name, index, mtu)`;
     /// `keep`, the address in use, wins while it is still there and usable.
     async fn ipv6_host(
         &self,
-        name: &str,
-        index: u32,
-        mtu: u32,
+        (name, index, mtu): (&str, u32, u32),
         how: &Underlay6Select,
         keep: Option<Ipv6Addr>,
     ) -> Result<Option<Underlay6>, KernelError> {

@@ -208,7 +208,7 @@ fn direction(
             .entry(at.clone())
             .or_insert_with(|| peer_set(cluster, &policy.key.namespace, &rule.peers))
             .clone();
-        compile_rule(cluster, policy, rule, resolved, pod, at, &mut allows);
+        allows.extend(compile_rule(cluster, pod, (at, policy, rule), resolved));
     }
     DirectionRules::Isolated {
         by: isolating.iter().map(|p| p.key.clone()).collect(),
@@ -216,15 +216,14 @@ fn direction(
     }
 }
 
+/// What one rule (of `policy`, at `at`) admits for `local`.
 fn compile_rule(
     cluster: &Cluster,
-    policy: &Policy,
-    rule: &Rule,
-    peers: PeerSet,
     local: &Pod,
-    at: RuleRef,
-    out: &mut Vec<Allow>,
-) {
+    (at, policy, rule): (RuleRef, &Policy, &Rule),
+    peers: PeerSet,
+) -> Vec<Allow> {
+    let mut out = Vec::new();
     let list = match &rule.ports {
         Ports::All => {
             out.push(Allow {
@@ -232,7 +231,7 @@ fn compile_rule(
                 peers,
                 ports: PortSet::All,
             });
-            return;
+            return out;
         }
         Ports::Only(list) => list,
     };
@@ -291,6 +290,7 @@ fn compile_rule(
             ports: PortSet::Some(BTreeSet::from([range])),
         });
     }
+    out
 }
 
 /// Selectors resolved to the current pod addresses; ipBlocks kept whole.

@@ -97,16 +97,36 @@ async fn relay_events(changed: Arc<Notify>, pending: Pending, wake: Arc<Notify>)
     }
 }
 
+/// The room's settings.
+#[derive(Debug, Clone)]
+pub struct Section {
+    /// This node's name: the room enforces for its pods only.
+    pub node: String,
+    /// Where the plugin leaves its pod records.
+    pub state_dir: PathBuf,
+    /// How often the table is checked for being there at all.
+    pub resync: Duration,
+}
+
+/// What the room is handed by the agent.
+pub struct Deps {
+    pub client: kube::Client,
+    pub metrics: Arc<Metrics>,
+    /// Where the epoch goes for the fast path.
+    pub fast_epoch: Arc<dyn PolicyEpoch>,
+    /// Where each pass's cluster goes, for the flows room.
+    pub published: watch::Sender<Arc<Cluster>>,
+}
+
 /// Starts the room; it writes nothing until the lists have synced.
-pub fn spawn(
-    client: kube::Client,
-    node: String,
-    state_dir: &Path,
-    fast_epoch: Arc<dyn PolicyEpoch>,
-    metrics: &Arc<Metrics>,
-    resync: Duration,
-    cluster: watch::Sender<Arc<Cluster>>,
-) -> JoinHandle<()> {
+pub fn spawn(section: &Section, deps: Deps) -> JoinHandle<()> {
+    let Deps {
+        client,
+        metrics,
+        fast_epoch,
+        published: cluster,
+    } = deps;
+    let (node, resync) = (section.node.clone(), section.resync);
     // Past whatever epoch an earlier agent left (the pinned map; on the
     // kernel path only its table's stamp tells): every flow stamped under
     // it is judged again once.
@@ -116,8 +136,7 @@ pub fn spawn(
         .chain(nft::list_chain(FAMILY, TABLE, "stamp").and_then(|l| parse_stamped_epoch(&l)))
         .max();
     let epoch = next_epoch(left.unwrap_or(0));
-    let metrics = metrics.clone();
-    let records = state_dir.join(POD_RECORDS_DIR);
+    let records = section.state_dir.join(POD_RECORDS_DIR);
     // Registered now, so its series (enforcing 0) are there while the
     // lists sync.
     let collector = metrics.collector::<PolicyMetrics>();

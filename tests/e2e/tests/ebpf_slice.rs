@@ -147,15 +147,14 @@ fn counters_pinned_by_an_older_agent_are_rebuilt() -> anyhow::Result<()> {
 
         let proc_sys = tempfile::tempdir()?;
         let metrics = Arc::new(Metrics::default());
-        let fp = FastPath::start(
-            Mode::Ebpf,
-            true,
-            Some(object),
-            false,
-            bpffs.path(),
-            proc_sys.path(),
-            metrics.clone(),
-        );
+        let section = mycni_agent::datapath::Section {
+            mode: Mode::Ebpf,
+            tc_encap: true,
+            log: false,
+            pin_dir: bpffs.path().to_path_buf(),
+            proc_sys: proc_sys.path().to_path_buf(),
+        };
+        let fp = FastPath::start(&section, Some(object), metrics.clone());
         anyhow::ensure!(fp.active(), "{what}: not loaded: {}", fp.describe());
         anyhow::ensure!(metrics.ebpf_load_failures.load(Ordering::Relaxed) == 0);
         let counters = read_family_counters(bpffs.path())?;

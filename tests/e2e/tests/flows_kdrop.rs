@@ -449,15 +449,14 @@ fn the_fast_path_attaches_it_and_says_so() -> Result<()> {
     let bpffs = BpfFs::new()?;
     let proc_sys = tempfile::tempdir()?;
     let metrics = Arc::new(Metrics::default());
-    let fp = FastPath::start(
-        Mode::Ebpf,
-        true,
-        Some(object),
-        false,
-        bpffs.path(),
-        proc_sys.path(),
-        metrics.clone(),
-    );
+    let section = mycni_agent::datapath::Section {
+        mode: Mode::Ebpf,
+        tc_encap: true,
+        log: false,
+        pin_dir: bpffs.path().to_path_buf(),
+        proc_sys: proc_sys.path().to_path_buf(),
+    };
+    let fp = FastPath::start(&section, Some(object), metrics.clone());
     ensure!(fp.active(), "not loaded: {}", fp.describe());
     let text = metrics.render(Format::Prometheus)?;
     ensure!(

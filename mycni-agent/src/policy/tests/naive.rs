@@ -166,15 +166,14 @@ impl World {
             })
     }
 
-    /// Does `local` (a pod) let the connection through in `dir`?
+    /// Does `local` (a pod) let the connection to `(dst, proto, port)`
+    /// through in `dir`?
     fn side_allows(
         &self,
         dir: &str,
         local: End,
         remote: End,
-        dst: End,
-        proto: &str,
-        port: u16,
+        (dst, proto, port): (End, &str, u16),
     ) -> bool {
         let Some(pod) = self.pod_net(local) else {
             return true;
@@ -217,7 +216,7 @@ impl World {
         if src.pod.is_some() && src.pod == dst.pod {
             return true;
         }
-        self.side_allows("Egress", src, dst, dst, proto, port)
-            && self.side_allows("Ingress", dst, src, dst, proto, port)
+        self.side_allows("Egress", src, dst, (dst, proto, port))
+            && self.side_allows("Ingress", dst, src, (dst, proto, port))
     }
 }
