@@ -60,24 +60,14 @@ pub const EVENT_TO_KERNEL_BUCKETS: [f64; 15] = [
 ];
 
 pub struct Metrics {
-    pub peers_programmed: AtomicU64,
     pub reconcile_runs: AtomicU64,
     pub reconcile_errors: AtomicU64,
-    /// Kernel entries re-created or removed although the desired state had
-    /// not changed since the last good reconcile: someone else touched them.
-    pub drift_repaired: AtomicU64,
-    pub kernel_actions: AtomicU64,
-    pub rejected: Mutex<BTreeMap<&'static str, u64>>,
     pub ready: AtomicBool,
     pub ready_detail: Mutex<String>,
     pub api_reachable: AtomicBool,
     /// The fast path is loaded and maintained.
     pub datapath_ebpf: AtomicBool,
     pub ebpf_load_failures: AtomicU64,
-    /// Host IPs the underlay filter accepts VXLAN from (the peers').
-    pub underlay_filter_peers: AtomicU64,
-    /// Failed writes of the underlay filter (nft); each is retried.
-    pub underlay_filter_errors: AtomicU64,
     reconcile_duration: Histogram,
     event_to_kernel: Histogram,
     /// When the oldest Node event that no finished pass has applied yet
@@ -133,19 +123,13 @@ impl Collector for Lent {
 impl Default for Metrics {
     fn default() -> Self {
         Metrics {
-            peers_programmed: AtomicU64::default(),
             reconcile_runs: AtomicU64::default(),
             reconcile_errors: AtomicU64::default(),
-            drift_repaired: AtomicU64::default(),
-            kernel_actions: AtomicU64::default(),
-            rejected: Mutex::default(),
             ready: AtomicBool::default(),
             ready_detail: Mutex::default(),
             api_reachable: AtomicBool::default(),
             datapath_ebpf: AtomicBool::default(),
             ebpf_load_failures: AtomicU64::default(),
-            underlay_filter_peers: AtomicU64::default(),
-            underlay_filter_errors: AtomicU64::default(),
             reconcile_duration: Histogram::new(RECONCILE_BUCKETS),
             event_to_kernel: Histogram::new(EVENT_TO_KERNEL_BUCKETS),
             pending_event: Arc::default(),
@@ -344,18 +328,12 @@ impl Metrics {
     fn snapshot(&self) -> Snapshot {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         Snapshot {
-            peers_programmed: load(&self.peers_programmed),
             reconcile_runs: load(&self.reconcile_runs),
             reconcile_errors: load(&self.reconcile_errors),
-            drift_repaired: load(&self.drift_repaired),
-            kernel_actions: load(&self.kernel_actions),
-            rejected: self.rejected.lock().map(|r| r.clone()).unwrap_or_default(),
             ready: self.ready.load(Ordering::Relaxed),
             api_reachable: self.api_reachable.load(Ordering::Relaxed),
             datapath_ebpf: self.datapath_ebpf.load(Ordering::Relaxed),
             ebpf_load_failures: load(&self.ebpf_load_failures),
-            underlay_filter_peers: load(&self.underlay_filter_peers),
-            underlay_filter_errors: load(&self.underlay_filter_errors),
         }
     }
 }
@@ -364,18 +342,12 @@ impl Metrics {
 /// `Family` would order its series by hash, differently on every agent).
 #[derive(Debug)]
 struct Snapshot {
-    peers_programmed: u64,
     reconcile_runs: u64,
     reconcile_errors: u64,
-    drift_repaired: u64,
-    kernel_actions: u64,
-    rejected: BTreeMap<&'static str, u64>,
     ready: bool,
     api_reachable: bool,
     datapath_ebpf: bool,
     ebpf_load_failures: u64,
-    underlay_filter_peers: u64,
-    underlay_filter_errors: u64,
 }
 
 /// One gauge sample without labels; for collectors.
@@ -392,12 +364,6 @@ pub fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std
 impl Collector for Snapshot {
     fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
         let e = &mut e;
-        gauge(
-            e,
-            "mycni_peers_programmed",
-            "Peer nodes whose route, neighbour and FDB entry are programmed.",
-            self.peers_programmed,
-        )?;
         counter(
             e,
             "mycni_reconcile_runs",
@@ -410,27 +376,6 @@ impl Collector for Snapshot {
             "Reconcile passes with at least one failed kernel update or read.",
             self.reconcile_errors,
         )?;
-        counter(
-            e,
-            "mycni_kernel_drift_repaired",
-            "Kernel entries repaired that changed without a Node change.",
-            self.drift_repaired,
-        )?;
-        counter(
-            e,
-            "mycni_kernel_updates",
-            "Route, neighbour and FDB updates applied.",
-            self.kernel_actions,
-        )?;
-        let mut m = e.encode_descriptor(
-            "mycni_rejected_peers",
-            "Nodes not programmed because their data is malformed or hostile, by reason.",
-            None,
-            MetricType::Gauge,
-        )?;
-        for (reason, n) in &self.rejected {
-            ConstGauge::new(*n).encode(m.encode_family(&[("reason", *reason)])?)?;
-        }
         gauge(
             e,
             "mycni_ready",
@@ -455,18 +400,6 @@ impl Collector for Snapshot {
             "Failed loads of the eBPF programs (the node then runs the kernel path).",
             self.ebpf_load_failures,
         )?;
-        gauge(
-            e,
-            "mycni_underlay_filter_peers",
-            "Host IPs VXLAN is accepted from (nftables set mycni_underlay/peers).",
-            self.underlay_filter_peers,
-        )?;
-        counter(
-            e,
-            "mycni_underlay_filter_errors",
-            "Failed writes of the VXLAN underlay filter (nft); retried on the next pass.",
-            self.underlay_filter_errors,
-        )?;
         Ok(())
     }
 }
@@ -483,28 +416,18 @@ mod tests {
     #[test]
     fn existing_series_keep_their_names_and_lines() {
         let m = Metrics::default();
-        m.peers_programmed.store(3, Ordering::Relaxed);
         m.reconcile_runs.store(7, Ordering::Relaxed);
         m.ebpf_load_failures.store(1, Ordering::Relaxed);
         m.set_ready("up");
-        if let Ok(mut r) = m.rejected.lock() {
-            r.insert("bad_mac", 2);
-        }
         for format in [Format::Prometheus, Format::OpenMetrics] {
             let t = m.render(format).expect("render");
             for line in [
-                "mycni_peers_programmed 3",
                 "mycni_reconcile_runs_total 7",
                 "mycni_reconcile_errors_total 0",
-                "mycni_kernel_drift_repaired_total 0",
-                "mycni_kernel_updates_total 0",
-                "mycni_rejected_peers{reason=\"bad_mac\"} 2",
                 "mycni_ready 1",
                 "mycni_api_reachable 0",
                 "mycni_datapath_ebpf 0",
                 "mycni_ebpf_load_failures_total 1",
-                "mycni_underlay_filter_peers 0",
-                "mycni_underlay_filter_errors_total 0",
                 "mycni_reconcile_duration_seconds_count 0",
             ] {
                 assert!(
@@ -618,6 +541,6 @@ mod tests {
         assert_eq!(t.matches("# TYPE probe gauge").count(), 1, "{t}");
         assert_eq!(sample(&t, "probe"), Some(5.0), "{t}");
         // After the loop's own series.
-        assert!(t.find("probe 5") > t.find("mycni_underlay_filter_errors_total"));
+        assert!(t.find("probe 5") > t.find("mycni_ebpf_load_failures_total"));
     }
 }

@@ -593,7 +593,10 @@ fn ensure_pod_cidr_unchanged(
 fn set_ready(metrics: &Metrics, lp: &Loop) {
     metrics.set_ready(format!(
         "overlay up, {} peers; {}{}",
-        metrics.peers_programmed.load(Ordering::Relaxed),
+        metrics
+            .collector::<crate::overlay::metrics::OverlayMetrics>()
+            .peers_programmed
+            .load(Ordering::Relaxed),
         lp.datapath.describe(),
         if lp.overlay.vxlan().is_none() {
             format!("; {IPV6_ONLY}")

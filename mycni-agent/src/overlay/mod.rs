@@ -49,6 +49,7 @@ mod device;
 mod dump;
 mod incremental;
 mod kernel;
+pub mod metrics;
 mod nexthop_ids;
 mod room;
 pub mod start;

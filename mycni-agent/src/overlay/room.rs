@@ -14,6 +14,7 @@ use anyhow::{Result, bail};
 use mycni_common::net::{Cidr4, ClusterCidrs, PodCidrs};
 use mycni_common::node::{NodeView, Peer, Peer6, Reject, Selection, select_all};
 
+use super::metrics::OverlayMetrics;
 use crate::metrics::{Metrics, NetlinkOp, netlink_timed};
 
 use super::desired::{apply, desired_direct, desired_underlay6, diff, diff_within};
@@ -158,6 +159,8 @@ pub struct Overlay {
     /// moves.
     devices: Option<Devices>,
     metrics: Arc<Metrics>,
+    /// The room's own series, registered at start.
+    own: Arc<OverlayMetrics>,
 }
 
 impl Overlay {
@@ -179,6 +182,7 @@ impl Overlay {
             unreachable: BTreeSet::new(),
             kernel_cache: None,
             devices: None,
+            own: metrics.collector::<OverlayMetrics>(),
             metrics,
         }
     }
@@ -299,7 +303,7 @@ impl Overlay {
             }
         }
         self.unreachable = unreachable;
-        if let Ok(mut r) = self.metrics.rejected.lock() {
+        if let Ok(mut r) = self.own.rejected.lock() {
             *r = by_reason;
         }
     }
@@ -416,7 +420,7 @@ impl Overlay {
                 "reconciled overlay"
             );
         }
-        let m = &self.metrics;
+        let m = &self.own;
         m.kernel_actions
             .fetch_add(actions.len() as u64, Ordering::Relaxed);
         if full && same_as_last && !actions.is_empty() {
@@ -428,7 +432,7 @@ impl Overlay {
             (desired.peers.len() + desired.peers6.len()) as u64,
             Ordering::Relaxed,
         );
-        m.reconcile_runs.fetch_add(1, Ordering::Relaxed);
+        self.metrics.reconcile_runs.fetch_add(1, Ordering::Relaxed);
         if failed > 0 {
             bail!("{failed} of {} kernel updates failed", actions.len());
         }

@@ -16,6 +16,7 @@
 
 pub mod antispoof;
 pub mod masq;
+pub mod metrics;
 pub mod underlay_filter;
 
 use std::net::{Ipv4Addr, Ipv6Addr};

@@ -19,6 +19,7 @@ use std::sync::atomic::Ordering;
 
 use anyhow::Result;
 
+use super::metrics::UnderlayFilterMetrics;
 use crate::metrics::Metrics;
 use crate::nft;
 use crate::verdict::{NFLOG_GROUP, NftVerdict, REPEATS, log_prefix, repeats_limit};
@@ -189,7 +190,7 @@ type Peers = (BTreeSet<Ipv4Addr>, BTreeSet<Ipv6Addr>);
 /// The filter as the reconcile loop keeps it.
 pub struct UnderlayFilter {
     port: u16,
-    metrics: Arc<Metrics>,
+    metrics: Arc<UnderlayFilterMetrics>,
     /// The table, set and rule are known to be in place.
     installed: bool,
     /// The sets as last written; None: unknown (start) or a write failed.
@@ -202,7 +203,7 @@ impl UnderlayFilter {
     pub fn start(port: u16, metrics: Arc<Metrics>) -> Self {
         let mut f = UnderlayFilter {
             port,
-            metrics,
+            metrics: metrics.collector::<UnderlayFilterMetrics>(),
             installed: false,
             written: None,
         };
@@ -250,7 +251,7 @@ impl UnderlayFilter {
                     "underlay filter: VXLAN accepted from peer host IPs only"
                 );
                 self.metrics
-                    .underlay_filter_peers
+                    .peers
                     .store((want.0.len() + want.1.len()) as u64, Ordering::Relaxed);
                 self.installed = true;
                 self.written = Some(want);
@@ -264,9 +265,7 @@ impl UnderlayFilter {
     }
 
     fn failed(&self, what: &str, e: &anyhow::Error) {
-        self.metrics
-            .underlay_filter_errors
-            .fetch_add(1, Ordering::Relaxed);
+        self.metrics.errors.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(error = %format!("{e:#}"), "{what} failed; retrying on the next pass");
     }
 }

@@ -1,16 +1,9 @@
 //! Flows name the pods at both ends without NetworkPolicy (issue 40): with
 //! `--network-policy=false` the fast path still reports connections (its
 //! ring events), and `mycni-agent flows` must say which pods they are
-//! between (`namespace/pod`), as it does with policy on. Today the flows
-//! room learns pods from the policy room alone, so without policy it names
-//! none: ignored until the pods view moves to the ground floor.
-//!
-//! Run it (the fix removes the ignore):
-//!
-//! ```text
-//! flock /tmp/mycni-e2e.lock cargo +1.98.0 test -p mycni-e2e \
-//!   --test flows_no_policy -- --ignored --nocapture
-//! ```
+//! between (`namespace/pod`), as it does with policy on. The flows room
+//! reads the cluster from the ground floor's view when no policy room
+//! publishes one; before, it named no pod then.
 
 mod common;
 
@@ -28,7 +21,6 @@ const NS: &str = "fl";
 const PORT: u16 = 80;
 
 #[test]
-#[ignore = "fails until the pods view is on the ground floor (issue 40)"]
 fn flows_name_both_pods_without_network_policy() -> Result<()> {
     flows_name_both_pods(&["--network-policy", "false"])
 }
