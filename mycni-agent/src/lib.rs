@@ -44,6 +44,7 @@ pub mod metrics;
 mod nft;
 pub mod overlay;
 pub mod policy;
+pub mod settings;
 pub mod tables;
 pub mod verdict;
 mod watch;

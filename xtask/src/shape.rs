@@ -65,7 +65,7 @@ struct Floors {
 const FLOORS: &[Floors] = &[Floors {
     krate: "mycni-agent/src",
     ground: &[
-        "btf", "caps", "epoch", "kernel", "metrics", "nft", "verdict", "watch",
+        "btf", "caps", "epoch", "kernel", "metrics", "nft", "settings", "verdict", "watch",
     ],
     rooms: &["datapath", "flows", "overlay", "policy", "tables"],
     top: &["agent", "kernel_check"],
