@@ -35,7 +35,7 @@ pub async fn run(
     if let Some(addr) = cfg.metrics_addr {
         let m = metrics.clone();
         tokio::spawn(async move {
-            if let Err(e) = crate::metrics::serve(addr, m).await {
+            if let Err(e) = crate::api::serve(addr, m).await {
                 tracing::error!(error = %e, "metrics endpoint failed");
             }
         });

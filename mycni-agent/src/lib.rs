@@ -1,26 +1,27 @@
 //! mycni-agent: the node agent of the mycni CNI.
 //!
 //! The library holds everything the binary does, behind narrow seams, so
-//! that tests drive the same code the DaemonSet runs. Its rooms:
+//! that tests drive the same code the DaemonSet runs. Three floors, each
+//! importing only the ones below it (`cargo xtask shape` checks it):
 //!
-//! - `watch`: what the agent watches (the API's Nodes, the kernel's
-//!   notifications); it only marks work;
-//! - `overlay`: the VXLAN devices and what the agent owns on them for its
-//!   peers: a pure desired state and diff, and its kernel adapter;
-//! - `kernel`: the node's netlink handle, and the pods the datapath reads;
-//! - `datapath`: the tc programs and their maps; `tables`: the node's
-//!   nftables tables (masquerade, anti-spoofing, underlay filter);
-//!   `metrics`: the registry they register their collectors in, and the
-//!   HTTP endpoint;
-//! - `nft`: the one runner every room's nftables table goes through;
-//!   `verdict`: what those tables decide and how they log it (NFLOG's
-//!   group, the prefixes and their parser, `Direction`, the drop reasons),
-//!   which the policy room writes and the flows room reads; `epoch`: the
-//!   handle through which the policy room publishes its epoch to the fast
-//!   path;
-//! - `agent`: start-up and the loop that runs each room in turn;
-//! - `policy`: NetworkPolicy v1 semantics, pure (the evaluator and the
-//!   per-pod compiled form); not yet a room of the loop.
+//! - the top: `agent` (start-up, the loop that runs each room in turn,
+//!   uninstall) and `kernel_check`;
+//! - the rooms, which never import each other: `overlay` (the VXLAN
+//!   devices and what the agent owns on them for its peers), `datapath`
+//!   (the tc programs and their maps), `policy` (NetworkPolicy enforced in
+//!   nftables), `flows` (what the node's packets did, and why), `tables`
+//!   (the node's other nftables tables: masquerade, anti-spoofing, the
+//!   underlay filter);
+//! - the ground floor, what several rooms speak: `watch` (the API's and
+//!   the kernel's notifications; it only marks work), `kernel` (the
+//!   node's netlink handle and its pods), `topology` (what the overlay
+//!   publishes: device specs, its state, the underlay's selection),
+//!   `cluster` (the watched Pods, Namespaces and NetworkPolicies, and
+//!   NetworkPolicy's meaning over them), `verdict` (what the nftables
+//!   tables decide and how they log it), `nft` (the one runner of `nft`),
+//!   `epoch` (the policy epoch's handle), `caps`, `btf`, `metrics` (the
+//!   registry the rooms' collectors join) and `api` (the HTTP API that
+//!   serves them, and the CLI's client of it).
 //!
 //! Node validation is `mycni_common::node`, the address and MAC types
 //! `mycni_common::net`; what the agent shares with the plugin (route
@@ -33,8 +34,10 @@
 //! and metrics modules; the rest is the crate's own.
 
 pub mod agent;
+pub mod api;
 mod btf;
 pub mod caps;
+pub mod cluster;
 pub mod datapath;
 mod epoch;
 pub mod flows;
@@ -46,6 +49,7 @@ pub mod overlay;
 pub mod policy;
 pub mod settings;
 pub mod tables;
+pub mod topology;
 pub mod verdict;
 mod watch;
 

@@ -1,4 +1,5 @@
-//! Prometheus metrics, `/healthz` and `/readyz`, served by axum.
+//! The agent's metrics registry, its probes' state and the rooms' collectors
+//! (the HTTP API that serves them is `crate::api`).
 //!
 //! A sink: this module imports no subsystem. The loop's own gauges and
 //! counters stay plain atomics that the agent's modules bump without
@@ -27,11 +28,11 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
-mod http;
+mod format;
 mod liveness;
 mod netlink_ops;
 
-pub use http::{Format, router, serve};
+pub use format::Format;
 pub use liveness::{DEFAULT_STALE_AFTER, Liveness};
 
 use netlink_ops::NETLINK_OPS;

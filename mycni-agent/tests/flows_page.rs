@@ -11,12 +11,12 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use mycni_agent::cluster::{Key, Pod};
 use mycni_agent::flows::enrich::{Record, What, Who};
 use mycni_agent::flows::record::PolicyRef;
 use mycni_agent::flows::room::{KernelNames, Served};
 use mycni_agent::flows::store::Store;
 use mycni_agent::metrics::Metrics;
-use mycni_agent::policy::{Key, Pod};
 use mycni_agent::verdict::Direction;
 use mycni_agent::verdict::NftVerdict;
 use mycni_agent::verdict::Reason;
@@ -112,7 +112,7 @@ fn serve(metrics: Arc<Metrics>) -> SocketAddr {
                 .await
                 .expect("bind");
             tx.send(l.local_addr().expect("addr")).expect("send");
-            axum::serve(l, mycni_agent::metrics::router(metrics))
+            axum::serve(l, mycni_agent::api::router(metrics))
                 .await
                 .expect("serve");
         });

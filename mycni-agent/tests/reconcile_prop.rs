@@ -8,7 +8,8 @@
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use mycni_agent::overlay::{OverlayState, apply, desired, diff};
+use mycni_agent::overlay::{apply, desired, diff};
+use mycni_agent::topology::OverlayState;
 use mycni_common::contract::{ANNOTATION_HOST_IP, ANNOTATION_VTEP_MAC};
 use mycni_common::net::{Cidr4, Cidr6, ClusterCidrs, Mac, PodCidrs};
 use mycni_common::node::{NodeView, parse_peer, select_peers};

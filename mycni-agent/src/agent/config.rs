@@ -7,7 +7,7 @@ use std::time::Duration;
 use mycni_common::net::{Cidr4, Cidr6, ClusterCidrs};
 
 use crate::datapath::Mode;
-use crate::overlay::{Underlay6Select, UnderlaySelect};
+use crate::topology::{Underlay6Select, UnderlaySelect};
 
 /// Everything `mycni-agent run` is configured with.
 #[derive(Debug, Clone)]

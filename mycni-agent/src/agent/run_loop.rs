@@ -23,10 +23,9 @@ use super::publish::{conflist, ready_file, set_network_available, write_atomic};
 use super::startup::Started;
 use crate::datapath::FastPath;
 use crate::metrics::{Liveness, Metrics};
-use crate::overlay::{
-    Desire, Device, IPV6_ONLY, Overlay, OverlayState, UnderlayChange, Update, VxlanSpec,
-};
+use crate::overlay::{Desire, Device, Overlay, UnderlayChange, Update};
 use crate::tables::Tables;
+use crate::topology::{IPV6_ONLY, OverlayState, VxlanSpec};
 use crate::watch::kernel::{Expected, Signals, Watched};
 use crate::watch::{ApiWatch, node_view};
 use mycni_common::contract::{ANNOTATION_HOST_IP, ANNOTATION_HOST_IP6, CONFLIST_NAME};
@@ -312,7 +311,9 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
     // that read them: the room names other nodes' addresses on its own
     // time, not the pass's.
     let (nodes_tx, nodes_rx) = tokio::sync::watch::channel(crate::flows::Nodes::default());
-    let _policy = cfg.network_policy.then(|| {
+    // The policy room publishes the cluster each pass reads; without it
+    // the view keeps one, so flows still name their pods.
+    let _cluster = if cfg.network_policy {
         crate::policy::room::spawn(
             client.clone(),
             node_name.clone(),
@@ -322,7 +323,9 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
             cfg.resync,
             cluster_tx,
         )
-    });
+    } else {
+        crate::cluster::view::spawn(client.clone(), &metrics, cluster_tx)
+    };
     let _flows = crate::flows::start(
         crate::flows::Start {
             node: node_name.clone(),

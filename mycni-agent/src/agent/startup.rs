@@ -27,11 +27,10 @@ use super::config::Config;
 use super::publish::write_atomic;
 use crate::datapath::FastPath;
 use crate::metrics::Metrics;
-use crate::overlay::IPV6_ONLY;
-use crate::overlay::{
-    OverlayKernel, Underlay, Underlay6, Underlay6Select, UnderlaySelect, Vxlan6Spec, VxlanSpec,
-};
+use crate::overlay::{OverlayKernel, Underlay, Underlay6};
 use crate::tables::underlay_filter::UnderlayFilter;
+use crate::topology::IPV6_ONLY;
+use crate::topology::{Underlay6Select, UnderlaySelect, Vxlan6Spec, VxlanSpec};
 use mycni_common::contract::{
     ANNOTATION_HOST_IP, ANNOTATION_HOST_IP6, ANNOTATION_VTEP_MAC, ANNOTATION_VTEP_MAC6,
 };

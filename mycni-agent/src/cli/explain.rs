@@ -41,7 +41,7 @@ pub(super) fn run(rt: &tokio::runtime::Runtime, a: ExplainArgs) -> Result<()> {
             explain::fetch_cluster(&agents, &a.src, &a.dst, &a.port)?
         }
         None => {
-            let agent = mycni_agent::policy::inspect::agent_address(&a.agent)?;
+            let agent = mycni_agent::api::client::agent_address(&a.agent)?;
             explain::fetch(agent, &a.src, &a.dst, &a.port)?
         }
     };

@@ -49,7 +49,7 @@ pub(super) fn run(rt: &tokio::runtime::Runtime, a: &FlowsArgs) -> Result<()> {
                 client: agent::kube_client(Some(k)).await?,
                 port: a.agent_port,
             },
-            None => cli::Agents::One(mycni_agent::policy::inspect::agent_address(&a.agent)?),
+            None => cli::Agents::One(mycni_agent::api::client::agent_address(&a.agent)?),
         };
         cli::run(agents, a.filter(), a.output).await
     })

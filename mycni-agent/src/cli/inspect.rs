@@ -46,7 +46,7 @@ pub(super) fn run(a: InspectArgs) -> Result<()> {
     match a.what {
         Some(InspectWhat::Policy { pod, agent, json }) => {
             use mycni_agent::policy::inspect;
-            let report = inspect::fetch(inspect::agent_address(&agent)?, &pod)?;
+            let report = inspect::fetch(mycni_agent::api::client::agent_address(&agent)?, &pod)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {

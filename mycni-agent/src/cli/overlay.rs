@@ -2,8 +2,8 @@
 //! interfaces, the VXLAN devices, the MTU, direct routing and masquerade.
 
 use clap::Args;
-use mycni_agent::overlay::{Underlay6Select, UnderlaySelect};
 use mycni_agent::settings::{CLUSTER_CIDR, DIRECT_ROUTING, MASQUERADE, MTU, UNDERLAY, UNDERLAY6};
+use mycni_agent::topology::{Underlay6Select, UnderlaySelect};
 use mycni_common::contract::{
     DEFAULT_VNI, DEFAULT_VXLAN_DEVICE, DEFAULT_VXLAN_PORT, DEFAULT_VXLAN6_DEVICE,
 };

@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::Parser;
 use mycni_agent::agent::Config;
 use mycni_agent::datapath::Mode;
-use mycni_agent::overlay::{Underlay6Select, UnderlaySelect};
+use mycni_agent::topology::{Underlay6Select, UnderlaySelect};
 
 use super::{Cli, Cmd};
 

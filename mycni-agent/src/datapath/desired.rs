@@ -9,7 +9,7 @@ use mycni_common::{LocalEndpoint, PeerNode, REMOTE_DIRECT, REMOTE_VXLAN6, Remote
 
 use super::Prog;
 use crate::kernel::{PodEndpoint, PodEndpoints};
-use crate::overlay::{self as reconcile, OverlayState, Remote};
+use crate::topology::{OverlayState, Remote};
 
 /// The forwarding maps' contents after a pass.
 #[derive(Debug, Default, PartialEq)]
@@ -32,7 +32,7 @@ pub fn remote_maps(overlay: &OverlayState, overlay6: Option<&OverlayState>) -> R
         .routes
         .iter()
         .filter_map(|(cidr, gw)| {
-            let node = if reconcile::via_vxlan(*cidr, *gw) {
+            let node = if crate::topology::via_vxlan(*cidr, *gw) {
                 let mac = overlay.neighbours.get(gw)?;
                 let host = overlay.fdb.get(mac)?;
                 RemoteNode {

@@ -97,7 +97,7 @@ fn render_from<S: MapSource + ?Sized>(
     let mut o = String::new();
     writeln!(o, "{header}")?;
     if cfg.vxlan_ifindex == 0 {
-        writeln!(o, "  vxlan: none ({})", crate::overlay::IPV6_ONLY)?;
+        writeln!(o, "  vxlan: none ({})", crate::topology::IPV6_ONLY)?;
     } else {
         writeln!(
             o,

@@ -45,7 +45,7 @@ use mycni_common::net::Mac;
 
 use crate::kernel::PodEndpoints;
 use crate::metrics::Metrics;
-use crate::overlay::{OverlayState, VxlanSpec};
+use crate::topology::{OverlayState, VxlanSpec};
 
 pub mod attach;
 pub mod counters;

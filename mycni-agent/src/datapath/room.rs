@@ -1,12 +1,11 @@
 //! The datapath as a room of the loop's pass: it mirrors into its maps
-//! what the overlay room left in the kernel ([`overlay::Output`]) and the
+//! what the overlay room left in the kernel ([`crate::topology::Output`]) and the
 //! node's pods, and only when all of the overlay was applied.
 
 use anyhow::{Context, Result};
 
 use crate::kernel::Kernel;
 use crate::metrics::{NetlinkOp, netlink_timed};
-use crate::overlay;
 
 use super::{FastPath, Vxlan6State};
 
@@ -17,7 +16,7 @@ impl FastPath {
     pub async fn apply(
         &mut self,
         kernel: &Kernel,
-        overlay: &overlay::Output<'_>,
+        overlay: &crate::topology::Output<'_>,
         read_pods: bool,
     ) -> Result<()> {
         if overlay.failed != 0 || !self.active() {

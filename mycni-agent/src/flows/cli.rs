@@ -4,12 +4,8 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use http_body_util::{BodyExt, Empty};
-use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use tokio::sync::mpsc;
@@ -113,7 +109,12 @@ pub async fn run(agents: Agents, filter: Filter, output: Output) -> Result<()> {
     for a in &targets {
         let (tx, q, a) = (tx.clone(), query.clone(), *a);
         tokio::spawn(async move {
-            if let Err(e) = stream(a, &q, &tx).await {
+            let sent = crate::api::client::lines(a, &q, |text| {
+                let tx = tx.clone();
+                async move { tx.send((a, Ok(text))).await.is_ok() }
+            })
+            .await;
+            if let Err(e) = sent {
                 let _ = tx.send((a, Err(e))).await;
             }
         });
@@ -207,46 +208,4 @@ pub async fn node_agents(client: kube::Client, port: u16) -> Result<Vec<(String,
         bail!("no Node with an address");
     }
     Ok(out)
-}
-
-/// GETs `path` from the agent at `a` and sends each line of the body as
-/// it arrives (a follow's body never ends).
-async fn stream(
-    a: SocketAddr,
-    path: &str,
-    tx: &mpsc::Sender<(SocketAddr, Result<String>)>,
-) -> Result<()> {
-    let tcp = tokio::time::timeout(Duration::from_secs(3), tokio::net::TcpStream::connect(a))
-        .await
-        .with_context(|| format!("connecting to the agent at {a} timed out"))?
-        .with_context(|| format!("connecting to the agent at {a} (is it running? --agent)"))?;
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
-    tokio::spawn(conn);
-    let req = hyper::Request::get(path)
-        .header(hyper::header::HOST, a.to_string())
-        .body(Empty::<Bytes>::new())?;
-    let mut res = send.send_request(req).await?;
-    let status = res.status();
-    if !status.is_success() {
-        let body = res.into_body().collect().await?.to_bytes();
-        bail!(
-            "the agent answered {status}: {}",
-            String::from_utf8_lossy(&body).trim()
-        );
-    }
-    let mut buf: Vec<u8> = Vec::new();
-    while let Some(frame) = res.body_mut().frame().await {
-        let Ok(data) = frame?.into_data() else {
-            continue;
-        };
-        buf.extend_from_slice(&data);
-        while let Some(end) = buf.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = buf.drain(..=end).collect();
-            let text = String::from_utf8_lossy(&line).trim().to_string();
-            if !text.is_empty() && tx.send((a, Ok(text))).await.is_err() {
-                return Ok(());
-            }
-        }
-    }
-    Ok(())
 }

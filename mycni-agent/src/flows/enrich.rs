@@ -18,7 +18,7 @@ use mycni_common::flow::{FLOW_DROP, FLOW_NEW, FlowEvent, FlowSource};
 
 use super::record::{Endpoint, Flow, Interface, Ip, L4, Line, PolicyRef, TcpFlags};
 use super::{NftLog, NftVerdict, NodeAddrs, Observation};
-use crate::policy::{Cluster, Endpoint as PolicyEnd, Judgement, Key, Pod, Policy, Protocol};
+use crate::cluster::{Cluster, Endpoint as PolicyEnd, Judgement, Key, Pod, Policy, Protocol};
 use crate::verdict::Direction;
 use crate::verdict::Reason;
 
@@ -289,7 +289,7 @@ impl Directory {
             },
             _ => PolicyEnd::External(ip),
         };
-        let v = crate::policy::allowed_with(
+        let v = crate::cluster::allowed_with(
             &self.cluster,
             &end(from, log.src),
             &end(to, log.dst),

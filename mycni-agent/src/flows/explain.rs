@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::record::Line;
 use super::store::{Filter, Store};
-use crate::policy::{Cluster, Endpoint as PolicyEnd, Judgement, Key, Protocol, RuleRef, allowed};
+use crate::cluster::{Cluster, Endpoint as PolicyEnd, Judgement, Key, Protocol, RuleRef, allowed};
 use crate::verdict::Direction;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -332,7 +332,8 @@ pub fn merge_last_seen(e: &mut Explanation, more: Vec<Vec<Line>>) {
 
 /// Asks the agent at `agent` (the CLI's side).
 pub fn fetch(agent: std::net::SocketAddr, src: &str, dst: &str, port: &str) -> Result<Explanation> {
-    let body = crate::policy::inspect::get(agent, &format!("/inspect/explain/{src}/{dst}/{port}"))?;
+    let body =
+        crate::api::client::text_blocking(agent, &format!("/inspect/explain/{src}/{dst}/{port}"))?;
     serde_json::from_str(&body)
         .with_context(|| format!("the agent's answer is no explanation: {body}"))
 }

@@ -165,7 +165,7 @@ pub fn node_addrs(nodes: &[Arc<k8s_openapi::api::core::v1::Node>], own: &str) ->
 pub fn start(
     s: Start,
     metrics: &Arc<crate::metrics::Metrics>,
-    cluster: tokio::sync::watch::Receiver<Arc<crate::policy::Cluster>>,
+    cluster: tokio::sync::watch::Receiver<Arc<crate::cluster::Cluster>>,
     nodes: tokio::sync::watch::Receiver<Nodes>,
     client: kube::Client,
 ) -> tokio::task::JoinHandle<()> {

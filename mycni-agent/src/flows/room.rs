@@ -20,8 +20,8 @@ use super::kdrop_names::DropReasons;
 use super::nflog::NflogCounts;
 use super::store::{Filter, Store, json_line};
 use super::{NftVerdict, SINK_CAPACITY, Sink};
+use crate::cluster::Cluster;
 use crate::metrics::{Feed, Metrics, counter, gauge};
-use crate::policy::Cluster;
 use crate::verdict::Direction;
 
 /// How the room is set up.

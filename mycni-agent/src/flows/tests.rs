@@ -15,8 +15,8 @@ use super::record::Line;
 use super::room::KernelNames;
 use super::store::{Filter, Store};
 use super::{NftLog, NftVerdict, Observation};
-use crate::policy::Cluster;
-use crate::policy::tests::fixture::{model, np, pod_ip};
+use crate::cluster::Cluster;
+use crate::cluster::fixture::{model, np, pod_ip};
 use crate::verdict::Direction;
 use crate::verdict::Reason;
 
@@ -335,7 +335,7 @@ async fn a_follower_gets_only_new_matching_flows() {
 #[test]
 fn explain_names_the_deciding_rule_and_the_isolating_policies() {
     use super::explain::{Asked, explain, parse, render};
-    use crate::policy::{Key, Protocol};
+    use crate::cluster::{Key, Protocol};
     let c = cluster();
     let (src, dst, port, proto) = parse("x/a/x/b/80/tcp").expect("parses");
     assert_eq!(src, Asked::Pod(Key::new("x", "a")));
@@ -480,7 +480,7 @@ fn room_cost_per_record_at_the_policy_benchs_scale() {
     };
     for (policies, prefixes) in [(1, 0), (10, 0), (1_000, 0), (1, 10_000)] {
         let d = Directory::new(
-            Arc::new(crate::policy::nft::scale::bench_cluster(policies, prefixes)),
+            Arc::new(crate::cluster::fixture::bench_cluster(policies, prefixes)),
             HashSet::new(),
         );
         let n = 2_000u32;
@@ -509,7 +509,7 @@ fn room_cost_per_record_at_the_policy_benchs_scale() {
 #[test]
 fn explain_with_a_kubeconfig_adds_both_ends_nodes_in_time_order() {
     use super::explain::{Asked, ends_nodes, explain, merge_last_seen};
-    use crate::policy::{Key, Protocol};
+    use crate::cluster::{Key, Protocol};
     let c = cluster();
     let mut e = explain(
         &c,

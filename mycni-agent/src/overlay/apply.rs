@@ -13,10 +13,10 @@ use mycni_common::netlink::{Batch, Nexthop, NexthopRoute, Route, RouteFamily};
 use crate::kernel::{KernelError, RTPROT_MYCNI_AGENT};
 use crate::metrics::NetlinkOp;
 
-use super::desired::via_vxlan;
 use super::kernel::{OverlayKernel, PeerRoutes};
 use super::nexthop_ids::{AnyCidr, Hop, NexthopPlan};
-use super::state::Action;
+use crate::topology::Action;
+use crate::topology::via_vxlan;
 
 impl OverlayKernel {
     /// Applies a diff of [`OverlayKernel::dump_vxlan6`]'s state to `vxlan6.1`,

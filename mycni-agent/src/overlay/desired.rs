@@ -5,10 +5,10 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use mycni_common::net::{Cidr, Cidr4, Family};
+use mycni_common::net::Cidr4;
 use mycni_common::node::{Peer, Peer6};
 
-use super::state::{Action, OverlayState};
+use crate::topology::{Action, OverlayState};
 
 pub fn desired(peers: &[Peer]) -> OverlayState {
     desired_direct(peers, &[])
@@ -50,13 +50,6 @@ pub fn desired_underlay6(peers: &[Peer6]) -> OverlayState {
         s.fdb6.insert(p.underlay6.vtep_mac, p.underlay6.host_ip);
     }
     s
-}
-
-/// Whether a route of [`OverlayState::routes`] (or `routes6`) goes
-/// through `vxlan.1` (gateway podCIDR.0) rather than straight over the
-/// underlay.
-pub fn via_vxlan<A: Family>(cidr: Cidr<A>, gw: A) -> bool {
-    gw == cidr.network()
 }
 
 fn diff_map<K: Ord + Clone, V: PartialEq + Clone>(

@@ -10,10 +10,10 @@ use mycni_common::netlink::{Nexthop, Route, RouteFamily};
 
 use crate::kernel::{KernelError, RTPROT_MYCNI_AGENT};
 
-use super::desired::via_vxlan;
 use super::kernel::{OverlayKernel, PeerRoutes};
 use super::nexthop_ids::{AnyCidr, Hop, NexthopIds};
-use super::state::OverlayState;
+use crate::topology::OverlayState;
+use crate::topology::via_vxlan;
 
 impl OverlayKernel {
     /// What the agent owns on `vxlan6.1` (index `vxlan6`): its IPv6 routes

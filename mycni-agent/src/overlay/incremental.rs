@@ -23,7 +23,7 @@ use mycni_common::node::{NodeView, Peer, Peer6, Reject, Selection, select_all};
 
 use super::desired::{desired_direct, desired_underlay6};
 use super::room::{Desired, desire};
-use super::state::OverlayState;
+use crate::topology::OverlayState;
 
 /// More changed Nodes than this in one pass (a relist, a mass relabel):
 /// computing all of them again is as cheap, and simpler.

@@ -51,24 +51,15 @@ mod incremental;
 mod kernel;
 mod nexthop_ids;
 mod room;
-mod state;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_incremental;
 mod underlay;
 
-pub(crate) use desired::via_vxlan;
 pub use desired::{apply, desired, desired_direct, desired_underlay6, diff, diff_within};
-pub use device::{Vxlan6Spec, VxlanSpec};
 pub(crate) use incremental::{Desire, Update};
 pub use kernel::{OverlayKernel, PeerRoutes};
 pub use nexthop_ids::NEXTHOP_ID_BASE;
-pub(crate) use room::{Device, Output, Overlay, UnderlayChange};
-pub use state::{Action, OverlayState, Remote};
-pub(crate) use underlay::glob_match;
-pub use underlay::{Underlay, Underlay6, Underlay6Select, UnderlaySelect};
-
-/// What an IPv6-only node says where an operator looks (logs, readiness,
-/// `inspect`): it has no `vxlan.1`, by design.
-pub const IPV6_ONLY: &str = "no IPv4 underlay: IPv6-only node";
+pub(crate) use room::{Device, Overlay, UnderlayChange};
+pub use underlay::{Underlay, Underlay6};

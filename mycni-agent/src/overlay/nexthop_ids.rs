@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use mycni_common::net::{Cidr, Family};
 
-use super::desired::via_vxlan;
+use crate::topology::via_vxlan;
 
 /// Where the agent's nexthop IDs start: its route protocol (110) in the
 /// top byte, far above the small IDs people and systemd-networkd pick by

@@ -11,16 +11,15 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use anyhow::{Result, bail};
-use mycni_common::net::{Cidr4, ClusterCidrs, Mac, PodCidrs};
+use mycni_common::net::{Cidr4, ClusterCidrs, PodCidrs};
 use mycni_common::node::{NodeView, Peer, Peer6, Reject, Selection, select_all};
 
 use crate::metrics::{Metrics, NetlinkOp, netlink_timed};
 
 use super::desired::{apply, desired_direct, desired_underlay6, diff, diff_within};
-use super::device::{Vxlan6Spec, VxlanSpec};
 use super::kernel::OverlayKernel;
-use super::state::{Action, OverlayState};
-use super::underlay::{Underlay6Select, UnderlaySelect};
+use crate::topology::{Action, OverlayState};
+use crate::topology::{Output, Underlay6Select, UnderlaySelect, Vxlan6Spec, VxlanSpec};
 
 /// What the Nodes ask of the overlay.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -116,24 +115,6 @@ pub struct Applied {
     pub full: bool,
     actions: Vec<Action>,
     devices: Devices,
-}
-
-/// What the rooms after the overlay read of it: its devices and what
-/// the kernel holds on them after the pass.
-#[derive(Debug, Clone, Copy)]
-pub struct Output<'a> {
-    /// `vxlan.1` (None on an IPv6-only node) and its ifindex (0: none).
-    pub vxlan: Option<&'a VxlanSpec>,
-    pub index: u32,
-    pub state: &'a OverlayState,
-    /// `vxlan6.1`'s ifindex, MAC and state, on a node with an IPv6
-    /// underlay.
-    pub vxlan6: Option<(u32, Mac, &'a OverlayState)>,
-    /// A full pass, or a device was recreated: everything is re-read.
-    pub full: bool,
-    /// Kernel updates that failed: the state is then not what the kernel
-    /// holds, and the rooms that mirror it wait for the next pass.
-    pub failed: usize,
 }
 
 /// What the underlay re-read found.

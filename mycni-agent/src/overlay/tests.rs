@@ -7,7 +7,7 @@ use mycni_common::node::Peer;
 
 use super::desired::*;
 use super::nexthop_ids::*;
-use super::state::*;
+use crate::topology::*;
 
 fn peer(name: &str, cidr: &str, mac: u8, ip: u8) -> Peer {
     Peer {

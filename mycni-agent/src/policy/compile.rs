@@ -12,9 +12,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use super::Cluster;
-use super::eval::{RuleRef, peer_matches, peers_match};
-use super::model::{
+use crate::cluster::Cluster;
+use crate::cluster::eval::{RuleRef, peer_matches, peers_match};
+use crate::cluster::model::{
     Cidr, IpBlock, Key, Peer, Peers, Pod, Policy, PortMatch, Ports, Protocol, Rule,
 };
 use crate::verdict::Direction;

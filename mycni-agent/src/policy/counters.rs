@@ -26,8 +26,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use anyhow::{Context, Result};
 
-use super::eval::RuleRef;
-use super::model::Key;
+use crate::cluster::eval::RuleRef;
+use crate::cluster::model::Key;
 use crate::verdict::{Direction, Reason};
 
 /// A named counter of the table: what it counts for.

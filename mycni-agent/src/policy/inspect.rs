@@ -12,16 +12,14 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream};
-use std::time::Duration;
+use std::net::{IpAddr, SocketAddr};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
 use super::compile::{CompiledPod, DirectionRules, PeerSet, PortSet};
 use super::counters::{pod_counter, rule_counter};
-use super::model::{Key, Protocol};
+use crate::cluster::model::{Key, Protocol};
 use crate::verdict::Direction;
 
 /// The room's node as of its last write: each local pod's compiled rules
@@ -235,71 +233,17 @@ pub fn render(r: &PodReport) -> String {
     s
 }
 
-/// The address `mycni-agent inspect` asks: the agent's metrics address,
-/// a wildcard one reached on loopback.
-pub fn agent_address(metrics_addr: &str) -> Result<SocketAddr> {
-    let a = metrics_addr.trim();
-    if a == "off" || a.is_empty() {
-        bail!("the agent serves no HTTP (metrics-addr is off): nothing to ask");
-    }
-    let mut addr: SocketAddr = a
-        .parse()
-        .with_context(|| format!("{a:?} is not an address:port like 127.0.0.1:9971"))?;
-    if addr.ip().is_unspecified() {
-        let lo: IpAddr = if addr.is_ipv6() {
-            std::net::Ipv6Addr::LOCALHOST.into()
-        } else {
-            std::net::Ipv4Addr::LOCALHOST.into()
-        };
-        addr.set_ip(lo);
-    }
-    Ok(addr)
-}
-
 /// Asks the agent at `agent` for `pod`'s report.
 pub fn fetch(agent: SocketAddr, pod: &str) -> Result<PodReport> {
-    let body = get(agent, &format!("/inspect/policy/{pod}"))?;
+    let body = crate::api::client::text_blocking(agent, &format!("/inspect/policy/{pod}"))?;
     serde_json::from_str(&body).with_context(|| format!("the agent's answer is no report: {body}"))
-}
-
-/// One GET over loopback to the agent's own axum server, which answers
-/// with a length-delimited body: a client library would bring nothing.
-pub(crate) fn get(agent: SocketAddr, path: &str) -> Result<String> {
-    let mut c = TcpStream::connect_timeout(&agent, Duration::from_secs(2))
-        .with_context(|| format!("connecting to the agent at {agent} (is it running? --agent)"))?;
-    c.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        c,
-        "GET {path} HTTP/1.1\r\nHost: {agent}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut raw = Vec::new();
-    c.read_to_end(&mut raw)?;
-    let raw = String::from_utf8_lossy(&raw);
-    let (head, body) = raw
-        .split_once("\r\n\r\n")
-        .with_context(|| format!("no HTTP answer from {agent}"))?;
-    let status = head
-        .lines()
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .unwrap_or("");
-    if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        bail!("the agent answered in chunks, which this client does not read");
-    }
-    if status != "200" {
-        bail!("the agent at {agent} answered {status}: {}", body.trim());
-    }
-    Ok(body.to_string())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::fixture::{model, np};
     use crate::policy::compile_node;
-    use crate::policy::tests::fixture::{model, np};
     use serde_json::json;
 
     fn view() -> View {
@@ -333,7 +277,7 @@ mod tests {
     fn reports_the_policies_rules_and_counters_of_one_pod() {
         let v = view();
         let a = Key::new("x", "a");
-        let rule = crate::policy::RuleRef {
+        let rule = crate::cluster::RuleRef {
             policy: Key::new("x", "a-from-b"),
             direction: Direction::Ingress,
             index: 0,
@@ -370,18 +314,5 @@ mod tests {
         assert!(render(&open).contains("ingress: open"));
         assert!(v.report("x/nobody", &counters).is_err());
         assert!(v.report("no-slash", &counters).is_err());
-    }
-
-    #[test]
-    fn a_wildcard_metrics_address_is_asked_on_loopback() {
-        let a = agent_address("0.0.0.0:9971").expect("parses");
-        assert_eq!(a.to_string(), "127.0.0.1:9971");
-        let a = agent_address("[::]:9971").expect("parses");
-        assert_eq!(a.to_string(), "[::1]:9971");
-        assert_eq!(
-            agent_address("10.0.0.1:9971").expect("parses").to_string(),
-            "10.0.0.1:9971"
-        );
-        assert!(agent_address("off").is_err());
     }
 }

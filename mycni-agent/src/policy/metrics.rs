@@ -20,8 +20,8 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Unit;
 
 use super::counters::{Series, Tally, parse_counters};
-use super::model::Key;
 use super::nft::{FAMILY, TABLE};
+use crate::cluster::model::Key;
 use crate::metrics::{EVENT_TO_KERNEL_BUCKETS, counter, gauge};
 use crate::nft;
 

@@ -26,26 +26,23 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::convert::{Problem, Read, WATCHED};
+use super::compile_node;
 use super::counters::drop_counters;
 use super::inspect::View;
 use super::metrics::{PolicyMetrics, read_counters};
-use super::model::{Key, Namespace, Pod, Policy};
 use super::nft::{
     FAMILY, TABLE, diff_script, full_script, parse_stamped_epoch, remove_script, settle_script,
     whole_is_cheaper,
 };
 use super::sets::{self, Desired};
-use super::{Cluster, compile_node};
+use crate::cluster::Cluster;
+use crate::cluster::convert::{Problem, WATCHED};
+use crate::cluster::model::Key;
+use crate::cluster::view::{Snapshot, Watch};
 use crate::epoch::PolicyEpoch;
 use crate::metrics::Metrics;
 use crate::nft;
-use crate::watch::PolicyWatch;
 
-/// What a pass reads: every object as the watch converted it.
-type Snapshot = crate::watch::PolicySnapshot<Read<Pod>, Read<Namespace>, Read<Policy>>;
-/// The policy watch, keeping the model.
-type Watch = PolicyWatch<Read<Pod>, Read<Namespace>, Read<Policy>>;
 use mycni_common::POLICY_EPOCH_MAX;
 
 /// Events closer together than this share a pass: `kubectl apply` of a
@@ -275,44 +272,9 @@ impl Room {
     /// The sets this node's pods need now.
     pub fn desire(&mut self, snap: &Snapshot) -> Desired {
         self.metrics.passes.fetch_add(1, Ordering::Relaxed);
-        let mut cluster = Cluster::default();
-        for ns in &snap.namespaces {
-            match &**ns {
-                Ok(n) => cluster.add_namespace(n.value.clone()),
-                Err(r) => self.report("Namespace", r.name.as_deref(), &r.problem, "ignored"),
-            }
-        }
-        for pod in &snap.pods {
-            match &**pod {
-                Ok(c) => {
-                    for p in &c.dropped {
-                        self.report("Pod", Some(&c.value.key.name), p, "field ignored");
-                    }
-                    cluster.add_pod(c.value.clone());
-                }
-                Err(r) => self.report("Pod", r.name.as_deref(), &r.problem, "ignored"),
-            }
-        }
-        for np in &snap.policies {
-            match &**np {
-                Ok(c) => {
-                    for p in &c.dropped {
-                        self.report(
-                            "NetworkPolicy",
-                            Some(&c.value.key.name),
-                            p,
-                            "rule allows nothing",
-                        );
-                    }
-                    cluster.add_policy(c.value.clone());
-                }
-                Err(r) => self.report(
-                    "NetworkPolicy",
-                    r.name.as_deref(),
-                    &r.problem,
-                    "policy ignored: it selects no pod",
-                ),
-            }
+        let (mut cluster, unread) = Cluster::from_snapshot(snap);
+        for u in unread {
+            self.report(u.kind, u.name, u.problem, u.effect);
         }
         self.add_records(&mut cluster);
         let fail_closed = !cluster.policies.is_empty();

@@ -44,8 +44,8 @@ use std::net::IpAddr;
 
 use super::compile::{Allow, CompiledPod, DirectionRules, PeerSet, PortSet};
 use super::counters::{Series, comment, pod_counter, rule_counter, rule_name};
-use super::eval::RuleRef;
-use super::model::{Cidr, IpBlock, Key, Protocol};
+use crate::cluster::eval::RuleRef;
+use crate::cluster::model::{Cidr, IpBlock, Key, Protocol};
 use crate::verdict::Direction;
 
 /// One set of the table, as its name in nftables reads (`eg_allow4`).

@@ -4,7 +4,8 @@
 
 use std::net::Ipv4Addr;
 
-use mycni_agent::overlay::{self, OverlayKernel, OverlayState, VxlanSpec};
+use mycni_agent::overlay::{self, OverlayKernel};
+use mycni_agent::topology::{OverlayState, VxlanSpec};
 use mycni_common::net::{Cidr4, Mac};
 use mycni_common::node::Peer;
 use mycni_testkit::NetNs;

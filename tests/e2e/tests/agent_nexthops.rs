@@ -5,9 +5,8 @@
 
 use std::net::Ipv4Addr;
 
-use mycni_agent::overlay::{
-    self, NEXTHOP_ID_BASE, OverlayKernel, OverlayState, PeerRoutes, VxlanSpec,
-};
+use mycni_agent::overlay::{self, NEXTHOP_ID_BASE, OverlayKernel, PeerRoutes};
+use mycni_agent::topology::{OverlayState, VxlanSpec};
 use mycni_common::net::{Cidr4, Cidr6, Mac};
 use mycni_common::node::Peer;
 use mycni_testkit::NetNs;

@@ -28,7 +28,7 @@ fn config(ipam_data_dir: Option<&str>, plugin_log_file: Option<&str>) -> Config 
         iface: Default::default(),
         vxlan_name: "vx-test".into(),
         vxlan6_name: "vx6-test".into(),
-        underlay6: mycni_agent::overlay::Underlay6Select::Off,
+        underlay6: mycni_agent::topology::Underlay6Select::Off,
         vni: 7,
         vxlan_port: 4789,
         cni_conf_dir: "/tmp/net.d".into(),

@@ -11,13 +11,13 @@ use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use mycni_agent::cluster::{
+    Cluster, ContainerPort, Endpoint, Key, Namespace, Pod, Protocol, allowed, policy_from_k8s,
+};
+use mycni_agent::policy::compile_node;
 use mycni_agent::policy::counters::parse_counters;
 use mycni_agent::policy::nft::{diff_script, full_script};
 use mycni_agent::policy::sets::{Desired, desired};
-use mycni_agent::policy::{
-    Cluster, ContainerPort, Endpoint, Key, Namespace, Pod, Protocol, allowed, compile_node,
-    policy_from_k8s,
-};
 use mycni_testkit::NetNs;
 use serde_json::{Value, json};
 

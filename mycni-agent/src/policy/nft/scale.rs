@@ -7,82 +7,10 @@
 
 use std::time::Instant;
 
-use serde_json::json;
-
 use super::{diff_script, full_script, whole_is_cheaper};
-use crate::policy::tests::fixture::{labels, np};
-use crate::policy::{Cluster, Key, Pod, compile_node, sets};
-
-/// The policy bench's cluster: its two pods, `allow-pair` and
-/// `policies - 1` decoys, or one policy of `prefixes` ipBlocks.
-pub(crate) fn bench_cluster(policies: usize, prefixes: usize) -> Cluster {
-    let mut c = Cluster::default();
-    for (name, role, ip, node) in [
-        ("client", "client", "10.244.1.5", "node1"),
-        ("server", "server", "10.244.2.5", "node2"),
-    ] {
-        c.add_pod(Pod {
-            key: Key::new("bench", name),
-            labels: labels(&[("role", role)]),
-            ips: vec![ip.parse().expect("address")],
-            ports: vec![],
-            host_network: false,
-            node: Some(node.into()),
-        });
-    }
-    let ports = json!([{"port": 5001, "protocol": "TCP"}, {"port": 11111, "protocol": "UDP"}]);
-    c.add_policy(np(
-        "bench",
-        "allow-pair",
-        json!({
-            "podSelector": {"matchExpressions": [
-                {"key": "role", "operator": "In", "values": ["client", "server"]}]},
-            "policyTypes": ["Ingress", "Egress"],
-            "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "client"}}}], "ports": ports}],
-            "egress": [{"to": [{"podSelector": {"matchLabels": {"role": "server"}}}], "ports": ports}],
-        }),
-    ));
-    for i in 1..policies {
-        let host = |net: u8| format!("172.{net}.{}.{}/32", (i >> 8) & 0xff, i & 0xff);
-        let port = 20_000 + (i % 40_000);
-        let spec = match i % 8 {
-            0 => json!({
-                "podSelector": {"matchLabels": {"role": "server"}},
-                "policyTypes": ["Ingress"],
-                "ingress": [{"from": [{"ipBlock": {"cidr": host(16)}}], "ports": [{"port": port}]}],
-            }),
-            4 => json!({
-                "podSelector": {"matchLabels": {"role": "client"}},
-                "policyTypes": ["Egress"],
-                "egress": [{"to": [{"ipBlock": {"cidr": host(17)}}], "ports": [{"port": port}]}],
-            }),
-            _ => json!({
-                "podSelector": {"matchLabels": {"app": format!("decoy-{i}")}},
-                "policyTypes": ["Ingress"],
-                "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": format!("t{i}")}}}],
-                             "ports": [{"port": port}]}],
-            }),
-        };
-        c.add_policy(np("bench", &format!("decoy-{i:05}"), spec));
-    }
-    if prefixes > 0 {
-        let base = u32::from(std::net::Ipv4Addr::new(100, 64, 0, 0));
-        let mut from: Vec<_> = (0..prefixes as u32 - 1)
-            .map(|k| json!({"ipBlock": {"cidr": format!("{}/32", std::net::Ipv4Addr::from(base + 2 * k))}}))
-            .collect();
-        from.push(json!({"ipBlock": {"cidr": "10.244.1.0/24"}}));
-        c.add_policy(np(
-            "bench",
-            "ip-block",
-            json!({
-                "podSelector": {"matchLabels": {"role": "server"}},
-                "policyTypes": ["Ingress"],
-                "ingress": [{"from": from, "ports": [{"port": 5001}]}],
-            }),
-        ));
-    }
-    c
-}
+use crate::cluster::fixture::bench_cluster;
+use crate::cluster::{Cluster, Key};
+use crate::policy::{compile_node, sets};
 
 #[test]
 #[ignore]
@@ -159,7 +87,7 @@ fn a_change_that_deletes_many_elements_writes_the_table_whole() {
 #[test]
 #[ignore]
 fn allowed_per_connection_at_the_policy_benchs_scale() {
-    use crate::policy::{Endpoint, Protocol, allowed};
+    use crate::cluster::{Endpoint, Protocol, allowed};
     let end = |name: &str, ip: &str| Endpoint::Pod {
         pod: Key::new("bench", name),
         ip: ip.parse().expect("address"),

@@ -17,8 +17,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::policy::eval::RuleRef;
-use crate::policy::model::{Cidr, IpBlock, Protocol};
+use crate::cluster::eval::RuleRef;
+use crate::cluster::model::{Cidr, IpBlock, Protocol};
 
 /// A (prefix, protocol, first port, last port) allow of `rule`.
 pub type Ported<'a> = (Cidr, Protocol, u16, u16, &'a RuleRef);

@@ -3,8 +3,8 @@ use std::collections::BTreeMap;
 use serde_json::json;
 
 use super::*;
+use crate::cluster::fixture::{model, np, pod_ip};
 use crate::policy::compile_node;
-use crate::policy::tests::fixture::{model, np, pod_ip};
 
 fn rule(policy: &str, direction: Direction, index: usize) -> RuleRef {
     RuleRef {

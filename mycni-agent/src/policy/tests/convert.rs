@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde_json::{Value, json};
 
-use crate::policy::{
+use crate::cluster::{
     Key, NAMESPACE_NAME_LABEL, Operator, Peer, Peers, PortMatch, Ports, Problem, ProblemKind,
     Protocol, namespace_from_k8s, pod_from_k8s, policy_from_k8s,
 };
@@ -190,7 +190,7 @@ fn valid_shapes_convert_as_meant() {
         panic!("selector peer");
     };
     assert!(pods.match_labels.is_empty() && pods.match_expressions.is_empty());
-    let crate::policy::NamespaceScope::Selected(sel) = namespaces else {
+    let crate::cluster::NamespaceScope::Selected(sel) = namespaces else {
         panic!("namespace selector");
     };
     assert_eq!(sel.match_expressions[0].operator, Operator::NotIn);

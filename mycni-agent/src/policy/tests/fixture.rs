@@ -1,98 +1,13 @@
-//! The upstream model (`test/e2e/network/netpol`): namespaces x, y, z
-//! (labels `ns=<n>` and the name label), pods a, b, c (label `pod=<p>`)
-//! spread over three nodes, each serving TCP, UDP and SCTP on 80 and 81 with
-//! ports named `serve-<port>-<proto>`; plus expected reachability tables
-//! written the way `reachability.go` builds them.
+//! Expected reachability tables over the upstream model
+//! (`crate::cluster::fixture`), written the way `reachability.go` builds
+//! them, checked against both the reference evaluator and the compiled
+//! form.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use serde_json::{Value, json};
-
-use crate::policy::{
-    Cluster, ContainerPort, Endpoint, Key, Labels, NAMESPACE_NAME_LABEL, Namespace, Pod, Policy,
-    Protocol, allowed, compile_pod, policy_from_k8s,
-};
-
-pub const NAMESPACES: [&str; 3] = ["x", "y", "z"];
-pub const PODS: [&str; 3] = ["a", "b", "c"];
-
-pub fn labels(pairs: &[(&str, &str)]) -> Labels {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
-/// x/a is 10.244.1.1 and fd00::1:1, z/c is 10.244.3.3 and fd00::3:3.
-pub fn pod_ip(ns: &str, pod: &str, v6: bool) -> IpAddr {
-    let n = NAMESPACES
-        .iter()
-        .position(|x| *x == ns)
-        .map_or(9, |i| i + 1);
-    let p = PODS.iter().position(|x| *x == pod).map_or(9, |i| i + 1);
-    let text = if v6 {
-        format!("fd00::{n}:{p}")
-    } else {
-        format!("10.244.{n}.{p}")
-    };
-    text.parse().expect("fixture address")
-}
-
-pub fn serve_ports() -> Vec<ContainerPort> {
-    let mut ports = Vec::new();
-    for port in [80u16, 81] {
-        for (protocol, name) in [
-            (Protocol::Tcp, "tcp"),
-            (Protocol::Udp, "udp"),
-            (Protocol::Sctp, "sctp"),
-        ] {
-            ports.push(ContainerPort {
-                name: Some(format!("serve-{port}-{name}")),
-                protocol,
-                port,
-            });
-        }
-    }
-    ports
-}
-
-pub fn model() -> Cluster {
-    let mut c = Cluster::default();
-    for ns in NAMESPACES {
-        c.add_namespace(Namespace {
-            name: ns.to_string(),
-            labels: labels(&[("ns", ns), (NAMESPACE_NAME_LABEL, ns)]),
-        });
-        for (i, pod) in PODS.iter().enumerate() {
-            c.add_pod(Pod {
-                key: Key::new(ns, *pod),
-                labels: labels(&[("pod", pod)]),
-                ips: vec![pod_ip(ns, pod, false), pod_ip(ns, pod, true)],
-                ports: serve_ports(),
-                host_network: false,
-                node: Some(format!("node-{i}")),
-            });
-        }
-    }
-    c
-}
-
-/// A policy written as the YAML of the upstream test, through the real
-/// converter, which must not drop anything from these valid objects.
-pub fn np(ns: &str, name: &str, spec: Value) -> Policy {
-    let obj: NetworkPolicy = serde_json::from_value(json!({
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {"namespace": ns, "name": name},
-        "spec": spec,
-    }))
-    .expect("fixture policy parses");
-    let conv = policy_from_k8s(&obj).expect("fixture policy converts");
-    assert!(conv.dropped.is_empty(), "{:?}", conv.dropped);
-    conv.value
-}
+pub use crate::cluster::fixture::*;
+use crate::cluster::{Cluster, Endpoint, Key, Protocol, allowed};
+use crate::policy::compile_pod;
 
 /// Expected reachability between the nine pods; the diagonal is ignored,
 /// as upstream does.

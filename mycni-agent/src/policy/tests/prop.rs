@@ -13,10 +13,11 @@ use serde_json::{Value, json};
 
 use super::fixture::np;
 use super::naive::{End, RawLabels, RawPod, World};
-use crate::policy::{
-    Cidr, Cluster, CompiledPod, Endpoint, IpBlock, Judgement, Key, Protocol, allowed, compile_pod,
-    namespace_from_k8s, pod_from_k8s,
+use crate::cluster::{
+    Cidr, Cluster, Endpoint, IpBlock, Judgement, Key, Protocol, allowed, namespace_from_k8s,
+    pod_from_k8s,
 };
+use crate::policy::{CompiledPod, compile_pod};
 use crate::verdict::Direction;
 
 const KEYS: [&str; 2] = ["app", "tier"];

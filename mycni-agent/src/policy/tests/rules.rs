@@ -8,10 +8,8 @@ use std::net::IpAddr;
 use serde_json::json;
 
 use super::fixture::{Reach, check_tcp, labels, model, np, pod_ip, serve_ports};
-use crate::policy::{
-    Cluster, DirectionRules, Endpoint, Judgement, Key, PeerSet, Pod, PortRange, PortSet, Protocol,
-    RuleRef, allowed, compile_node, compile_pod,
-};
+use crate::cluster::{Cluster, Endpoint, Judgement, Key, Pod, Protocol, RuleRef, allowed};
+use crate::policy::{DirectionRules, PeerSet, PortRange, PortSet, compile_node, compile_pod};
 
 fn ip(s: &str) -> IpAddr {
     s.parse().expect("test address")
@@ -258,14 +256,14 @@ fn ip_block_prefixes_carve_out_excepts() {
     let block = |cidr: &str, except: &[&str]| {
         let parse = |s: &str| {
             let (a, l) = s.split_once('/').expect("prefix");
-            crate::policy::Cidr::new(ip(a), l.parse().expect("len")).expect("cidr")
+            crate::cluster::Cidr::new(ip(a), l.parse().expect("len")).expect("cidr")
         };
-        crate::policy::IpBlock {
+        crate::cluster::IpBlock {
             cidr: parse(cidr),
             except: except.iter().map(|e| parse(e)).collect(),
         }
     };
-    let texts = |b: crate::policy::IpBlock| -> Vec<String> {
+    let texts = |b: crate::cluster::IpBlock| -> Vec<String> {
         b.prefixes().iter().map(|c| c.to_string()).collect()
     };
     assert_eq!(

@@ -5,7 +5,8 @@
 use serde_json::json;
 
 use super::fixture::{Reach, check_tcp, labels, model, np, pod_ip, serve_ports};
-use crate::policy::{Cluster, DirectionRules, Key, Pod, compile_pod};
+use crate::cluster::{Cluster, Key, Pod};
+use crate::policy::{DirectionRules, compile_pod};
 
 fn allow_from_pod_b(c: &mut Cluster) {
     c.add_policy(np(

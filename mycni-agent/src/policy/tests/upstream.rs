@@ -7,7 +7,7 @@
 use serde_json::json;
 
 use super::fixture::{Reach, check, check_tcp, model, np, pod_ip};
-use crate::policy::Protocol;
+use crate::cluster::Protocol;
 
 /// 1: "should support a 'default-deny-ingress' policy".
 #[test]
@@ -219,7 +219,7 @@ fn ingress_named_port() {
 #[test]
 fn egress_named_port_resolves_on_destination() {
     let mut c = model();
-    if let Some(yb) = c.pods.get_mut(&crate::policy::Key::new("y", "b")) {
+    if let Some(yb) = c.pods.get_mut(&crate::cluster::Key::new("y", "b")) {
         for p in std::sync::Arc::make_mut(yb).ports.iter_mut() {
             if p.name.as_deref() == Some("serve-80-tcp") {
                 p.port = 8080;

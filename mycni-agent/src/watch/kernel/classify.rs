@@ -20,7 +20,7 @@ use mycni_common::net::{Cidr4, Cidr6, Mac};
 
 use super::watched::{Snapshot, Wake};
 use crate::kernel::{RTPROT_MYCNI_AGENT, RTPROT_MYCNI_PLUGIN, is_pod_veth};
-use crate::overlay::{UnderlaySelect, glob_match, via_vxlan};
+use crate::topology::{UnderlaySelect, glob_match, via_vxlan};
 
 // Nexthop notifications, which netlink-packet-route cannot parse: the
 // shared netlink layer's `NexthopMessage` does.

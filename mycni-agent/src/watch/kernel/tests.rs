@@ -22,7 +22,7 @@ use super::classify::*;
 use super::pins::watch_ended;
 use super::watched::*;
 use crate::kernel::{RTPROT_MYCNI_AGENT, RTPROT_MYCNI_PLUGIN};
-use crate::overlay::{OverlayState, UnderlaySelect, VxlanSpec};
+use crate::topology::{OverlayState, UnderlaySelect, VxlanSpec};
 use netlink_packet_route::address::AddressMessage;
 
 fn spec() -> VxlanSpec {

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
-use crate::overlay::{OverlayState, UnderlaySelect, VxlanSpec};
+use crate::topology::{OverlayState, UnderlaySelect, VxlanSpec};
 
 /// What a notification may concern.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

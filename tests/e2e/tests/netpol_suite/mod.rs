@@ -10,7 +10,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::{Namespace, Pod as KubePodObject};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use mycni_agent::policy::{
+use mycni_agent::cluster::{
     Cluster, Endpoint, Key, Protocol, allowed, namespace_from_k8s, pod_from_k8s, policy_from_k8s,
 };
 use mycni_lab::model::{Proto, SERVE_PORTS, serve_port_name};

@@ -1,7 +1,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use super::*;
-use crate::policy::model::Key;
+use crate::cluster::model::Key;
 use crate::verdict::Direction;
 
 /// A tiny deterministic generator: the property needs variety, not

@@ -132,3 +132,10 @@ impl Action {
         )
     }
 }
+
+/// Whether a route of [`OverlayState::routes`] (or `routes6`) goes
+/// through `vxlan.1` (gateway podCIDR.0) rather than straight over the
+/// underlay.
+pub fn via_vxlan<A: Family>(cidr: Cidr<A>, gw: A) -> bool {
+    gw == cidr.network()
+}

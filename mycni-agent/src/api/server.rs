@@ -1,4 +1,6 @@
-//! `/metrics`, `/healthz` and `/readyz`, served by axum.
+//! The agent's HTTP API, served by axum: `/metrics`, the probes
+//! (`/healthz`, `/readyz`), the rooms' `/inspect/...` answers and
+//! `/flows` with its page.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,49 +15,9 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use futures::StreamExt;
-use prometheus_client::encoding::prometheus_text;
 use tokio::net::TcpListener;
 
-use super::Metrics;
-
-/// The exposition formats `/metrics` speaks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Format {
-    /// OpenMetrics 1.0 text.
-    OpenMetrics,
-    /// The Prometheus text format 0.0.4.
-    Prometheus,
-}
-
-impl Format {
-    /// OpenMetrics when an `Accept` header offers it with a non-zero
-    /// quality (Prometheus' scrape header does), else the 0.0.4 text format
-    /// every Prometheus-compatible tool reads.
-    pub fn negotiate(accept: Option<&str>) -> Self {
-        let offered = accept.unwrap_or("").split(',').any(|range| {
-            let mut parts = range.split(';').map(str::trim);
-            let media = parts.next().unwrap_or("");
-            let refused = parts.any(|p| {
-                p.strip_prefix("q=")
-                    .and_then(|q| q.parse::<f64>().ok())
-                    .is_some_and(|q| q <= 0.0)
-            });
-            media.eq_ignore_ascii_case("application/openmetrics-text") && !refused
-        });
-        if offered {
-            Format::OpenMetrics
-        } else {
-            Format::Prometheus
-        }
-    }
-
-    pub fn content_type(self) -> &'static str {
-        match self {
-            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            Format::Prometheus => prometheus_text::CONTENT_TYPE,
-        }
-    }
-}
+use crate::metrics::{Format, Metrics};
 
 /// The endpoint's routes; separate from [`serve`] so tests can drive it
 /// without a socket.
@@ -225,17 +187,5 @@ mod tests {
         assert!(body.contains("has not finished a pass"), "{body}");
         m.liveness.beat();
         assert_eq!(get(m).await.0, StatusCode::OK);
-    }
-
-    #[test]
-    fn openmetrics_only_when_offered() {
-        let prom = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
-        assert_eq!(Format::negotiate(Some(prom)), Format::OpenMetrics);
-        assert_eq!(Format::negotiate(None), Format::Prometheus);
-        assert_eq!(Format::negotiate(Some("*/*")), Format::Prometheus);
-        assert_eq!(
-            Format::negotiate(Some("application/openmetrics-text; q=0, text/plain")),
-            Format::Prometheus
-        );
     }
 }
