@@ -47,6 +47,7 @@ pub mod metrics;
 mod nft;
 pub mod overlay;
 pub mod policy;
+pub mod settings;
 pub mod tables;
 pub mod topology;
 pub mod verdict;

@@ -65,8 +65,8 @@ struct Floors {
 const FLOORS: &[Floors] = &[Floors {
     krate: "mycni-agent/src",
     ground: &[
-        "api", "btf", "caps", "cluster", "epoch", "kernel", "metrics", "nft", "topology",
-        "verdict", "watch",
+        "api", "btf", "caps", "cluster", "epoch", "kernel", "metrics", "nft", "settings",
+        "topology", "verdict", "watch",
     ],
     rooms: &["datapath", "flows", "overlay", "policy", "tables"],
     top: &["agent", "kernel_check"],

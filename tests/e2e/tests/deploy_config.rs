@@ -9,6 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+use mycni_agent::settings::{MTU, UNDERLAY};
 use mycni_lab::Lab;
 
 mod common;
@@ -102,7 +103,7 @@ fn values_the_node_cannot_take_stop_the_agent_naming_the_key() -> Result<()> {
     l.stop_agent(1);
     let out = agent_fails_with(l, &cmdline, &["--mtu", "1451"])?;
     ensure!(
-        out.contains("ConfigMap mycni-config key `mtu`") && out.contains("at most 1450"),
+        out.contains(&MTU.source().to_string()) && out.contains("at most 1450"),
         "{out}"
     );
     for (iface, why) in [
@@ -114,7 +115,7 @@ fn values_the_node_cannot_take_stop_the_agent_naming_the_key() -> Result<()> {
     ] {
         let out = agent_fails_with(l, &cmdline, &["--iface", iface])?;
         ensure!(
-            out.contains("ConfigMap mycni-config key `underlay`") && out.contains(why),
+            out.contains(&UNDERLAY.source().to_string()) && out.contains(why),
             "{out}"
         );
     }

@@ -234,7 +234,7 @@ fn every_configmap_passes_the_agents_own_check() {
         let d = load_dir(&dir);
         let (ok, out) = check_config(&d, &agent_env(&d));
         assert!(ok, "{dir}: the agent rejects its settings: {out}");
-        for (key, _, _) in SETTINGS {
+        for (key, _, _) in SETTINGS.iter() {
             let v = config_value(&d, key).unwrap_or_else(|e| panic!("{e}"));
             assert!(
                 out.contains(&format!("{key}={v}")),
@@ -291,8 +291,12 @@ fn a_bad_configmap_value_stops_the_agent_naming_its_key() {
         assert_eq!(config_value(&d, key), Ok(bad));
         let (ok, out) = check_config(&d, &agent_env(&d));
         assert!(!ok, "{key}={bad} accepted: {out}");
+        let s = mycni_agent::settings::DEPLOYED
+            .iter()
+            .find(|s| s.key == key)
+            .unwrap_or_else(|| panic!("{key} is not one of the agent's deployed settings"));
         assert!(
-            out.contains(&format!("ConfigMap mycni-config key `{key}`")),
+            out.contains(&s.source().to_string()),
             "{key}={bad}: the error does not name the key: {out}"
         );
     }

@@ -405,7 +405,7 @@ pub(crate) fn check_env(d: &Deploy) -> Check<()> {
         }
     }
     // Every setting comes from the one ConfigMap, and it holds nothing else.
-    for (key, var, _) in SETTINGS {
+    for (key, var, _) in SETTINGS.iter() {
         let e = env
             .iter()
             .find(|e| e.name == *var)
@@ -455,7 +455,7 @@ pub(crate) fn check_env(d: &Deploy) -> Check<()> {
 /// The base's values are the committed defaults; the cluster CIDR is the one
 /// deploy/README.md tells kube-controller-manager to use.
 pub(crate) fn check_base_settings(d: &Deploy) -> Check<()> {
-    for (key, var, value) in SETTINGS {
+    for (key, var, value) in SETTINGS.iter() {
         let got = env_setting(d, var)?;
         if got != *value {
             return Err(format!("the base's {key} must be {value:?}, is {got:?}"));

@@ -1,5 +1,7 @@
 //! What the manifests must say, committed here: names, allow-lists, pins.
 
+use std::sync::LazyLock;
+
 pub(crate) const NAMESPACE: &str = "kube-system";
 pub(crate) const SERVICE_ACCOUNT: &str = "mycni-agent";
 pub(crate) const IMAGE: &str = "mycni:dev";
@@ -13,28 +15,50 @@ pub(crate) const CLUSTER_CIDR: &str = "10.244.0.0/16";
 pub(crate) const BASE: &str = "deploy/base";
 pub(crate) const OVERLAYS_DIR: &str = "deploy/overlays";
 pub(crate) const CLEANUP: &str = "deploy/cleanup";
-/// The ConfigMap kustomize generates (with a hash suffix).
-pub(crate) const CONFIG_MAP: &str = "mycni-config";
+/// The ConfigMap kustomize generates (with a hash suffix): the one the
+/// agent's errors name.
+pub(crate) const CONFIG_MAP: &str = mycni_agent::settings::CONFIG_MAP;
 /// The one setting that is not the agent's: the DaemonSet's maxUnavailable.
 pub(crate) const MAX_UNAVAILABLE: &str = "max-unavailable";
 
-/// The agent's settings: ConfigMap key, the agent's environment variable
-/// the DaemonSet maps it to, and the base's value.
-pub(crate) const SETTINGS: &[(&str, &str, &str)] = &[
-    ("cluster-cidr", "MYCNI_CLUSTER_CIDR", CLUSTER_CIDR),
-    ("mtu", "MYCNI_MTU", "auto"),
-    ("underlay", "MYCNI_IFACE", "default-route"),
-    ("underlay6", "MYCNI_UNDERLAY6", "auto"),
-    ("datapath", "MYCNI_DATAPATH", "ebpf"),
-    ("direct-routing", "MYCNI_DIRECT_ROUTING", "false"),
-    ("masquerade", "MYCNI_MASQUERADE", "true"),
-    ("network-policy", "MYCNI_NETWORK_POLICY", "true"),
-    ("flow-events", "MYCNI_FLOW_EVENTS", "true"),
-    ("flow-history", "MYCNI_FLOW_HISTORY", "4095"),
-    ("flow-pod-series", "MYCNI_FLOW_POD_SERIES", "100"),
-    ("metrics-addr", "MYCNI_METRICS_ADDR", "0.0.0.0:9971"),
-    ("liveness-stale-after", "MYCNI_LIVENESS_STALE_AFTER", "30s"),
+/// The base's value of each setting its ConfigMap holds, by key.
+const BASE_VALUES: &[(&str, &str)] = &[
+    ("cluster-cidr", CLUSTER_CIDR),
+    ("mtu", "auto"),
+    ("underlay", "default-route"),
+    ("underlay6", "auto"),
+    ("datapath", "ebpf"),
+    ("direct-routing", "false"),
+    ("masquerade", "true"),
+    ("network-policy", "true"),
+    ("flow-events", "true"),
+    ("flow-history", "4095"),
+    ("flow-pod-series", "100"),
+    ("metrics-addr", "0.0.0.0:9971"),
+    ("liveness-stale-after", "30s"),
 ];
+
+/// The agent's settings the deploy carries, from the agent's own table
+/// (`mycni_agent::settings::DEPLOYED`): ConfigMap key, the agent's
+/// environment variable the DaemonSet maps it to, and the base's value.
+pub(crate) static SETTINGS: LazyLock<Vec<(&str, &str, &str)>> = LazyLock::new(|| {
+    let table = mycni_agent::settings::DEPLOYED;
+    assert_eq!(
+        table.len(),
+        BASE_VALUES.len(),
+        "a base value for each of the agent's deployed settings, and no other"
+    );
+    table
+        .iter()
+        .map(|s| {
+            let (_, v) = BASE_VALUES
+                .iter()
+                .find(|(k, _)| *k == s.key)
+                .unwrap_or_else(|| panic!("no base value for the agent's setting {}", s.key));
+            (s.key, s.env, *v)
+        })
+        .collect()
+});
 
 /// Each overlay under deploy/overlays/ and the settings it changes from the
 /// base's (everything else renders as the base does).
