@@ -17,6 +17,7 @@ use mycni_common::VXLAN_OVERHEAD;
 use mycni_common::net::{Cidr4, Cidr6, Mac, PodCidrs};
 
 use super::{OverlayKernel, Underlay, Underlay6};
+use crate::settings;
 use crate::topology::{IPV6_ONLY, Underlay6Select, UnderlaySelect, Vxlan6Spec, VxlanSpec};
 
 /// The overlay's settings.
@@ -91,21 +92,24 @@ async fn start_dual(
     own: (Cidr4, Option<Cidr6>),
 ) -> Result<(VxlanSpec, Option<Vxlan6Spec>, Underlay)> {
     let own_cidr6 = own.1;
-    let underlay = kernel
-        .select_underlay(how)
-        .await
-        .with_context(|| {
-            format!(
-                "finding the underlay --iface {how} (ConfigMap mycni-config key `underlay`, env MYCNI_IFACE)"
-            )
-        })?;
+    let underlay = kernel.select_underlay(how).await.with_context(|| {
+        format!(
+            "finding the underlay --iface {how} ({})",
+            settings::UNDERLAY.source()
+        )
+    })?;
     // An IPv6 underlay only where the node's pods have IPv6: it carries
     // IPv6 pod traffic alone.
     let underlay6 = match own_cidr6 {
         Some(_) => kernel
             .underlay6(&underlay, &cfg.underlay6)
             .await
-            .context("finding the IPv6 underlay (--underlay6, ConfigMap mycni-config key `underlay6`, env MYCNI_UNDERLAY6)")?,
+            .with_context(|| {
+                format!(
+                    "finding the IPv6 underlay (--underlay6, {})",
+                    settings::UNDERLAY6.source()
+                )
+            })?,
         None => None,
     };
     let mtu = overlay_mtu(cfg.mtu, &underlay, own_cidr6.is_some(), underlay6.is_some())?;
@@ -148,7 +152,8 @@ async fn start_ipv6_only(
 ) -> Result<(Vxlan6Spec, Underlay6)> {
     if cfg.underlay6 == Underlay6Select::Off {
         anyhow::bail!(
-            "--underlay6 off (ConfigMap mycni-config key `underlay6`, env MYCNI_UNDERLAY6) on an IPv6-only node: {} over the IPv6 underlay is the only way it has to its peers; set auto or one of its IPv6 addresses",
+            "--underlay6 off ({}) on an IPv6-only node: {} over the IPv6 underlay is the only way it has to its peers; set auto or one of its IPv6 addresses",
+            settings::UNDERLAY6.source(),
             cfg.vxlan6_name
         );
     }
@@ -157,8 +162,11 @@ async fn start_ipv6_only(
         .await
         .with_context(|| {
             format!(
-                "finding the IPv6 underlay of an IPv6-only node: --iface {how} (ConfigMap mycni-config key `underlay`, env MYCNI_IFACE), --underlay6 {} (key `underlay6`, env MYCNI_UNDERLAY6)",
-                cfg.underlay6
+                "finding the IPv6 underlay of an IPv6-only node: --iface {how} ({}), --underlay6 {} (key `{}`, env {})",
+                settings::UNDERLAY.source(),
+                cfg.underlay6,
+                settings::UNDERLAY6.key,
+                settings::UNDERLAY6.env,
             )
         })?;
     let mtu = mtu_within(cfg.mtu, &u6.name, u6.mtu, VXLAN6_OVERHEAD, true)?;
@@ -315,7 +323,8 @@ fn mtu_within(
         None => most,
         Some(m) if m <= most => m,
         Some(m) => anyhow::bail!(
-            "--mtu {m} (ConfigMap mycni-config key `mtu`, env MYCNI_MTU) is above what the underlay {name} carries with VXLAN: at most {most} ({underlay_mtu} less {overhead})",
+            "--mtu {m} ({}) is above what the underlay {name} carries with VXLAN: at most {most} ({underlay_mtu} less {overhead})",
+            settings::MTU.source(),
         ),
     };
     if ipv6 && mtu < IPV6_MIN_MTU {
