@@ -156,6 +156,23 @@ fn fault(step: &str) -> Result<()> {
     }
 }
 
+/// What ADD and CHECK work on: netlink in the host and in the pod's
+/// network namespace (`netns`), and the host veth's name.
+#[derive(Clone, Copy)]
+struct Ends<'a> {
+    host: &'a Netlink,
+    pod: &'a Netlink,
+    netns: &'a File,
+    host_name: &'a str,
+}
+
+/// Both ends of the pod's veth.
+#[derive(Clone, Copy)]
+struct Links<'a> {
+    host: &'a Link,
+    pod: &'a Link,
+}
+
 /// Steps of ADD already done, undone in reverse order on failure.
 enum Undo {
     Ipam,
@@ -211,7 +228,13 @@ pub fn add(conf: &NetConf, env: &Env) -> Result<CniResult> {
             }
         }
         let mut undo: Vec<Undo> = Vec::new();
-        let result = add_steps(conf, env, &ipam, &host, &pod, &netns, &host_name, &mut undo).await;
+        let ends = Ends {
+            host: &host,
+            pod: &pod,
+            netns: &netns,
+            host_name: &host_name,
+        };
+        let result = add_steps(conf, env, &ipam, ends, &mut undo).await;
         if result.is_err() {
             for step in undo.into_iter().rev() {
                 let r = match step {
@@ -274,17 +297,19 @@ fn host_sysctls(host_name: &str, pod_ips: PodIps) -> Result<()> {
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn add_steps(
     conf: &NetConf,
     env: &Env,
     ipam: &Ipam,
-    host: &Netlink,
-    pod: &Netlink,
-    netns: &File,
-    host_name: &str,
+    ends: Ends<'_>,
     undo: &mut Vec<Undo>,
 ) -> Result<CniResult> {
+    let Ends {
+        host,
+        pod,
+        netns,
+        host_name,
+    } = ends;
     // A delegated IPAM runs (a process of its own, several ms for a Go
     // binary) while the veth is made and looked up in the pod: neither
     // needs the addresses.
@@ -409,7 +434,11 @@ async fn add_steps(
     }
     fault("host-route")?;
 
-    pod_result(conf, env, &ips, host_name, &host_link, &pod_link)
+    let links = Links {
+        host: &host_link,
+        pod: &pod_link,
+    };
+    pod_result(conf, env, &ips, host_name, links)
 }
 
 /// ADD's result: both ends of the veth, and the pod's addresses in the
@@ -420,9 +449,12 @@ fn pod_result(
     env: &Env,
     ips: &[IpConfig],
     host_name: &str,
-    host_link: &Link,
-    pod_link: &Link,
+    links: Links<'_>,
 ) -> Result<CniResult> {
+    let Links {
+        host: host_link,
+        pod: pod_link,
+    } = links;
     let mut result_ips = Vec::new();
     let mut routes = Vec::new();
     for ip in ips {

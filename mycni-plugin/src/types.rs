@@ -1,7 +1,7 @@
 //! CNI results: one internal shape, rendered for the requested version, and
 //! parsed back from any supported version (IPAM results, prevResult).
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
 use mycni_common::net::Cidr;
 use serde_json::{Value, json};
@@ -40,14 +40,6 @@ pub struct CniResult {
     pub ips: Vec<IpConfig>,
     pub routes: Vec<Route>,
     pub dns: Option<Value>,
-}
-
-/// `a.b.c.d/len` as results write it: an interface address, so host bits
-/// are kept. The rules (no "+24", no "024", found by the `prev_result` fuzz
-/// target) are `mycni_common::net`'s, the same for every CIDR mycni reads.
-pub fn parse_cidr(s: &str) -> Option<(Ipv4Addr, u8)> {
-    let c: Cidr<Ipv4Addr> = s.parse().ok()?;
-    Some((c.addr(), c.prefix()))
 }
 
 /// Whether a 0.3.x/0.4.0 IP's `version` ("4" or "6") names the other family
@@ -231,7 +223,18 @@ impl CniResult {
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+
     use super::*;
+
+    /// `a.b.c.d/len` as results write it: an interface address, so host
+    /// bits are kept. The rules (no "+24", no "024", found by the
+    /// `prev_result` fuzz target) are `mycni_common::net`'s, the same for
+    /// every CIDR mycni reads.
+    fn parse_cidr(s: &str) -> Option<(Ipv4Addr, u8)> {
+        let c: Cidr<Ipv4Addr> = s.parse().ok()?;
+        Some((c.addr(), c.prefix()))
+    }
 
     fn sample() -> CniResult {
         CniResult {

@@ -23,7 +23,7 @@ use std::path::Path;
 
 use anyhow::Result;
 use mycni_testkit::NetNs;
-use mycni_testkit::cni::{Call, Node};
+use mycni_testkit::cni::{Call, Exec, Node};
 use serde_json::Value;
 
 const VERSIONS: [&str; 4] = ["0.3.1", "0.4.0", "1.0.0", "1.1.0"];
@@ -67,11 +67,9 @@ fn add_fails_cleanly_at_every_step(node: &Node, conf: &Value, pod: &NetNs) -> Re
     let pod_before = pod.exec("ip", &["-o", "link"])?;
     for step in ["ipam", "veth", "host", "pod", "host-route"] {
         let r = node.run_env(
-            "mycni",
-            "ADD",
+            Exec::new("mycni", "ADD").env(&[("MYCNI_TEST_FAULT", step)]),
             &call("c1", &path, K8S_ARGS),
             conf,
-            &[("MYCNI_TEST_FAULT", step)],
         )?;
         assert!(!r.ok, "{step}");
         assert!(r.stdout.contains(step), "{step}: {}", r.stdout);

@@ -36,7 +36,7 @@ use crate::config::{Env, NetConf};
 use crate::error::{CniError, Code, Result};
 use crate::types::{CniResult, IpConfig};
 use delegate::Delegate;
-use store::{LeaseStore, Range};
+use store::{LeaseStore, Pool, Range};
 
 /// `ipam.type` of the built-in IPAM, as the agent's conflist names it.
 pub use mycni_common::contract::BUILTIN_IPAM_TYPE as BUILTIN_TYPE;
@@ -83,7 +83,15 @@ impl Builtin {
         let mut out: Vec<Cidr> = Vec::with_capacity(self.sets.len());
         for (i, set) in self.sets.iter().enumerate() {
             let got = store
-                .allocate_in(&set.ranges, &set.gateways, i, container_id, ifname)
+                .allocate_in(
+                    Pool {
+                        set: i,
+                        ranges: &set.ranges,
+                        reserved: &set.gateways,
+                    },
+                    container_id,
+                    ifname,
+                )
                 .map_err(store_err)
                 .and_then(|ip| {
                     let prefix = set

@@ -50,6 +50,17 @@ fn add_mod(a: u128, b: u128, m: u128) -> u128 {
     if b >= room { b - room } else { a + b }
 }
 
+/// Where [`LeaseStore::allocate_in`] takes an address from: range set number `set` (its
+/// `ranges`, of one family, tried in order), never one of `reserved`. The set's number
+/// names its round-robin hint file, as in host-local, so the families of a dual-stack
+/// network each resume where they left off.
+#[derive(Debug, Clone, Copy)]
+pub struct Pool<'a> {
+    pub set: usize,
+    pub ranges: &'a [Range],
+    pub reserved: &'a [IpAddr],
+}
+
 /// Leases of one network, kept in `<data_dir>/<network>/` in host-local's format.
 #[derive(Debug)]
 pub struct LeaseStore {
@@ -82,28 +93,27 @@ impl LeaseStore {
         container_id: &str,
         ifname: &str,
     ) -> Result<IpAddr, StoreError> {
-        self.allocate_in(
-            std::slice::from_ref(range),
+        let pool = Pool {
+            set: 0,
+            ranges: std::slice::from_ref(range),
             reserved,
-            0,
-            container_id,
-            ifname,
-        )
+        };
+        self.allocate_in(pool, container_id, ifname)
     }
 
-    /// One address from range set number `set` (its `ranges`, of one family, tried in
-    /// order), never one of `reserved`. Idempotent like [`LeaseStore::allocate`]: the
-    /// container's lease in any of the set's ranges is handed back. The set's number names
-    /// its round-robin hint file, as in host-local, so the families of a dual-stack network
-    /// each resume where they left off.
+    /// One address from `pool` (see [`Pool`]). Idempotent like [`LeaseStore::allocate`]:
+    /// the container's lease in any of the pool's ranges is handed back.
     pub fn allocate_in(
         &self,
-        ranges: &[Range],
-        reserved: &[IpAddr],
-        set: usize,
+        pool: Pool<'_>,
         container_id: &str,
         ifname: &str,
     ) -> Result<IpAddr, StoreError> {
+        let Pool {
+            set,
+            ranges,
+            reserved,
+        } = pool;
         validate_owner(container_id, ifname)?;
         let locked = self.lock()?;
         let entries = locked.scan()?;

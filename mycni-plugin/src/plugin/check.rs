@@ -1,12 +1,13 @@
 //! CHECK: the pod's network, on both ends of the veth and for each family
 //! prevResult lists, is still what ADD made.
 
-use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use mycni_common::net::Cidr;
 
-use super::{PodIps, alias, host_veth_name, mac_text, open_netns, runtime, sysctl_path};
+use super::{
+    Ends, Links, PodIps, alias, host_veth_name, mac_text, open_netns, runtime, sysctl_path,
+};
 use crate::config::{Env, NetConf};
 use crate::error::{CniError, Code, Result};
 use crate::ipam::Ipam;
@@ -113,25 +114,35 @@ pub fn check(conf: &NetConf, env: &Env) -> Result<()> {
                 env.ifname
             )));
         }
+        let ends = Ends {
+            host: &host,
+            pod: &pod,
+            netns: &netns,
+            host_name: &host_name,
+        };
+        let links = Links {
+            host: &hl,
+            pod: &pl,
+        };
         if let Some(a) = pod_ips.v4 {
-            check_v4(&host, &pod, &hl, &pl, &host_name, a).await?;
+            check_v4(ends, links, a).await?;
         }
         if let Some(b) = pod_ips.v6 {
-            check_v6(&host, &pod, &netns, &hl, &pl, &host_name, env, b).await?;
+            check_v6(ends, links, env, b).await?;
         }
         Ok(())
     })?;
     ipam.check(conf, env, &ips)
 }
 
-async fn check_v4(
-    host: &Netlink,
-    pod: &Netlink,
-    hl: &Link,
-    pl: &Link,
-    host_name: &str,
-    ip: Ipv4Addr,
-) -> Result<()> {
+async fn check_v4(ends: Ends<'_>, links: Links<'_>, ip: Ipv4Addr) -> Result<()> {
+    let Ends {
+        host,
+        pod,
+        host_name,
+        ..
+    } = ends;
+    let Links { host: hl, pod: pl } = links;
     for (key, want) in [("proxy_arp", "1"), ("proxy_delay", "0"), ("rp_filter", "1")] {
         let got = read_sysctl(&sysctl_path(host_name, key))?;
         if got != want {
@@ -165,17 +176,14 @@ async fn check_v4(
     check_gateway_neighbour(pod, pl, hl, GATEWAY.into()).await
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn check_v6(
-    host: &Netlink,
-    pod: &Netlink,
-    netns: &File,
-    hl: &Link,
-    pl: &Link,
-    host_name: &str,
-    env: &Env,
-    ip: Ipv6Addr,
-) -> Result<()> {
+async fn check_v6(ends: Ends<'_>, links: Links<'_>, env: &Env, ip: Ipv6Addr) -> Result<()> {
+    let Ends {
+        host,
+        pod,
+        netns,
+        host_name,
+    } = ends;
+    let Links { host: hl, pod: pl } = links;
     for (key, want) in [
         ("accept_dad", "0"),
         ("forwarding", "1"),

@@ -4,7 +4,7 @@
 
 use anyhow::Result;
 use mycni_testkit::NetNs;
-use mycni_testkit::cni::Call;
+use mycni_testkit::cni::{Call, Exec};
 use serde_json::{Value, json};
 
 use crate::{K8S_ARGS, call, netns_path, node};
@@ -179,7 +179,7 @@ fn bad_inputs_get_spec_codes_and_change_nothing() -> Result<()> {
         ),
     ];
     for (what, stdin, call, env, code) in cases {
-        let r = node.run_raw("mycni", "ADD", &call, &stdin, &env)?;
+        let r = node.run_raw(Exec::new("mycni", "ADD").env(&env), &call, &stdin)?;
         assert!(!r.ok, "{what}: succeeded");
         assert_eq!(r.code(), Some(code), "{what}: {}", r.stdout);
         assert!(
@@ -195,7 +195,7 @@ fn bad_inputs_get_spec_codes_and_change_nothing() -> Result<()> {
         );
     }
     // Missing CNI_PATH / CNI_COMMAND.
-    let r = node.run_raw("mycni", "", &c, &good.to_string().into_bytes(), &[])?;
+    let r = node.run_raw(Exec::new("mycni", ""), &c, &good.to_string().into_bytes())?;
     assert_eq!(r.code(), Some(4));
     Ok(())
 }

@@ -3,6 +3,7 @@
 
 use anyhow::Result;
 use mycni_testkit::NetNs;
+use mycni_testkit::cni::Exec;
 use serde_json::json;
 
 use crate::{K8S_ARGS, add_fails_cleanly_at_every_step, call, netns_path, node, pod_ip};
@@ -68,11 +69,9 @@ fn del_after_add_killed_at_every_step_leaves_nothing() -> Result<()> {
     for step in ["ipam", "veth", "host", "pod", "host-route"] {
         let c = call("k1", &path, K8S_ARGS);
         let r = node.run_env(
-            "mycni",
-            "ADD",
+            Exec::new("mycni", "ADD").env(&[("MYCNI_TEST_FAULT", &format!("kill:{step}"))]),
             &c,
             &conf,
-            &[("MYCNI_TEST_FAULT", &format!("kill:{step}"))],
         )?;
         assert!(!r.ok && r.stdout.is_empty(), "{step}: {}", r.stdout);
         assert_ne!(node.snapshot()?, before, "the kill at {step} left nothing");
@@ -89,11 +88,9 @@ fn del_after_add_killed_at_every_step_leaves_nothing() -> Result<()> {
     // The unmarked veth of a killed ADD is the same pod's name, but a late
     // DEL for another sandbox of that pod (another netns) leaves it alone.
     let r = node.run_env(
-        "mycni",
-        "ADD",
+        Exec::new("mycni", "ADD").env(&[("MYCNI_TEST_FAULT", "kill:veth")]),
         &call("k2", &path, K8S_ARGS),
         &conf,
-        &[("MYCNI_TEST_FAULT", "kill:veth")],
     )?;
     assert!(!r.ok);
     let other = NetNs::new("pod")?;

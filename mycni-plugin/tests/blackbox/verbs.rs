@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use mycni_testkit::NetNs;
-use mycni_testkit::cni::with_prev;
+use mycni_testkit::cni::{Exec, with_prev};
 use serde_json::json;
 
 use crate::{K8S_ARGS, VERSIONS, call, netns_path, node, pod_ip};
@@ -69,7 +69,7 @@ fn add_check_del_every_version() -> Result<()> {
 #[test]
 fn version_command() -> Result<()> {
     let node = node()?;
-    let r = node.run_raw("mycni", "VERSION", &call("", "", ""), b"", &[])?;
+    let r = node.run_raw(Exec::new("mycni", "VERSION"), &call("", "", ""), b"")?;
     assert!(r.ok);
     assert_eq!(r.json["supportedVersions"], json!(VERSIONS));
     Ok(())

@@ -43,7 +43,7 @@ mod store;
 mod typed;
 
 pub use store::NAMESPACE_NAME_LABEL;
-use store::{Key, Kind, State, Target};
+use store::{Key, Kind, State, Target, WriteMode};
 pub use typed::{namespace, network_policy, pod, pod_status};
 
 /// The namespaces a new cluster has; Pods and NetworkPolicies can only be
@@ -261,7 +261,12 @@ impl ApiServer {
         // The namespaces every cluster has from the start.
         for ns in DEFAULT_NAMESPACES {
             let value = serde_json::to_value(namespace(ns, &[]))?;
-            state.create(Kind::Namespace, None, value, Target::Direct, false)?;
+            state.create(
+                Kind::Namespace,
+                None,
+                value,
+                WriteMode::stored(Target::Direct),
+            )?;
         }
         let (changed, _) = watch::channel(state.rv);
         let shared = Arc::new(Shared {

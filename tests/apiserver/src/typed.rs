@@ -15,7 +15,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::ApiServer;
-use crate::store::{ApiError, Key, Kind, Target};
+use crate::store::{ApiError, Key, Kind, Target, WriteMode};
 
 fn decoded<T: DeserializeOwned>(s: &crate::store::Stored) -> Result<T> {
     s.typed()
@@ -36,7 +36,7 @@ impl ApiServer {
         let value = serde_json::to_value(obj)?;
         let stored = self
             .shared
-            .with_state(|st| st.create(kind, None, value, Target::Direct, false))?;
+            .with_state(|st| st.create(kind, None, value, WriteMode::stored(Target::Direct)))?;
         decoded(&stored)
     }
 
@@ -61,7 +61,7 @@ impl ApiServer {
                 .typed()
                 .ok_or_else(|| ApiError::internal("stored object does not decode"))?;
             f(&mut obj);
-            st.update(key, to_value(&obj)?, target, false)
+            st.update(key, to_value(&obj)?, WriteMode::stored(target))
         })?;
         decoded(&stored)
     }
@@ -161,9 +161,14 @@ impl ApiServer {
     /// name or selector) reaches an agent. Its JSON may hold what the real
     /// server refuses, as long as it decodes.
     pub fn create_unchecked_network_policy(&self, np: serde_json::Value) -> Result<NetworkPolicy> {
-        let stored = self
-            .shared
-            .with_state(|st| st.create(Kind::NetworkPolicy, None, np, Target::Unchecked, false))?;
+        let stored = self.shared.with_state(|st| {
+            st.create(
+                Kind::NetworkPolicy,
+                None,
+                np,
+                WriteMode::stored(Target::Unchecked),
+            )
+        })?;
         decoded(&stored)
     }
 

@@ -118,7 +118,9 @@ impl Fixture {
         // Debian's bandwidth speaks up to 1.0.0, as the list's version.
         let mut conf = l.plugin_conf(node)?;
         conf["cniVersion"] = json!("1.0.0");
-        let mut add = l.cni_command(node, "ADD", &cid, &netns, &pod)?.spawn()?;
+        let mut add = l
+            .cni_command(node, "ADD", mycni_lab::Sandbox::new(&cid, &netns, &pod))?
+            .spawn()?;
         add.stdin
             .take()
             .context("plugin stdin")?

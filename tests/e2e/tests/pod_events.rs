@@ -70,15 +70,23 @@ struct TestPod {
 fn add(l: &Lab, k: usize) -> Result<(TestPod, Instant)> {
     let ns = NetNs::new("ev")?;
     let (cid, name) = (format!("ev-{k}"), format!("ev{k}"));
-    let result = l.cni(1, "ADD", &cid, &ns.path().to_string_lossy(), &name)?;
+    let result = l.cni(
+        1,
+        "ADD",
+        mycni_lab::Sandbox::new(&cid, &ns.path().to_string_lossy(), &name),
+    )?;
     let returned = Instant::now();
     let ip = ip_of(&result)?;
     Ok((TestPod { ns, cid, name, ip }, returned))
 }
 
 fn del(l: &Lab, p: &TestPod) -> Result<()> {
-    l.cni(1, "DEL", &p.cid, &p.ns.path().to_string_lossy(), &p.name)
-        .map(drop)
+    l.cni(
+        1,
+        "DEL",
+        mycni_lab::Sandbox::new(&p.cid, &p.ns.path().to_string_lossy(), &p.name),
+    )
+    .map(drop)
 }
 
 #[test]

@@ -30,6 +30,31 @@ pub struct Call<'a> {
     pub args: &'a str,
 }
 
+/// What one run starts: `plugin` (a name in the bin dir) with CNI_COMMAND
+/// `command`, and `env` on top of the CNI variables.
+#[derive(Clone, Copy, Debug)]
+pub struct Exec<'a> {
+    pub plugin: &'a str,
+    pub command: &'a str,
+    pub env: &'a [(&'a str, &'a str)],
+}
+
+impl<'a> Exec<'a> {
+    /// `plugin` with CNI_COMMAND `command` and no other variables.
+    pub fn new(plugin: &'a str, command: &'a str) -> Self {
+        Self {
+            plugin,
+            command,
+            env: &[],
+        }
+    }
+
+    /// The same run with `env` on top of the CNI variables.
+    pub fn env(self, env: &'a [(&'a str, &'a str)]) -> Self {
+        Self { env, ..self }
+    }
+}
+
 /// The outcome of one plugin run.
 #[derive(Debug)]
 pub struct Reply {
@@ -90,34 +115,21 @@ impl Node {
 
     /// Runs `plugin` (a name in the bin dir) with CNI_COMMAND `command`.
     pub fn run(&self, plugin: &str, command: &str, call: &Call, conf: &Value) -> Result<Reply> {
-        self.run_env(plugin, command, call, conf, &[])
+        self.run_env(Exec::new(plugin, command), call, conf)
     }
 
-    pub fn run_env(
-        &self,
-        plugin: &str,
-        command: &str,
-        call: &Call,
-        conf: &Value,
-        extra_env: &[(&str, &str)],
-    ) -> Result<Reply> {
-        self.run_raw(
+    /// Runs `exec` (with its extra variables) on `conf`.
+    pub fn run_env(&self, exec: Exec<'_>, call: &Call, conf: &Value) -> Result<Reply> {
+        self.run_raw(exec, call, conf.to_string().as_bytes())
+    }
+
+    /// Runs `exec` with `stdin` as it is, a config or not.
+    pub fn run_raw(&self, exec: Exec<'_>, call: &Call, stdin: &[u8]) -> Result<Reply> {
+        let Exec {
             plugin,
             command,
-            call,
-            conf.to_string().as_bytes(),
-            extra_env,
-        )
-    }
-
-    pub fn run_raw(
-        &self,
-        plugin: &str,
-        command: &str,
-        call: &Call,
-        stdin: &[u8],
-        extra_env: &[(&str, &str)],
-    ) -> Result<Reply> {
+            env: extra_env,
+        } = exec;
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", self.ns.name()])
             .arg(self.bin_dir.join(plugin))

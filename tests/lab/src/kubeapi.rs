@@ -54,6 +54,22 @@ pub fn collection(resource: &str, namespace: Option<&str>) -> String {
     }
 }
 
+/// One object: its kind's `resource`, its namespace (`None` for a
+/// cluster-scoped kind) and its name.
+#[derive(Debug, Clone, Copy)]
+pub struct ObjectRef<'a> {
+    pub resource: &'a str,
+    pub ns: Option<&'a str>,
+    pub name: &'a str,
+}
+
+impl ObjectRef<'_> {
+    /// The object's path.
+    pub fn path(&self) -> String {
+        format!("{}/{}", collection(self.resource, self.ns), self.name)
+    }
+}
+
 impl Lab {
     /// One API call; the status and the decoded body (`Null` when empty).
     pub fn kube(&self, method: Method, path: &str, body: Option<&Value>) -> Result<(u16, Value)> {
@@ -163,15 +179,8 @@ impl Lab {
     }
 
     /// Sets (`Some`) or removes (`None`) one label, as `kubectl label` does.
-    pub fn kube_label(
-        &self,
-        resource: &str,
-        ns: Option<&str>,
-        name: &str,
-        key: &str,
-        value: Option<&str>,
-    ) -> Result<()> {
-        let path = format!("{}/{name}", collection(resource, ns));
+    pub fn kube_label(&self, object: ObjectRef<'_>, key: &str, value: Option<&str>) -> Result<()> {
+        let path = object.path();
         let patch = serde_json::json!({"metadata": {"labels": {key: value}}});
         self.kube_ok(Method::Patch, &path, Some(&patch))?;
         Ok(())

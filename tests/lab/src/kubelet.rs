@@ -164,9 +164,11 @@ impl Lab {
         let del = self.cni(
             pod.node,
             "DEL",
-            &format!("lab-{}-{}", pod.node, pod.index),
-            &format!("/run/netns/{}", pod.ns),
-            &cni_pod_arg(names, pod.index),
+            crate::Sandbox::new(
+                &format!("lab-{}-{}", pod.node, pod.index),
+                &format!("/run/netns/{}", pod.ns),
+                &cni_pod_arg(names, pod.index),
+            ),
         );
         let _ = sh("ip", &["netns", "del", &pod.ns]);
         del.map(|_| ())

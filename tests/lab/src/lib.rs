@@ -44,13 +44,13 @@ pub use datapath::{
     parse_family_counters,
 };
 pub use forward::{HOST_KUBECONFIG_HINT, forward_command};
-pub use kubeapi::{Method, collection};
+pub use kubeapi::{Method, ObjectRef, collection};
 pub use kubelet::PodRequest;
 pub use matrix::{FamilyRun, MatrixRun};
 pub use model::KubePod;
 pub use pods::{
-    PROBE_BULK_FAILED, ProbeError, echo_server, format_tcp_rr, http_get, parse_tcp_rr, tcp_probe,
-    tcp_rr,
+    PROBE_BULK_FAILED, ProbeError, Sandbox, echo_server, format_tcp_rr, http_get, parse_tcp_rr,
+    tcp_probe, tcp_rr,
 };
 pub use prometheus::PROMETHEUS_PORT;
 pub use services::SERVICE_TABLE;

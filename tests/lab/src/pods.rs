@@ -14,6 +14,22 @@ use mycni_testkit::sh;
 use crate::daemon::{ns_exec, spawn_daemon};
 use crate::{ECHO_PORT, IpFamily, Lab, Pod, Stack};
 
+/// A pod sandbox as the runtime names it to the plugin: its container id,
+/// its network namespace's path and its pod (`<namespace>/<name>`, or a
+/// name alone in namespace `lab`).
+#[derive(Debug, Clone, Copy)]
+pub struct Sandbox<'a> {
+    pub cid: &'a str,
+    pub netns: &'a str,
+    pub pod: &'a str,
+}
+
+impl<'a> Sandbox<'a> {
+    pub fn new(cid: &'a str, netns: &'a str, pod: &'a str) -> Self {
+        Self { cid, netns, pod }
+    }
+}
+
 impl Lab {
     /// The runtime's part: plugin ADD with the network from the agent's
     /// conflist, for the pod `names` (namespace, name) if it has a
@@ -26,9 +42,11 @@ impl Lab {
         let result = self.cni(
             i,
             "ADD",
-            &format!("lab-{i}-{j}"),
-            &format!("/run/netns/{ns}"),
-            &crate::kubelet::cni_pod_arg(names, j),
+            Sandbox::new(
+                &format!("lab-{i}-{j}"),
+                &format!("/run/netns/{ns}"),
+                &crate::kubelet::cni_pod_arg(names, j),
+            ),
         )?;
         let addrs: Vec<IpAddr> = result["ips"]
             .as_array()
@@ -95,18 +113,11 @@ impl Lab {
         Ok(conf)
     }
 
-    /// The plugin on node `i` as the runtime starts it for pod `pod`
-    /// (`<namespace>/<name>`, or a name alone in namespace `lab`; interface
-    /// `eth0`), stdin, stdout and stderr piped: the caller writes the
-    /// config to stdin, and may kill the child.
-    pub fn cni_command(
-        &self,
-        i: usize,
-        command: &str,
-        cid: &str,
-        netns: &str,
-        pod: &str,
-    ) -> Result<Command> {
+    /// The plugin on node `i` as the runtime starts it for `sandbox`
+    /// (interface `eth0`), stdin, stdout and stderr piped: the caller
+    /// writes the config to stdin, and may kill the child.
+    pub fn cni_command(&self, i: usize, command: &str, sandbox: Sandbox<'_>) -> Result<Command> {
+        let Sandbox { cid, netns, pod } = sandbox;
         let s = &self.spec;
         let bin_dir = s.bins.plugin.parent().context("plugin path")?;
         let (pod_ns, pod_name) = pod.split_once('/').unwrap_or(("lab", pod));
@@ -130,9 +141,9 @@ impl Lab {
 
     /// Runs the plugin on node `i` as the runtime would, with the conflist's
     /// single plugin config.
-    pub fn cni(&self, i: usize, command: &str, cid: &str, netns: &str, pod: &str) -> Result<Value> {
+    pub fn cni(&self, i: usize, command: &str, sandbox: Sandbox<'_>) -> Result<Value> {
         let conf = self.plugin_conf(i)?;
-        let mut child = self.cni_command(i, command, cid, netns, pod)?.spawn()?;
+        let mut child = self.cni_command(i, command, sandbox)?.spawn()?;
         if let Some(mut w) = child.stdin.take() {
             w.write_all(conf.to_string().as_bytes())?;
         }

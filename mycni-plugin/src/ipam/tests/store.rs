@@ -7,7 +7,7 @@ use std::net::IpAddr;
 
 use super::*;
 use crate::ipam::layout::LOCK_FILE;
-use crate::ipam::store::{LeaseStore, Range, StoreError};
+use crate::ipam::store::{LeaseStore, Pool, Range, StoreError};
 
 /// Whether an allocation failed for want of a free address.
 fn exhausted(got: Result<IpAddr, StoreError>) -> bool {
@@ -355,18 +355,29 @@ fn host_local_lease_is_found_and_released() {
 
 // ---- IPv6 and range sets ----
 
+fn pool<'a>(set: usize, ranges: &'a [Range], reserved: &'a [IpAddr]) -> Pool<'a> {
+    Pool {
+        set,
+        ranges,
+        reserved,
+    }
+}
+
 #[test]
 fn ipv6_leases_use_host_locals_names_and_one_hint_per_set() {
     let (_tmp, store) = store();
     let v4 = range("10.30.0.0/24");
     let v6 = range("fd00:30::/64");
-    let a4 = store.allocate_in(&[v4], &[], 0, "a", "eth0").unwrap();
-    let a6 = store.allocate_in(&[v6], &[], 1, "a", "eth0").unwrap();
+    let a4 = store.allocate_in(pool(0, &[v4], &[]), "a", "eth0").unwrap();
+    let a6 = store.allocate_in(pool(1, &[v6], &[]), "a", "eth0").unwrap();
     assert_eq!((a4, a6), (ip("10.30.0.1"), ip("fd00:30::1")));
     // Idempotent per family.
-    assert_eq!(store.allocate_in(&[v6], &[], 1, "a", "eth0").unwrap(), a6);
+    assert_eq!(
+        store.allocate_in(pool(1, &[v6], &[]), "a", "eth0").unwrap(),
+        a6
+    );
     let b6 = store
-        .allocate_in(&[v6], &[ip("fd00:30::2")], 1, "b", "eth0")
+        .allocate_in(pool(1, &[v6], &[ip("fd00:30::2")]), "b", "eth0")
         .unwrap();
     assert_eq!(b6, ip("fd00:30::3"));
     assert_eq!(
@@ -385,8 +396,8 @@ fn ipv6_leases_use_host_locals_names_and_one_hint_per_set() {
     assert_eq!(read(&store, LAST_RESERVED_FILE), "10.30.0.1");
     // A DEL with both addresses as hints releases both; one without finds both too.
     assert_eq!(store.release_all("a", "eth0", &[a4, a6]).unwrap(), [a4, a6]);
-    let c4 = store.allocate_in(&[v4], &[], 0, "c", "eth0").unwrap();
-    let c6 = store.allocate_in(&[v6], &[], 1, "c", "eth0").unwrap();
+    let c4 = store.allocate_in(pool(0, &[v4], &[]), "c", "eth0").unwrap();
+    let c6 = store.allocate_in(pool(1, &[v6], &[]), "c", "eth0").unwrap();
     assert_eq!(store.release_all("c", "eth0", &[]).unwrap(), [c4, c6]);
     assert_eq!(lease_files(&store), [b6]);
 }
@@ -418,19 +429,19 @@ fn a_set_of_ranges_is_one_round_robin_sequence() {
     let got: Vec<_> = (0..3)
         .map(|i| {
             store
-                .allocate_in(&set, &[], 0, &format!("c{i}"), "eth0")
+                .allocate_in(pool(0, &set, &[]), &format!("c{i}"), "eth0")
                 .unwrap()
         })
         .collect();
     assert_eq!(got, [ip("10.32.0.1"), ip("10.32.0.2"), ip("10.33.0.1")]);
     assert!(matches!(
-        store.allocate_in(&set, &[], 0, "c9", "eth0"),
+        store.allocate_in(pool(0, &set, &[]), "c9", "eth0"),
         Err(StoreError::Exhausted { range, .. }) if range == "10.32.0.1-10.32.0.2, 10.33.0.1-10.33.0.1"
     ));
     // Round-robin wraps to the first range.
     store.release("c0", "eth0", None).unwrap();
     assert_eq!(
-        store.allocate_in(&set, &[], 0, "c9", "eth0").unwrap(),
+        store.allocate_in(pool(0, &set, &[]), "c9", "eth0").unwrap(),
         ip("10.32.0.1")
     );
 }

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use super::response::{json_bytes, json_value, list_body, parse_json, success_status};
 use super::table::table_of;
 use super::{Body, Ctx, Route};
-use crate::store::{ApiError, Key, Kind, ListRequest, PatchKind, Target};
+use crate::store::{ApiError, Key, Kind, ListRequest, PatchKind, Target, WriteMode};
 
 impl Ctx {
     /// Answers a request for a resource by method and shape of its path.
@@ -129,20 +129,26 @@ impl Ctx {
     fn create(&self, r: &Route<'_>) -> Result<Response<Body>, ApiError> {
         self.shared.count("create");
         let v = self.json_body()?;
-        let dry = self.query.dry_run();
+        let mode = WriteMode {
+            target: Target::Main,
+            dry_run: self.query.dry_run(),
+        };
         let obj = self
             .shared
-            .with_state(|st| st.create(r.kind, r.ns, v, Target::Main, dry))?;
+            .with_state(|st| st.create(r.kind, r.ns, v, mode))?;
         Ok(json_bytes(StatusCode::CREATED, obj.full.clone()))
     }
 
     fn update(&self, r: &Route<'_>, name: &str) -> Result<Response<Body>, ApiError> {
         self.shared.count("update");
         let v = self.json_body()?;
-        let dry = self.query.dry_run();
+        let mode = WriteMode {
+            target: Self::target(r),
+            dry_run: self.query.dry_run(),
+        };
         let obj = self
             .shared
-            .with_state(|st| st.update(&Self::key(r, name), v, Self::target(r), dry))?;
+            .with_state(|st| st.update(&Self::key(r, name), v, mode))?;
         Ok(json_bytes(StatusCode::OK, obj.full.clone()))
     }
 
@@ -159,11 +165,14 @@ impl Ctx {
             }
         };
         let body = parse_json(&self.body)?;
-        let dry = self.query.dry_run();
+        let mode = WriteMode {
+            target: Self::target(r),
+            dry_run: self.query.dry_run(),
+        };
         let key = Self::key(r, name);
         let obj = self
             .shared
-            .with_state(|st| st.patch(&key, kind, &body, Self::target(r), dry))?;
+            .with_state(|st| st.patch(&key, kind, &body, mode))?;
         Ok(json_bytes(StatusCode::OK, obj.full.clone()))
     }
 

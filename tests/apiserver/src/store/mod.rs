@@ -25,7 +25,7 @@ pub(crate) use decode::now_secs;
 pub(crate) use error::ApiError;
 pub use kinds::NAMESPACE_NAME_LABEL;
 pub(crate) use list::ListRequest;
-pub(crate) use object::{Event, EventType, Key, ObjectMap, PatchKind, Stored, Target};
+pub(crate) use object::{Event, EventType, Key, ObjectMap, PatchKind, Stored, Target, WriteMode};
 pub(crate) use resource::Kind;
 pub(crate) use selector::{FieldSelector, LabelSelector, Selectors};
 

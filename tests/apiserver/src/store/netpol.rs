@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::json;
 
-use super::validation::{CIDR_MSG, Causes, Cidr, label_selector};
+use super::validation::{CIDR_MSG, Causes, label_selector, parse_cidr, strictly_contains};
 
 const PROTOCOLS: [&str; 3] = ["TCP", "UDP", "SCTP"];
 const POLICY_TYPES: [&str; 2] = ["Ingress", "Egress"];
@@ -122,15 +122,15 @@ fn ip_block(causes: &mut Causes, path: &str, b: &IPBlock) {
         causes.required(&cidr_path, "");
         return;
     }
-    let Some(cidr) = Cidr::parse(&b.cidr) else {
+    let Some(cidr) = parse_cidr(&b.cidr) else {
         causes.invalid(&cidr_path, &json!(b.cidr), CIDR_MSG);
         return;
     };
     for (i, e) in b.except.iter().flatten().enumerate() {
         let except_path = format!("{path}.except[{i}]");
-        match Cidr::parse(e) {
+        match parse_cidr(e) {
             None => causes.invalid(&except_path, &json!(e), CIDR_MSG),
-            Some(except) if !cidr.strictly_contains(&except) => {
+            Some(except) if !strictly_contains(cidr, except) => {
                 causes.invalid(&except_path, &json!(e), "must be a strict subset of `cidr`")
             }
             Some(_) => {}

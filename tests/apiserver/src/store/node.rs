@@ -5,7 +5,7 @@
 use k8s_openapi::api::core::v1::Node;
 use serde_json::json;
 
-use super::validation::{Causes, Cidr};
+use super::validation::{Causes, parse_cidr};
 
 /// The v1 conversion rule: `podCIDR` wins over a `podCIDRs` that
 /// disagrees, and fills `podCIDR` from `podCIDRs` when it is empty.
@@ -40,7 +40,7 @@ fn cidrs(n: &Node) -> Vec<String> {
 pub(crate) fn validate(causes: &mut Causes, node: &Node, old: Option<&Node>) {
     let new_cidrs = cidrs(node);
     for (i, c) in new_cidrs.iter().enumerate() {
-        if Cidr::parse(c).is_none() {
+        if parse_cidr(c).is_none() {
             causes.invalid(
                 "spec.podCIDRs",
                 &json!(c),

@@ -184,6 +184,24 @@ impl Target {
     }
 }
 
+/// How a write is made: who writes (`target`), and whether it is only
+/// checked (`dry_run`, the `dryRun=All` of a request) or stored.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct WriteMode {
+    pub(crate) target: Target,
+    pub(crate) dry_run: bool,
+}
+
+impl WriteMode {
+    /// A write by `target` that is stored.
+    pub(crate) fn stored(target: Target) -> Self {
+        WriteMode {
+            target,
+            dry_run: false,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum PatchKind {
     Merge,

@@ -3,9 +3,9 @@
 //! `422 Invalid` reports them all, as the real server does.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use mycni_common::net::Cidr;
 use serde_json::{Value, json};
 
 use super::error::{ApiError, Cause};
@@ -178,47 +178,17 @@ pub(crate) fn label_selector(causes: &mut Causes, field: &str, sel: &LabelSelect
     }
 }
 
-/// An address and prefix length, the address's host bits cleared.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Cidr {
-    pub(crate) ip: IpAddr,
-    pub(crate) len: u8,
+/// A CIDR as the API server takes one (`10.0.0.1/8` too: host bits are
+/// allowed, and cleared here), in mycni-common's syntax, the workspace's one
+/// CIDR parser (no sign or leading zero in the prefix length).
+pub(crate) fn parse_cidr(s: &str) -> Option<Cidr> {
+    s.parse::<Cidr>().ok().map(Cidr::trunc)
 }
 
-impl Cidr {
-    pub(crate) fn parse(s: &str) -> Option<Cidr> {
-        let (ip, len) = s.split_once('/')?;
-        let len: u8 = len.parse().ok()?;
-        let ip: IpAddr = ip.parse().ok()?;
-        let max = if ip.is_ipv4() { 32 } else { 128 };
-        (len <= max).then(|| Cidr {
-            ip: mask(ip, len),
-            len,
-        })
-    }
-
-    /// Whether `other` is a strict subset: same family, longer prefix,
-    /// inside this one.
-    pub(crate) fn strictly_contains(&self, other: &Cidr) -> bool {
-        self.ip.is_ipv4() == other.ip.is_ipv4()
-            && other.len > self.len
-            && mask(other.ip, self.len) == self.ip
-    }
-}
-
-fn mask(ip: IpAddr, len: u8) -> IpAddr {
-    match ip {
-        IpAddr::V4(a) => {
-            let bits = u32::from(a);
-            let m = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
-            IpAddr::V4((bits & m).into())
-        }
-        IpAddr::V6(a) => {
-            let bits = u128::from(a);
-            let m = u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
-            IpAddr::V6((bits & m).into())
-        }
-    }
+/// Whether `inner` is a strict subset of `outer`: same family, longer
+/// prefix, inside it.
+pub(crate) fn strictly_contains(outer: Cidr, inner: Cidr) -> bool {
+    inner.prefix() > outer.prefix() && outer.covers(inner)
 }
 
 pub(crate) const CIDR_MSG: &str = "must be a valid CIDR value, (e.g. 10.9.8.0/24 or 2001:db8::/64)";
@@ -229,15 +199,18 @@ mod tests {
 
     #[test]
     fn cidrs() {
-        let c = |s| Cidr::parse(s).expect(s);
-        assert!(c("10.0.0.0/8").strictly_contains(&c("10.1.0.0/16")));
-        assert!(!c("10.0.0.0/8").strictly_contains(&c("10.0.0.0/8")));
-        assert!(!c("10.0.0.0/8").strictly_contains(&c("11.0.0.0/16")));
-        assert!(!c("10.0.0.0/8").strictly_contains(&c("::/64")));
-        assert!(c("2001:db8::/32").strictly_contains(&c("2001:db8:1::/48")));
-        assert_eq!(c("0.0.0.0/0").len, 0);
-        assert!(Cidr::parse("10.0.0.0/33").is_none());
-        assert!(Cidr::parse("10.0.0.0").is_none());
+        let c = |s| parse_cidr(s).expect(s);
+        assert!(strictly_contains(c("10.0.0.0/8"), c("10.1.0.0/16")));
+        assert!(!strictly_contains(c("10.0.0.0/8"), c("10.0.0.0/8")));
+        assert!(!strictly_contains(c("10.0.0.0/8"), c("11.0.0.0/16")));
+        assert!(!strictly_contains(c("10.0.0.0/8"), c("::/64")));
+        assert!(strictly_contains(c("2001:db8::/32"), c("2001:db8:1::/48")));
+        assert_eq!(c("0.0.0.0/0").prefix(), 0);
+        // Host bits are the writer's business; the subset test ignores them.
+        assert_eq!(c("10.1.2.3/8"), c("10.0.0.0/8"));
+        assert!(strictly_contains(c("10.9.9.9/8"), c("10.1.0.1/16")));
+        assert!(parse_cidr("10.0.0.0/33").is_none());
+        assert!(parse_cidr("10.0.0.0").is_none());
     }
 
     #[test]

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use super::decode::{check_type, meta_mut, new_uid, now_time, random_u64};
 use super::error::ApiError;
 use super::kinds;
-use super::object::{EventType, Key, PatchKind, Stored, Target};
+use super::object::{EventType, Key, PatchKind, Stored, WriteMode};
 use super::resource::Kind;
 use super::{State, objects_of};
 use crate::patch;
@@ -22,9 +22,9 @@ impl State {
         kind: Kind,
         ns: Option<&str>,
         mut value: Value,
-        target: Target,
-        dry_run: bool,
+        mode: WriteMode,
     ) -> Result<Arc<Stored>, ApiError> {
+        let WriteMode { target, dry_run } = mode;
         let Value::Object(obj) = &mut value else {
             return Err(ApiError::bad_request(
                 "Object 'Kind' is missing in request body",
@@ -135,9 +135,9 @@ impl State {
         &mut self,
         key: &Key,
         mut value: Value,
-        target: Target,
-        dry_run: bool,
+        mode: WriteMode,
     ) -> Result<Arc<Stored>, ApiError> {
+        let WriteMode { target, dry_run } = mode;
         let old = self.get(key)?;
         let (kind, name) = (key.kind, key.name.as_str());
         let Value::Object(obj) = &mut value else {
@@ -222,8 +222,7 @@ impl State {
         key: &Key,
         kind: PatchKind,
         body: &Value,
-        target: Target,
-        dry_run: bool,
+        mode: WriteMode,
     ) -> Result<Arc<Stored>, ApiError> {
         let old = self.get(key)?;
         let mut doc = old.value.clone();
@@ -235,7 +234,7 @@ impl State {
                 patch::json_patch(&mut doc, body).map_err(|e| ApiError::unprocessable(&e))?
             }
         }
-        self.update(key, doc, target, dry_run)
+        self.update(key, doc, mode)
     }
 
     /// Deletes an object, or marks it for deletion while it has

@@ -440,7 +440,11 @@ fn new_pod(l: &Lab, api: &Api, a: &Pod, b: &Pod, ya: &Pod) -> Result<()> {
     api.create_pod(pod("x", "n", &[("pod", "n")], Some(&node)))?;
     let ns = NetNs::new("np-new")?;
     let cid = "policy-live-new";
-    let add = l.cni(a.node, "ADD", cid, &ns.path().to_string_lossy(), "x/n");
+    let add = l.cni(
+        a.node,
+        "ADD",
+        mycni_lab::Sandbox::new(cid, &ns.path().to_string_lossy(), "x/n"),
+    );
     let added = Instant::now();
     let result = add.context("ADD of x/n")?;
     let ip = result["ips"][0]["address"]
@@ -449,7 +453,11 @@ fn new_pod(l: &Lab, api: &Api, a: &Pod, b: &Pod, ya: &Pod) -> Result<()> {
         .context("x/n's address")?
         .to_string();
     let outcome = first_packets(api, ns.name(), &ip, added, a, b, ya);
-    let del = l.cni(a.node, "DEL", cid, &ns.path().to_string_lossy(), "x/n");
+    let del = l.cni(
+        a.node,
+        "DEL",
+        mycni_lab::Sandbox::new(cid, &ns.path().to_string_lossy(), "x/n"),
+    );
     let _ = api.delete_pod("x", "n");
     for name in ["deny-all", "n-egress", "ab-from-n"] {
         let _ = api.delete_network_policy("x", name);

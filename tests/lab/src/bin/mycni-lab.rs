@@ -241,22 +241,7 @@ enum Cmd {
 enum PodCmd {
     /// e.g. `pod add --namespace x --name d --node 1 --label pod=d --port
     /// serve-80-tcp=8080/TCP`.
-    Add {
-        #[arg(long)]
-        namespace: String,
-        #[arg(long)]
-        name: String,
-        /// The node (1-based) the pod is scheduled on.
-        #[arg(long, default_value_t = 1)]
-        node: usize,
-        /// KEY=VALUE, repeatable (default: pod=<name>).
-        #[arg(long)]
-        label: Vec<String>,
-        /// NAME=PORT[/PROTOCOL], repeatable (default: the model's
-        /// serve-80-tcp, serve-80-udp, serve-81-tcp, serve-81-udp).
-        #[arg(long)]
-        port: Vec<String>,
-    },
+    Add(PodAdd),
     Delete {
         #[arg(long)]
         namespace: String,
@@ -265,14 +250,33 @@ enum PodCmd {
     },
 }
 
-fn pod_add(
-    lab: &Lab,
-    namespace: &str,
-    name: &str,
+#[derive(Args)]
+struct PodAdd {
+    #[arg(long)]
+    namespace: String,
+    #[arg(long)]
+    name: String,
+    /// The node (1-based) the pod is scheduled on.
+    #[arg(long, default_value_t = 1)]
     node: usize,
-    labels: &[String],
-    ports: &[String],
-) -> Result<()> {
+    /// KEY=VALUE, repeatable (default: pod=<name>).
+    #[arg(long)]
+    label: Vec<String>,
+    /// NAME=PORT[/PROTOCOL], repeatable (default: the model's
+    /// serve-80-tcp, serve-80-udp, serve-81-tcp, serve-81-udp).
+    #[arg(long)]
+    port: Vec<String>,
+}
+
+fn pod_add(lab: &Lab, add: &PodAdd) -> Result<()> {
+    let PodAdd {
+        namespace,
+        name,
+        node,
+        label: labels,
+        port: ports,
+    } = add;
+    let node = *node;
     let labels = if labels.is_empty() {
         vec![("pod".to_string(), name.to_string())]
     } else {
@@ -627,13 +631,7 @@ fn main() -> Result<()> {
         Some(Cmd::Pod { cmd }) => {
             let lab = Lab::attach(spec(&cli, vec![])?);
             match cmd {
-                PodCmd::Add {
-                    namespace,
-                    name,
-                    node,
-                    label,
-                    port,
-                } => pod_add(&lab, namespace, name, *node, label, port),
+                PodCmd::Add(add) => pod_add(&lab, add),
                 PodCmd::Delete { namespace, name } => {
                     lab.delete_kube_pod(namespace, name)?;
                     println!("pod {namespace}/{name} deleted");

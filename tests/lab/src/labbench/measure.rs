@@ -197,10 +197,16 @@ pub(super) fn pin_prefix(o: &Options) -> Vec<String> {
 /// for a column no program sees).
 pub(super) fn measure(pair: &Pair, o: &Options, logs: &Path, progs: &[Watched]) -> Result<Sample> {
     let pin = pin_prefix(o);
+    let setup = Setup {
+        pair,
+        seconds: o.seconds,
+        pin: &pin,
+        logs,
+    };
     let mut s = Sample::default();
-    (s.p50_us, s.p99_us) = latency(pair, o.seconds, &pin, logs)?;
-    s.stream_gbps = stream(pair, o.seconds, &pin, logs)?;
-    let udp = small_packets(pair, o.seconds, &pin, logs, progs)?;
+    (s.p50_us, s.p99_us) = latency(&setup)?;
+    s.stream_gbps = stream(&setup)?;
+    let udp = small_packets(&setup, progs)?;
     s.udp_kpps = udp.received_kpps;
     s.udp_loss_pct = udp.loss_pct;
     s.udp_delivered_kpps = udp.delivered_kpps;
@@ -212,9 +218,24 @@ pub(super) fn measure(pair: &Pair, o: &Options, logs: &Path, progs: &[Watched]) 
 /// A second of ping-pong and of stream on `pair`, figures discarded.
 pub(super) fn warm_up(pair: &Pair, o: &Options, logs: &Path) -> Result<()> {
     let pin = pin_prefix(o);
-    latency(pair, 1, &pin, logs)?;
-    stream(pair, 1, &pin, logs)?;
+    let setup = Setup {
+        pair,
+        seconds: 1,
+        pin: &pin,
+        logs,
+    };
+    latency(&setup)?;
+    stream(&setup)?;
     Ok(())
+}
+
+/// What every tool of one measure runs with: the pair, for how long, under
+/// which CPU pinning prefix, and where its logs go.
+struct Setup<'a> {
+    pair: &'a Pair,
+    seconds: u64,
+    pin: &'a [String],
+    logs: &'a Path,
 }
 
 /// How long a tool may run past its `seconds` before it counts as hung.
@@ -226,10 +247,16 @@ fn limit(seconds: u64) -> Duration {
 /// sockperf for IPv4; for IPv6, `mycni-lab tcp-rr` against `mycni-lab
 /// echo-server`, because sockperf 3.7 (Debian 12's) refuses an IPv6
 /// address (`'-i' Invalid address: ::1`).
-fn latency(pair: &Pair, seconds: u64, pin: &[String], logs: &Path) -> Result<(f64, f64)> {
+fn latency(setup: &Setup) -> Result<(f64, f64)> {
+    let &Setup {
+        pair,
+        seconds,
+        pin,
+        logs,
+    } = setup;
     check_interrupted()?;
     if pair.ip.is_ipv6() {
-        return latency_rr(pair, seconds, pin, logs);
+        return latency_rr(setup);
     }
     let ip = pair.ip.to_string();
     let secs = seconds.to_string();
@@ -271,7 +298,13 @@ fn latency(pair: &Pair, seconds: u64, pin: &[String], logs: &Path) -> Result<(f6
 /// [`latency`] with the lab's own tools, the same shape as sockperf's:
 /// one connection, 64-byte messages, one in flight, TCP_NODELAY, both ends
 /// pinned alike, one-way = RTT/2.
-fn latency_rr(pair: &Pair, seconds: u64, pin: &[String], logs: &Path) -> Result<(f64, f64)> {
+fn latency_rr(setup: &Setup) -> Result<(f64, f64)> {
+    let &Setup {
+        pair,
+        seconds,
+        pin,
+        logs,
+    } = setup;
     // The bench runs inside mycni-lab, which is also the tool.
     let lab = std::env::current_exe().context("the path of mycni-lab")?;
     let lab = lab.to_string_lossy();
@@ -297,17 +330,16 @@ fn latency_rr(pair: &Pair, seconds: u64, pin: &[String], logs: &Path) -> Result<
     crate::parse_tcp_rr(&out)
 }
 
-/// An iperf3 server for one test on `pair`, then its client with `extra`
-/// arguments, running: (server, client), so that a caller can sample the
-/// system while it sends.
-fn iperf_spawn(
-    pair: &Pair,
-    seconds: u64,
-    pin: &[String],
-    extra: &[&str],
-    logs: &Path,
-    name: &str,
-) -> Result<(Proc, Proc)> {
+/// An iperf3 server for one test on the setup's pair, then its client with
+/// `extra` arguments, running: (server, client), so that a caller can
+/// sample the system while it sends.
+fn iperf_spawn(setup: &Setup, extra: &[&str], name: &str) -> Result<(Proc, Proc)> {
+    let &Setup {
+        pair,
+        seconds,
+        pin,
+        logs,
+    } = setup;
     check_interrupted()?;
     let ip = pair.ip.to_string();
     let secs = seconds.to_string();
@@ -340,9 +372,9 @@ fn iperf_spawn(
 }
 
 /// One TCP flow: the receiver's rate, Gbit/s.
-fn stream(pair: &Pair, seconds: u64, pin: &[String], logs: &Path) -> Result<f64> {
-    let (srv, client) = iperf_spawn(pair, seconds, pin, &[], logs, "tcp")?;
-    let out = client.finish(limit(seconds))?;
+fn stream(setup: &Setup) -> Result<f64> {
+    let (srv, client) = iperf_spawn(setup, &[], "tcp")?;
+    let out = client.finish(limit(setup.seconds))?;
     srv.finish(Duration::from_secs(5))?;
     let v = iperf_json(&out)?;
     Ok(v["end"]["sum_received"]["bits_per_second"]
@@ -374,32 +406,12 @@ pub(super) struct Udp {
 /// where the packets' softirq work runs when it is not in theirs): their
 /// ratio is the path's cost per packet, which does not depend on who else
 /// used the CPU.
-fn small_packets(
-    pair: &Pair,
-    seconds: u64,
-    pin: &[String],
-    logs: &Path,
-    progs: &[Watched],
-) -> Result<Udp> {
+fn small_packets(setup: &Setup, progs: &[Watched]) -> Result<Udp> {
     let len = UDP_LEN.to_string();
     let omit = UDP_OMIT.to_string();
-    let (srv, client) = iperf_spawn(
-        pair,
-        seconds,
-        pin,
-        &["-u", "-l", &len, "-b", "0", "-O", &omit],
-        logs,
-        "udp",
-    )?;
-    let window = udp_window(
-        &client,
-        &srv,
-        seconds,
-        pin_cpu(pin),
-        pair.ip.is_ipv6(),
-        progs,
-    );
-    let out = client.finish(limit(seconds))?;
+    let (srv, client) = iperf_spawn(setup, &["-u", "-l", &len, "-b", "0", "-O", &omit], "udp")?;
+    let window = udp_window(setup, &client, &srv, progs);
+    let out = client.finish(limit(setup.seconds))?;
     srv.finish(Duration::from_secs(5))?;
     let (delivered_kpps, kpps_per_cpu, progs) = window?;
     let v = iperf_json(&out)?;
@@ -451,13 +463,12 @@ struct UdpMark {
 /// over a window that starts after the omitted seconds (and the client's
 /// start-up) and ends before the client stops sending.
 fn udp_window(
+    setup: &Setup,
     client: &Proc,
     srv: &Proc,
-    seconds: u64,
-    cpu: Option<usize>,
-    ipv6: bool,
     progs: &[Watched],
 ) -> Result<(f64, f64, ProgWindow)> {
+    let (seconds, cpu, ipv6) = (setup.seconds, pin_cpu(setup.pin), setup.pair.ip.is_ipv6());
     let start = Instant::now();
     let lead = Duration::from_secs(UDP_OMIT) + Duration::from_millis(300);
     let span = Duration::from_millis((seconds * 1000).saturating_sub(500).max(500));

@@ -241,18 +241,7 @@ pub(super) fn render(
          columns within minutes), which is how far the headline ratio moves between runs.\n"
     );
     let p50 = |v: Variant| med(v, Rules::None, Measure::P50);
-    let _ = writeln!(
-        w,
-        "{}",
-        floors(
-            p50(Variant::Direct),
-            p50(Variant::Underlay),
-            p50(Variant::Overlay),
-            p50(Variant::Kernel),
-            p50(Variant::FastVxlan),
-            p50(Variant::Fast),
-        )
-    );
+    let _ = writeln!(w, "{}", floors(p50));
     if let Some(d) = direct_floor(
         p50(Variant::Underlay),
         p50(Variant::KernelDirect),

@@ -15,7 +15,7 @@ use super::table::{Comparison, Observed};
 use super::{Action, Case, Column, Expect, Reach, Via, policy_object};
 use crate::model::{Proto, SERVE_PORTS, serve_port_name};
 use crate::probe::{Target, parse_outcomes};
-use crate::{Lab, check_interrupted, pod_label};
+use crate::{Lab, ObjectRef, check_interrupted, pod_label};
 
 /// How long a change may take to show in every table (the bound).
 pub const SETTLE: Duration = Duration::from_secs(2);
@@ -319,9 +319,21 @@ impl Lab {
                 name,
                 key,
                 value,
-            } => self.kube_label("pods", Some(ns), name, key, value.as_deref()),
+            } => {
+                let pod = ObjectRef {
+                    resource: "pods",
+                    ns: Some(ns),
+                    name,
+                };
+                self.kube_label(pod, key, value.as_deref())
+            }
             Action::LabelNamespace { ns, key, value } => {
-                self.kube_label("namespaces", None, ns, key, value.as_deref())
+                let namespace = ObjectRef {
+                    resource: "namespaces",
+                    ns: None,
+                    name: ns,
+                };
+                self.kube_label(namespace, key, value.as_deref())
             }
         }
     }

@@ -25,8 +25,8 @@ use serde_json::{Value, json};
 pub mod leaks;
 
 use super::CaseResult;
-use crate::Lab;
 use crate::stats::percentile_duration;
+use crate::{Lab, Sandbox};
 use leaks::{await_datapath, ip_json, kernel_problems, node_state};
 use mycni_testkit::sh;
 
@@ -150,6 +150,15 @@ impl Drop for PodNs {
             .args(["netns", "del", &self.name])
             .output();
     }
+}
+
+/// One sandbox of a churned pod: its container id, its network namespace
+/// and the pod's name.
+#[derive(Clone, Copy)]
+struct PodSandbox<'a> {
+    cid: &'a str,
+    ns: &'a PodNs,
+    pod: &'a str,
 }
 
 /// A pod running after the churn.
@@ -299,9 +308,7 @@ impl Ctx<'_> {
     fn plugin(
         &self,
         command: &str,
-        cid: &str,
-        netns: &str,
-        pod: &str,
+        sandbox: Sandbox<'_>,
         conf: &Value,
         kill_at: Option<u64>,
     ) -> Result<Run> {
@@ -309,7 +316,7 @@ impl Ctx<'_> {
         let t0 = Instant::now();
         let mut child = self
             .lab
-            .cni_command(self.node, command, cid, netns, pod)?
+            .cni_command(self.node, command, sandbox)?
             .spawn()
             .context("starting the plugin")?;
         if let Some(mut w) = child.stdin.take() {
@@ -341,9 +348,11 @@ impl Ctx<'_> {
     fn orphan(&self, n: usize, step: &str, keep_ns: bool) -> Result<Option<PodNs>> {
         let ns = PodNs::new(format!("{}-n{}-orphan{n}", self.lab.spec.prefix, self.node))?;
         let cid = format!("orphan-{:x}-{n}", self.seed);
-        let mut cmd =
-            self.lab
-                .cni_command(self.node, "ADD", &cid, &ns.path(), &format!("orphan-{n}"))?;
+        let mut cmd = self.lab.cni_command(
+            self.node,
+            "ADD",
+            Sandbox::new(&cid, &ns.path(), &format!("orphan-{n}")),
+        )?;
         let mut child = cmd
             .env("MYCNI_TEST_FAULT", format!("kill:{step}"))
             .spawn()?;
@@ -365,14 +374,8 @@ impl Ctx<'_> {
 
     /// DEL as the runtime does it: retried until it succeeds. The first
     /// attempt may be killed.
-    fn del(
-        &self,
-        cid: &str,
-        ns: &PodNs,
-        pod: &str,
-        prev: Option<&Value>,
-        kill: Option<u64>,
-    ) -> Result<()> {
+    fn del(&self, sandbox: PodSandbox<'_>, prev: Option<&Value>, kill: Option<u64>) -> Result<()> {
+        let PodSandbox { cid, ns, pod } = sandbox;
         let mut conf = self.conf.clone();
         if let Some(prev) = prev {
             conf["prevResult"] = prev.clone();
@@ -382,7 +385,7 @@ impl Ctx<'_> {
             if kill.is_some() {
                 self.stats.del_kills_planned.fetch_add(1, Ordering::Relaxed);
             }
-            let r = self.plugin("DEL", cid, &ns.path(), pod, &conf, kill)?;
+            let r = self.plugin("DEL", Sandbox::new(cid, &ns.path(), pod), &conf, kill)?;
             self.stats.dels.fetch_add(1, Ordering::Relaxed);
             if r.killed {
                 self.stats.del_killed.fetch_add(1, Ordering::Relaxed);
@@ -421,7 +424,12 @@ impl Ctx<'_> {
             if kill.is_some() {
                 self.stats.add_kills_planned.fetch_add(1, Ordering::Relaxed);
             }
-            let r = self.plugin("ADD", &cid, &ns.path(), &pod, &self.conf, kill)?;
+            let r = self.plugin(
+                "ADD",
+                Sandbox::new(&cid, &ns.path(), &pod),
+                &self.conf,
+                kill,
+            )?;
             self.stats.adds.fetch_add(1, Ordering::Relaxed);
             if r.ok {
                 if let Ok(mut t) = self.add_times.lock() {
@@ -465,7 +473,12 @@ impl Ctx<'_> {
                 if let Ok(mut in_use) = self.in_use.lock() {
                     in_use.remove(&ip);
                 }
-                return self.del(&cid, &ns, &pod, Some(&result), plan.kill_del);
+                let sandbox = PodSandbox {
+                    cid: &cid,
+                    ns: &ns,
+                    pod: &pod,
+                };
+                return self.del(sandbox, Some(&result), plan.kill_del);
             }
             if r.killed {
                 self.stats.add_killed.fetch_add(1, Ordering::Relaxed);
@@ -478,7 +491,12 @@ impl Ctx<'_> {
                 ));
             }
             // The runtime tears a failed sandbox down: DEL, then the netns.
-            self.del(&cid, &ns, &pod, None, None)?;
+            let sandbox = PodSandbox {
+                cid: &cid,
+                ns: &ns,
+                pod: &pod,
+            };
+            self.del(sandbox, None, None)?;
             drop(ns);
             if !plan.keep || attempt >= 2 {
                 return Ok(());
@@ -583,7 +601,7 @@ pub fn churn(lab: &Lab, node: usize, cycles: usize, seed: u64) -> Result<CaseRes
             .map(|l| json!({"containerID": l.cid, "ifname": "eth0"}))
             .collect(),
     );
-    let r = ctx.plugin("GC", "", "", "", &gc, None)?;
+    let r = ctx.plugin("GC", Sandbox::new("", "", ""), &gc, None)?;
     if !r.ok {
         ctx.fail(format!(
             "GC failed: {} {}",
@@ -619,7 +637,12 @@ pub fn churn(lab: &Lab, node: usize, cycles: usize, seed: u64) -> Result<CaseRes
         .map_err(|_| anyhow::anyhow!("poisoned"))?
         .len();
     for l in &live {
-        ctx.del(&l.cid, &l.ns, &l.pod, Some(&l.result), None)?;
+        let sandbox = PodSandbox {
+            cid: &l.cid,
+            ns: &l.ns,
+            pod: &l.pod,
+        };
+        ctx.del(sandbox, Some(&l.result), None)?;
     }
     leaks.extend(
         ctx.leaks

@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail, ensure};
 
 use super::CaseResult;
 use super::flows::{FlowStats, Flows};
-use crate::{Lab, Pod};
+use crate::{Lab, Pod, Sandbox};
 use mycni_apiserver::node;
 use mycni_testkit::sh;
 
@@ -257,7 +257,7 @@ pub fn agent_absent(lab: &Lab, absent: Duration) -> Result<CaseResult> {
     // still need one.
     let mut away = AgentAway(lab, 1);
     let t0 = Instant::now();
-    let status = lab.cni(1, "STATUS", "-", "", "-");
+    let status = lab.cni(1, "STATUS", Sandbox::new("-", "", "-"));
     ensure!(
         status
             .as_ref()
@@ -272,9 +272,7 @@ pub fn agent_absent(lab: &Lab, absent: Duration) -> Result<CaseResult> {
     let added = lab.cni(
         1,
         "ADD",
-        "soak-absent",
-        &format!("/run/netns/{ns}"),
-        "absent",
+        Sandbox::new("soak-absent", &format!("/run/netns/{ns}"), "absent"),
     );
     let added = added.context("ADD without the agent")?;
     // And one that comes and goes entirely while the agent is away.
@@ -282,9 +280,9 @@ pub fn agent_absent(lab: &Lab, absent: Duration) -> Result<CaseResult> {
     sh("ip", &["netns", "add", &ns2])?;
     let guard2 = NsGuard(ns2.clone());
     let netns2 = format!("/run/netns/{ns2}");
-    lab.cni(1, "ADD", "soak-absent2", &netns2, "absent2")
+    lab.cni(1, "ADD", Sandbox::new("soak-absent2", &netns2, "absent2"))
         .context("second ADD without the agent")?;
-    lab.cni(1, "DEL", "soak-absent2", &netns2, "absent2")
+    lab.cni(1, "DEL", Sandbox::new("soak-absent2", &netns2, "absent2"))
         .context("DEL without the agent")?;
     drop(guard2);
     let ip: std::net::Ipv4Addr = added["ips"][0]["address"]
@@ -332,9 +330,7 @@ pub fn agent_absent(lab: &Lab, absent: Duration) -> Result<CaseResult> {
     lab.cni(
         1,
         "DEL",
-        "soak-absent",
-        &format!("/run/netns/{ns}"),
-        "absent",
+        Sandbox::new("soak-absent", &format!("/run/netns/{ns}"), "absent"),
     )
     .context("DEL")?;
     drop(guard);
@@ -646,7 +642,7 @@ pub fn node_readded(lab: &Lab) -> Result<CaseResult> {
         "node 2's conflist to have the new range",
         || Ok(std::fs::read_to_string(&conflist)?.contains("10.244.52.0/24")),
     )?;
-    let added = lab.cni(2, "ADD", "soak-readded", &netns, "readded")?;
+    let added = lab.cni(2, "ADD", Sandbox::new("soak-readded", &netns, "readded"))?;
     let ip = added["ips"][0]["address"]
         .as_str()
         .unwrap_or_default()
@@ -667,7 +663,7 @@ pub fn node_readded(lab: &Lab) -> Result<CaseResult> {
     }
     ensure!(reached, "the new pod {ip} is unreachable from node 1");
     r.repair = Some(t1.elapsed());
-    lab.cni(2, "DEL", "soak-readded", &netns, "readded")?;
+    lab.cni(2, "DEL", Sandbox::new("soak-readded", &netns, "readded"))?;
     drop(guard);
     r.notes = format!(
         "old route gone {} ms after the delete; new range routed and a new pod reachable {} ms after the re-add",

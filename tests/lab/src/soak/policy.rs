@@ -227,15 +227,23 @@ fn enforcing(lab: &Lab, i: usize, t0: Instant) -> Result<Duration> {
     }
 }
 
-/// A row from what the probers saw; fails on any wrong allow.
-fn row(
-    case: &str,
-    faults: String,
-    v: &Verdicts,
+/// What a fault under the probers came to: what they saw, the nodes whose
+/// policy state changed, how long the repair took, and notes.
+struct Observed {
+    verdicts: Verdicts,
     leaks: usize,
     repair: Duration,
     notes: String,
-) -> Result<CaseResult> {
+}
+
+/// A row from what the probers saw; fails on any wrong allow.
+fn row(case: &str, faults: String, observed: Observed) -> Result<CaseResult> {
+    let Observed {
+        verdicts: v,
+        leaks,
+        repair,
+        notes,
+    } = observed;
     let mut wrong = v.wrong_pairs.clone();
     wrong.sort();
     wrong.dedup();
@@ -277,7 +285,7 @@ fn under_probes(
     lab: &Lab,
     pairs: &[Pair],
     fault: impl FnOnce() -> Result<(Duration, String)>,
-) -> Result<(Verdicts, usize, Duration, String)> {
+) -> Result<Observed> {
     let before: Vec<_> = (1..=lab.spec.nodes)
         .map(|i| policy_state(lab, i))
         .collect::<Result<_>>()?;
@@ -301,7 +309,12 @@ fn under_probes(
         .filter(|s| !s.is_empty())
         .collect::<Vec<_>>()
         .join("; ");
-    Ok((v, leaks, repair, notes))
+    Ok(Observed {
+        verdicts: v,
+        leaks,
+        repair,
+        notes,
+    })
 }
 
 /// The rows of the policy cases on one model lab.
@@ -327,14 +340,11 @@ pub fn policy_faults(lab: &Lab, scale: Scale) -> Vec<(String, Result<CaseResult>
             }
             Ok((repair, String::new()))
         })
-        .and_then(|(v, leaks, repair, notes)| {
+        .and_then(|observed| {
             row(
                 case,
                 format!("{kills} SIGKILLs, 200 ms away each, round the nodes"),
-                &v,
-                leaks,
-                repair,
-                notes,
+                observed,
             )
         }),
     ));
@@ -352,14 +362,11 @@ pub fn policy_faults(lab: &Lab, scale: Scale) -> Vec<(String, Result<CaseResult>
             }
             Ok((repair, "the same binary: no second version here".into()))
         })
-        .and_then(|(v, leaks, repair, notes)| {
+        .and_then(|observed| {
             row(
                 case,
                 "every node's agent SIGTERMed, 1 s away, started again".into(),
-                &v,
-                leaks,
-                repair,
-                notes,
+                observed,
             )
         }),
     ));
@@ -407,31 +414,25 @@ pub fn policy_faults(lab: &Lab, scale: Scale) -> Vec<(String, Result<CaseResult>
                 "repair: until a policy made after the outage is seen on every node".into(),
             ))
         })
-        .and_then(|(v, leaks, repair, notes)| {
+        .and_then(|observed| {
             row(
                 case,
                 format!(
                     "API away {} s; node 2's agent restarted meanwhile",
                     outage.as_secs()
                 ),
-                &v,
-                leaks,
-                repair,
-                notes,
+                observed,
             )
         }),
     ));
     let case = "policy: garbage policies";
     rows.push((
         case.to_string(),
-        under_probes(lab, &pairs, || garbage(lab)).and_then(|(v, leaks, repair, notes)| {
+        under_probes(lab, &pairs, || garbage(lab)).and_then(|observed| {
             row(
                 case,
                 "4 policies the API server would refuse, stored anyway".into(),
-                &v,
-                leaks,
-                repair,
-                notes,
+                observed,
             )
         }),
     ));

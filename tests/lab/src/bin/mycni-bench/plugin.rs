@@ -24,15 +24,11 @@ struct Variant {
     del: Vec<Duration>,
 }
 
-fn invoke(
-    bin: &Path,
-    cmd: &str,
-    cid: &str,
-    netns: &str,
-    conf: &Value,
-    cni_path: &str,
-) -> Result<Duration> {
-    let stdin = conf.to_string();
+/// One run of variant `v`'s plugin, as the runtime runs it for pod `cid`
+/// in `netns`, with the reference plugins as its CNI_PATH.
+fn invoke(v: &Variant, cmd: &str, cid: &str, netns: &str) -> Result<Duration> {
+    let (bin, cni_path) = (&v.bin, REFERENCE_PLUGINS);
+    let stdin = v.conf.to_string();
     let start = Instant::now();
     let mut child = Command::new(bin)
         .env_clear()
@@ -164,8 +160,8 @@ pub fn bench(runs: usize, mycni: &Path, base: Option<&Path>, out: Option<&Path>)
             let pod = NetNs::new("bp")?;
             let p = pod.path().to_string_lossy().into_owned();
             let cid = format!("bench{i}");
-            let add = invoke(&v.bin, "ADD", &cid, &p, &v.conf, REFERENCE_PLUGINS)?;
-            let del = invoke(&v.bin, "DEL", &cid, &p, &v.conf, REFERENCE_PLUGINS)?;
+            let add = invoke(v, "ADD", &cid, &p)?;
+            let del = invoke(v, "DEL", &cid, &p)?;
             if i >= 3 {
                 v.add.push(add);
                 v.del.push(del);

@@ -163,14 +163,12 @@ pub fn run(bins: Bins, o: &Options) -> Result<()> {
     // The lab goes down inside, before the report is printed.
     let results = measure_all(lab, o, &shape, &logs)?;
     let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let text = report::render(
-        &results,
-        o,
-        &shape,
-        started.elapsed(),
-        load_before.trim(),
-        load_after.trim(),
-    );
+    let run = report::RunConditions {
+        took: started.elapsed(),
+        load_before: load_before.trim(),
+        load_after: load_after.trim(),
+    };
+    let text = report::render(&results, o, &shape, &run);
     print!("{text}");
     if let Some(out) = &o.out {
         if let Some(dir) = out.parent() {

@@ -202,14 +202,20 @@ fn added(with: &[f64], base: &[f64]) -> String {
     format!("{:+.1}", median(&w) - median(&b))
 }
 
-pub(super) fn render(
-    r: &Results,
-    o: &Options,
-    shape: &Shape,
-    took: Duration,
-    load_before: &str,
-    load_after: &str,
-) -> String {
+/// How the run went on this machine: how long it took, and the load
+/// average before and after it.
+pub(super) struct RunConditions<'a> {
+    pub(super) took: Duration,
+    pub(super) load_before: &'a str,
+    pub(super) load_after: &'a str,
+}
+
+pub(super) fn render(r: &Results, o: &Options, shape: &Shape, run: &RunConditions) -> String {
+    let &RunConditions {
+        took,
+        load_before,
+        load_after,
+    } = run;
     let mut s = String::new();
     let w = &mut s;
     let _ = writeln!(
@@ -540,7 +546,12 @@ mod tests {
                 r.elements.insert((dp, st), vec![3, 4]);
             }
         }
-        let text = render(&r, &o, &shape, Duration::from_secs(60), "0.1", "0.2");
+        let run = RunConditions {
+            took: Duration::from_secs(60),
+            load_before: "0.1",
+            load_after: "0.2",
+        };
+        let text = render(&r, &o, &shape, &run);
         assert!(text.contains("## eBPF fast path (tc encap)"));
         assert!(text.contains("## kernel path"));
         assert!(text.contains("| new connections/s (connect, echo, close) | 1000 | 950 |"));

@@ -294,18 +294,16 @@ mod tests {
 
     use k8s_openapi::api::core::v1::Pod;
     use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use mycni_common::net::Cidr;
 
     use super::*;
 
+    /// Whether `ip` is in the network `cidr` (a podCIDR: no host bits).
     fn in_cidr(ip: &str, cidr: &str) -> bool {
-        let (net, len) = cidr.split_once('/').unwrap_or_default();
-        let (ip, net): (Ipv4Addr, Ipv4Addr) = match (ip.parse(), net.parse()) {
-            (Ok(a), Ok(b)) => (a, b),
-            _ => return false,
-        };
-        let len: u32 = len.parse().unwrap_or(0);
-        let mask = u32::MAX.checked_shl(32 - len).unwrap_or(0);
-        u32::from(ip) & mask == u32::from(net) & mask
+        match (ip.parse::<Ipv4Addr>(), Cidr::parse_network(cidr)) {
+            (Ok(ip), Ok(net)) => net.contains(ip),
+            _ => false,
+        }
     }
 
     #[test]

@@ -74,13 +74,18 @@ impl Prober {
             let netns = File::open(Path::new("/run/netns").join(&pair.client_ns))
                 .with_context(|| format!("opening the netns {}", pair.client_ns))?;
             let (stop, server) = (stop.clone(), pair.server);
+            let pace = Pace {
+                epoch,
+                interval,
+                timeout,
+            };
             threads.push(std::thread::spawn(move || {
                 // SAFETY: setns on this thread only, which then lives in
                 // the client's namespace; the fd is valid for the call.
                 if unsafe { libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
                     bail!("setns: {}", std::io::Error::last_os_error());
                 }
-                probe_loop(server, interval, timeout, epoch, &stop, &rec)
+                probe_loop(server, pace, &stop, &rec)
             }));
         }
         Ok(Prober {
@@ -162,14 +167,26 @@ impl Drop for Prober {
     }
 }
 
-fn probe_loop(
-    server: SocketAddrV4,
+/// When a probe thread connects and judges: from `epoch` (the probes'
+/// clock), one connect every `interval`, dropped after `timeout`.
+#[derive(Debug, Clone, Copy)]
+struct Pace {
+    epoch: Instant,
     interval: Duration,
     timeout: Duration,
-    epoch: Instant,
+}
+
+fn probe_loop(
+    server: SocketAddrV4,
+    pace: Pace,
     stop: &AtomicBool,
     rec: &Mutex<Vec<Probe>>,
 ) -> Result<()> {
+    let Pace {
+        epoch,
+        interval,
+        timeout,
+    } = pace;
     let mut inflight: VecDeque<(Duration, OwnedFd)> = VecDeque::new();
     let mut next = Instant::now();
     let judge = |at: Duration, verdict: Verdict| {

@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use crate::labbench::NODES;
 use crate::labbench::measure::Sample;
 use crate::labbench::progs::PROGRAMS;
+use crate::labbench::variants::Variant;
 use crate::stats::median;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -208,8 +209,17 @@ pub(super) fn direct_floor(u: f64, kd: f64, fd: f64) -> Option<String> {
 }
 
 /// The paragraph under the table: what no datapath in this lab can go
-/// below, and where the p50 figures (none, medians) put the targets.
-pub(super) fn floors(d: f64, u: f64, ov: f64, k: f64, fv: f64, f: f64) -> String {
+/// below, and where the p50 figures (`p50` of a column: none, medians) put
+/// the targets.
+pub(super) fn floors(p50: impl Fn(Variant) -> f64) -> String {
+    let (d, u, ov, k, fv, f) = (
+        p50(Variant::Direct),
+        p50(Variant::Underlay),
+        p50(Variant::Overlay),
+        p50(Variant::Kernel),
+        p50(Variant::FastVxlan),
+        p50(Variant::Fast),
+    );
     let mut s = String::from(
         "**Floors.** The two node->node columns are not datapaths but what every datapath \
          here is built on. Any cross-node path in this lab pays the underlay's hops (node1's \
