@@ -22,7 +22,7 @@ use crate::overlay::OverlayKernel;
 pub use client::kube_client;
 pub use config::Config;
 pub use mycni_common::contract::{CONFLIST_NAME, NETWORK_NAME};
-pub use publish::{conflist, ready_file, set_network_available, write_atomic};
+pub use publish::{conflist, ready_file, write_atomic};
 
 /// Runs the agent until `shutdown` resolves. The datapath stays in place
 /// when it returns; only the ready marker goes, so the plugin's STATUS

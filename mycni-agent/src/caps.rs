@@ -32,7 +32,7 @@ pub const BPF: Cap = Cap {
 };
 
 /// CAP_SYS_ADMIN's bit: held, if at all, only until the programs are loaded.
-pub const SYS_ADMIN_BIT: u32 = 21;
+pub(crate) const SYS_ADMIN_BIT: u32 = 21;
 
 /// The effective capability set of this process, from /proc/self/status.
 pub fn effective() -> std::io::Result<u64> {
@@ -173,7 +173,7 @@ fn thread_holds(tid: &str, bounding: bool) -> bool {
 /// (as glibc's setuid and Go's `AllThreadsSyscall` do), until
 /// `/proc/self/task` lists no thread that holds it. The handler stays
 /// installed: a second signal queued to a thread finds nothing to do.
-pub fn drop_sys_admin() -> std::io::Result<Dropped> {
+pub(crate) fn drop_sys_admin() -> std::io::Result<Dropped> {
     let (held, bounding) = drop_on_this_thread().map_err(std::io::Error::from_raw_os_error)?;
     let sig = libc::SIGRTMIN() + DROP_SIGNAL_OFFSET;
     // SAFETY: a zeroed sigaction with a handler that only makes raw system
@@ -241,7 +241,7 @@ pub fn drop_sys_admin() -> std::io::Result<Dropped> {
 /// [`drop_sys_admin`], logged: start-up calls it right after the programs
 /// are loaded (or their load given up). An error stops the agent: it would
 /// keep CAP_SYS_ADMIN for its whole life.
-pub fn drop_sys_admin_after_load() -> anyhow::Result<()> {
+pub(crate) fn drop_sys_admin_after_load() -> anyhow::Result<()> {
     use anyhow::Context;
     let d = drop_sys_admin().context("dropping CAP_SYS_ADMIN after the programs loaded")?;
     if d.held {

@@ -8,7 +8,8 @@ use thiserror::Error;
 
 mod pods;
 
-pub use pods::{PodEndpoint, PodEndpoints, is_pod_veth};
+pub use pods::is_pod_veth;
+pub(crate) use pods::{PodEndpoint, PodEndpoints};
 
 /// The agent's routes carry its own protocol so a restarted agent finds its
 /// stale routes and nobody else's; the plugin's pod routes and host veths
@@ -40,7 +41,7 @@ impl Kernel {
         Ok(self.nl.link_by_name(name).await?)
     }
 
-    pub async fn del_link(&self, index: u32) -> Result<(), KernelError> {
+    pub(crate) async fn del_link(&self, index: u32) -> Result<(), KernelError> {
         Ok(self.nl.delete_link(index).await?)
     }
 }

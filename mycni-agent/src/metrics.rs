@@ -36,18 +36,18 @@ pub use format::Format;
 pub use liveness::{DEFAULT_STALE_AFTER, Liveness};
 
 use netlink_ops::NETLINK_OPS;
-pub use netlink_ops::{NetlinkOp, netlink_timed, observe_netlink};
+pub(crate) use netlink_ops::{NetlinkOp, netlink_timed, observe_netlink};
 
 /// Reconcile passes: ~100 µs for an event pass on a small cluster, seconds
 /// for a full pass over thousands of peers on a loaded node.
-pub const RECONCILE_BUCKETS: [f64; 16] = [
+pub(crate) const RECONCILE_BUCKETS: [f64; 16] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
     5.0, 10.0,
 ];
 
 /// One netlink request: tens of µs when the kernel answers at once, up to a
 /// second when RTNL is contended or a dump is large.
-pub const NETLINK_BUCKETS: [f64; 16] = [
+pub(crate) const NETLINK_BUCKETS: [f64; 16] = [
     0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
     0.1, 0.25, 0.5, 1.0,
 ];
@@ -55,7 +55,7 @@ pub const NETLINK_BUCKETS: [f64; 16] = [
 /// Node event to kernel: a pass plus the wait for the loop to pick the event
 /// up; tens of seconds mean passes keep failing and the event waits for one
 /// that succeeds.
-pub const EVENT_TO_KERNEL_BUCKETS: [f64; 15] = [
+pub(crate) const EVENT_TO_KERNEL_BUCKETS: [f64; 15] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
@@ -98,7 +98,7 @@ pub trait Feed: Send + Sync {
 /// A room's answer to `/inspect/<room>/<what>`: JSON, or why there is
 /// none (not found). It may block (run `nft`): the server calls it off
 /// the async workers.
-pub type Inspector = Arc<dyn Fn(&str) -> Result<String, String> + Send + Sync>;
+pub(crate) type Inspector = Arc<dyn Fn(&str) -> Result<String, String> + Send + Sync>;
 
 /// A subsystem's collector: typed for the subsystem that owns it (which
 /// finds it again by its type), untyped for the scrape.
@@ -145,7 +145,7 @@ impl Default for Metrics {
 /// dropped, so a pass that returns early through `?` is timed too.
 #[derive(Debug)]
 #[must_use = "the pass is timed until this is dropped; bind it with `let _timer`"]
-pub struct ReconcileTimer {
+pub(crate) struct ReconcileTimer {
     started: Instant,
     histogram: Histogram,
 }
@@ -162,7 +162,7 @@ impl Drop for ReconcileTimer {
 /// their latency counts until one succeeds.
 #[derive(Debug)]
 #[must_use = "call .applied() once the pass succeeded"]
-pub struct NodeEvents {
+pub(crate) struct NodeEvents {
     oldest: Option<Instant>,
     pending: Arc<Mutex<Option<Instant>>>,
     histogram: Histogram,
@@ -188,14 +188,14 @@ impl Drop for NodeEvents {
 }
 
 impl Metrics {
-    pub fn set_not_ready(&self, why: impl Into<String>) {
+    pub(crate) fn set_not_ready(&self, why: impl Into<String>) {
         self.ready.store(false, Ordering::Relaxed);
         if let Ok(mut d) = self.ready_detail.lock() {
             *d = why.into();
         }
     }
 
-    pub fn set_ready(&self, detail: impl Into<String>) {
+    pub(crate) fn set_ready(&self, detail: impl Into<String>) {
         self.ready.store(true, Ordering::Relaxed);
         if let Ok(mut d) = self.ready_detail.lock() {
             *d = detail.into();
@@ -211,7 +211,7 @@ impl Metrics {
 
     /// Starts timing a reconcile pass; the time is recorded when the
     /// returned timer is dropped.
-    pub fn reconcile_started(&self) -> ReconcileTimer {
+    pub(crate) fn reconcile_started(&self) -> ReconcileTimer {
         ReconcileTimer {
             started: Instant::now(),
             histogram: self.reconcile_duration.clone(),
@@ -219,7 +219,7 @@ impl Metrics {
     }
 
     /// A Node event arrived from the watch (after the reflector stored it).
-    pub fn node_event(&self) {
+    pub(crate) fn node_event(&self) {
         if let Ok(mut p) = self.pending_event.lock() {
             p.get_or_insert_with(Instant::now);
         }
@@ -228,7 +228,7 @@ impl Metrics {
     /// Takes the events that arrived so far. Call it before reading the Node
     /// cache for a pass: every event stamped by then is in what the pass
     /// reads, and none stamped later is claimed by it.
-    pub fn take_node_events(&self) -> NodeEvents {
+    pub(crate) fn take_node_events(&self) -> NodeEvents {
         NodeEvents {
             oldest: self.pending_event.lock().ok().and_then(|mut p| p.take()),
             pending: self.pending_event.clone(),
@@ -241,7 +241,7 @@ impl Metrics {
     /// again wherever it updates what the collector reads, and they share
     /// one. Its series come after the loop's own, in the order of first
     /// registration, at every scrape from then on.
-    pub fn collector<T: Collector + Default>(&self) -> Arc<T> {
+    pub(crate) fn collector<T: Collector + Default>(&self) -> Arc<T> {
         let id = TypeId::of::<T>();
         let mut registered = self
             .collectors
@@ -264,7 +264,7 @@ impl Metrics {
     }
 
     /// Serves `/inspect/<room>/<what>` with `f` from now on.
-    pub fn register_inspector(&self, room: &'static str, f: Inspector) {
+    pub(crate) fn register_inspector(&self, room: &'static str, f: Inspector) {
         if let Ok(mut i) = self.inspectors.lock() {
             i.insert(room, f);
         }

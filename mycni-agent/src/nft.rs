@@ -81,7 +81,7 @@ pub fn table_exists(family: &str, table: &str) -> bool {
 }
 
 /// `nft list chain` of one chain; None when it (or nft) is not there.
-pub fn list_chain(family: &str, table: &str, chain: &str) -> Option<String> {
+pub(crate) fn list_chain(family: &str, table: &str, chain: &str) -> Option<String> {
     let out = Command::new("nft")
         .args(["list", "chain", family, table, chain])
         .stderr(Stdio::null())

@@ -60,7 +60,7 @@ pub enum NftVerdict {
 }
 
 impl NftVerdict {
-    pub fn is_drop(self) -> bool {
+    pub(crate) fn is_drop(self) -> bool {
         !matches!(self, NftVerdict::PolicyAllow { .. })
     }
 }
@@ -70,7 +70,7 @@ const UNDERLAY_DROP: &str = "mycni underlay-drop";
 
 /// The NFLOG prefix of a rule that decides `v` (at most 127 bytes; these
 /// are under 40).
-pub fn log_prefix(v: NftVerdict) -> String {
+pub(crate) fn log_prefix(v: NftVerdict) -> String {
     match v {
         NftVerdict::PolicyAllow { direction } => format!("mycni allow {}", direction.label()),
         NftVerdict::PolicyDrop { direction, reason } => {
@@ -82,7 +82,7 @@ pub fn log_prefix(v: NftVerdict) -> String {
 
 /// The verdict a prefix [`log_prefix`] wrote names; None for any other
 /// (another tool's).
-pub fn parse_log_prefix(s: &str) -> Option<NftVerdict> {
+pub(crate) fn parse_log_prefix(s: &str) -> Option<NftVerdict> {
     if s == UNDERLAY_DROP {
         return Some(NftVerdict::UnderlayDrop);
     }
@@ -114,25 +114,25 @@ pub fn parse_log_prefix(s: &str) -> Option<NftVerdict> {
 
 /// The NFLOG group every table of mycni's logs its verdicts to (the flows
 /// room reads it; `flows::nflog`). Other NFLOG users of a node pick another.
-pub const NFLOG_GROUP: u16 = 1717;
+pub(crate) const NFLOG_GROUP: u16 = 1717;
 
 /// Repeated drops of flows already logged that a table still logs, a
 /// second, per table (one named limit for all its drop rules): the flows
 /// room folds them into per-flow counts (`flows::nflog::Fold`); past it
 /// they are only counted. A flow's first drop is always logged (a limit
 /// of its own per flow), so a flood of one flow cannot hide another's.
-pub const NFLOG_REPEATS_PER_SECOND: u32 = 2_000;
+pub(crate) const NFLOG_REPEATS_PER_SECOND: u32 = 2_000;
 
 /// The named limit (`add limit`) of [`NFLOG_REPEATS_PER_SECOND`] in a
 /// table: `limit name "repeats"`.
-pub fn repeats_limit(family_table: &str) -> String {
+pub(crate) fn repeats_limit(family_table: &str) -> String {
     format!(
         "add limit {family_table} {REPEATS} {{ rate {NFLOG_REPEATS_PER_SECOND}/second burst {NFLOG_REPEATS_PER_SECOND} packets; }}\n"
     )
 }
 
 /// The name of the limit [`repeats_limit`] adds.
-pub const REPEATS: &str = "repeats";
+pub(crate) const REPEATS: &str = "repeats";
 
 #[cfg(test)]
 mod tests {

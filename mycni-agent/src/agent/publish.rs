@@ -52,7 +52,7 @@ pub fn conflist(cfg: &Config, pod_cidrs: impl Into<PodCidrs>, mtu: u32) -> Confl
 
 /// `NetworkUnavailable=False`, as a strategic merge on status: a JSON merge
 /// patch would replace the whole conditions list and drop kubelet's.
-pub async fn set_network_available(nodes: &Api<Node>, name: &str) -> Result<()> {
+pub(crate) async fn set_network_available(nodes: &Api<Node>, name: &str) -> Result<()> {
     let now = k8s_openapi::jiff::Timestamp::now();
     let patch = serde_json::json!({ "status": { "conditions": [{
         "type": "NetworkUnavailable",

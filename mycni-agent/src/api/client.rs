@@ -69,7 +69,7 @@ pub async fn text(agent: SocketAddr, path: &str) -> Result<String> {
 }
 
 /// [`text`], for a caller outside any runtime.
-pub fn text_blocking(agent: SocketAddr, path: &str) -> Result<String> {
+pub(crate) fn text_blocking(agent: SocketAddr, path: &str) -> Result<String> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?

@@ -98,7 +98,7 @@ pub struct Rejected {
 
 /// How the policy watch keeps each kind: converted as it arrives, the
 /// typed object dropped (`watch::cache`).
-pub const WATCHED: Converters<Read<Pod>, Read<Namespace>, Read<Policy>> = Converters {
+pub(crate) const WATCHED: Converters<Read<Pod>, Read<Namespace>, Read<Policy>> = Converters {
     pod: |p| read(p, pod_from_k8s(p)),
     namespace: |n| {
         let c = namespace_from_k8s(n).map(|value| Converted {

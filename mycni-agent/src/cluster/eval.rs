@@ -129,7 +129,7 @@ pub fn allowed(
 /// [`allowed`], asking `isolating` which policies isolate a pod: a caller
 /// judging many connections of the same pods keeps the answers (finding
 /// them matches every policy of the pod's namespace against its labels).
-pub fn allowed_with(
+pub(crate) fn allowed_with(
     cluster: &Cluster,
     src: &Endpoint,
     dst: &Endpoint,
@@ -162,7 +162,7 @@ pub fn allowed_with(
 
 /// The policies isolating a pod in a direction (`Cluster::policies_isolating_shared`,
 /// or a caller's copy of its answers).
-pub type Isolating<'a> = &'a dyn Fn(&Pod, Direction) -> Vec<Arc<Policy>>;
+pub(crate) type Isolating<'a> = &'a dyn Fn(&Pod, Direction) -> Vec<Arc<Policy>>;
 
 /// One connection judged in both directions.
 struct Ask<'a> {

@@ -15,7 +15,7 @@ use super::{
 };
 
 pub const NAMESPACES: [&str; 3] = ["x", "y", "z"];
-pub const PODS: [&str; 3] = ["a", "b", "c"];
+pub(crate) const PODS: [&str; 3] = ["a", "b", "c"];
 
 pub fn labels(pairs: &[(&str, &str)]) -> Labels {
     pairs
@@ -95,7 +95,7 @@ pub fn np(ns: &str, name: &str, spec: Value) -> Policy {
 
 /// The policy bench's cluster: its two pods, `allow-pair` and
 /// `policies - 1` decoys, or one policy of `prefixes` ipBlocks.
-pub fn bench_cluster(policies: usize, prefixes: usize) -> Cluster {
+pub(crate) fn bench_cluster(policies: usize, prefixes: usize) -> Cluster {
     let mut c = Cluster::default();
     for (name, role, ip, node) in [
         ("client", "client", "10.244.1.5", "node1"),

@@ -23,10 +23,11 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-pub use convert::{
-    Converted, Problem, ProblemKind, namespace_from_k8s, pod_from_k8s, policy_from_k8s,
-};
-pub use eval::{Endpoint, Isolating, Judgement, RuleRef, Verdict, allowed, allowed_with};
+#[cfg(test)]
+pub(crate) use convert::{Problem, ProblemKind};
+pub use convert::{namespace_from_k8s, pod_from_k8s, policy_from_k8s};
+pub use eval::{Endpoint, Verdict, allowed};
+pub(crate) use eval::{Judgement, RuleRef, allowed_with};
 pub use model::*;
 
 use crate::verdict::Direction;
@@ -72,7 +73,7 @@ impl Cluster {
 
     /// The pod-network pod owning `ip` (hostNetwork pods share the node's
     /// address, so they own nothing here).
-    pub fn pod_by_ip(&self, ip: IpAddr) -> Option<&Pod> {
+    pub(crate) fn pod_by_ip(&self, ip: IpAddr) -> Option<&Pod> {
         self.pods
             .values()
             .map(|p| &**p)
@@ -81,14 +82,18 @@ impl Cluster {
 
     /// The policies isolating `pod` in `direction`; their rules' union is
     /// what it allows (none: the direction is open).
-    pub fn policies_isolating<'a>(&'a self, pod: &'a Pod, direction: Direction) -> Vec<&'a Policy> {
+    pub(crate) fn policies_isolating<'a>(
+        &'a self,
+        pod: &'a Pod,
+        direction: Direction,
+    ) -> Vec<&'a Policy> {
         self.policies_selecting(pod)
             .filter(|p| p.isolates(direction))
             .collect()
     }
 
     /// Every rule of `policies` for `direction`, named as verdicts name it.
-    pub fn rules_of<'a>(
+    pub(crate) fn rules_of<'a>(
         policies: &'a [&'a Policy],
         direction: Direction,
     ) -> impl Iterator<Item = (RuleRef, &'a Policy, &'a Rule)> + 'a {
@@ -105,7 +110,11 @@ impl Cluster {
     }
 
     /// [`Self::policies_isolating`], shared: for a caller that keeps them.
-    pub fn policies_isolating_shared(&self, pod: &Pod, direction: Direction) -> Vec<Arc<Policy>> {
+    pub(crate) fn policies_isolating_shared(
+        &self,
+        pod: &Pod,
+        direction: Direction,
+    ) -> Vec<Arc<Policy>> {
         self.selecting(pod)
             .filter(|p| p.isolates(direction))
             .cloned()
@@ -114,7 +123,10 @@ impl Cluster {
 
     /// Policies of `pod`'s namespace whose podSelector selects it, in key
     /// order. hostNetwork pods are never selected.
-    pub fn policies_selecting<'a>(&'a self, pod: &'a Pod) -> impl Iterator<Item = &'a Policy> + 'a {
+    pub(crate) fn policies_selecting<'a>(
+        &'a self,
+        pod: &'a Pod,
+    ) -> impl Iterator<Item = &'a Policy> + 'a {
         self.selecting(pod).map(|p| &**p)
     }
 

@@ -35,7 +35,7 @@ impl fmt::Display for Key {
     }
 }
 
-pub type Labels = BTreeMap<String, String>;
+pub(crate) type Labels = BTreeMap<String, String>;
 
 /// The label the API server puts on every namespace (immutable since 1.21);
 /// the upstream suite selects namespaces through it.
@@ -89,7 +89,7 @@ pub struct Pod {
 impl Pod {
     /// The port number a named port has on this pod for `protocol`; the
     /// protocol is part of the match (a TCP rule naming a UDP port is void).
-    pub fn named_port(&self, name: &str, protocol: Protocol) -> Option<u16> {
+    pub(crate) fn named_port(&self, name: &str, protocol: Protocol) -> Option<u16> {
         self.ports
             .iter()
             .find(|p| p.protocol == protocol && p.name.as_deref() == Some(name))
@@ -151,7 +151,7 @@ impl Cidr {
 
     /// The two prefixes one bit longer that make up this one (None for a
     /// single address).
-    pub fn halves(&self) -> Option<(Cidr, Cidr)> {
+    pub(crate) fn halves(&self) -> Option<(Cidr, Cidr)> {
         let high = match self.addr {
             IpAddr::V4(a) if self.prefix < 32 => {
                 IpAddr::V4((u32::from(a) | (1u32 << (31 - self.prefix))).into())

@@ -16,7 +16,7 @@ use crate::metrics::Metrics;
 use crate::watch::{PolicySnapshot, PolicyWatch};
 
 /// What the watch holds: every object as it was converted.
-pub type Snapshot = PolicySnapshot<Read<Pod>, Read<Namespace>, Read<Policy>>;
+pub(crate) type Snapshot = PolicySnapshot<Read<Pod>, Read<Namespace>, Read<Policy>>;
 /// The watch of Pods, Namespaces and NetworkPolicies, keeping the model.
 pub type Watch = PolicyWatch<Read<Pod>, Read<Namespace>, Read<Policy>>;
 
@@ -27,7 +27,7 @@ const DEBOUNCE: Duration = Duration::from_millis(10);
 /// Part of an object the conversion could not read, and what that means
 /// for the whole object.
 #[derive(Debug, Clone, Copy)]
-pub struct Unread<'a> {
+pub(crate) struct Unread<'a> {
     pub kind: &'static str,
     pub name: Option<&'a str>,
     pub problem: &'a Problem,
@@ -36,7 +36,7 @@ pub struct Unread<'a> {
 
 impl Cluster {
     /// The cluster a snapshot holds, and what of it could not be read.
-    pub fn from_snapshot(snap: &Snapshot) -> (Cluster, Vec<Unread<'_>>) {
+    pub(crate) fn from_snapshot(snap: &Snapshot) -> (Cluster, Vec<Unread<'_>>) {
         let mut cluster = Cluster::default();
         let mut unread = Vec::new();
         for ns in &snap.namespaces {

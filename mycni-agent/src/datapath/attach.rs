@@ -33,9 +33,9 @@ use super::prog::Prog;
 /// program runs before every tc filter. A program with no opinion on a
 /// packet returns `TC_ACT_UNSPEC` (the same value as `TCX_NEXT`) and the
 /// filters after it still run.
-pub const LEGACY_PRIORITY: u16 = 1;
+pub(crate) const LEGACY_PRIORITY: u16 = 1;
 /// The filter handle at [`LEGACY_PRIORITY`].
-pub const LEGACY_HANDLE: u32 = 1;
+pub(crate) const LEGACY_HANDLE: u32 = 1;
 
 /// How long a legacy attach waits on a pod veth it has not attached to yet.
 ///
@@ -82,7 +82,7 @@ pub fn settling(
 
 /// How programs are attached on this kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AttachMode {
+pub(crate) enum AttachMode {
     /// TCX links, pinned.
     Tcx,
     /// `clsact` + `cls_bpf` direct-action filters.
@@ -147,7 +147,7 @@ struct QueryAttr {
 /// (ifindex 1 in every network namespace) for their count alone, an unknown
 /// attach type (EINVAL) before 6.6. Reading the programs themselves (aya's
 /// `query_tcx`) opens them by id, which needs CAP_SYS_ADMIN.
-pub fn probe_tcx() -> Tcx {
+pub(crate) fn probe_tcx() -> Tcx {
     let mut attr = QueryAttr {
         target_ifindex: 1,
         attach_type: BPF_TCX_INGRESS,
@@ -178,7 +178,7 @@ fn marker_dir(pin_dir: &Path) -> PathBuf {
 }
 
 /// Where the legacy attachment of `p` on `ifindex` pins its program.
-pub fn marker_path(pin_dir: &Path, p: Prog, ifindex: u32) -> PathBuf {
+pub(crate) fn marker_path(pin_dir: &Path, p: Prog, ifindex: u32) -> PathBuf {
     marker_dir(pin_dir).join(format!("{}_{ifindex}", p.name()))
 }
 

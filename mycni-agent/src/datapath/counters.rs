@@ -27,7 +27,7 @@ pub fn register_metrics(metrics: &Metrics) {
 /// `mycni_datapath_bytes`: the maps' sizes as the last sync left them, and
 /// the per-path counters read from the pinned counter map at scrape.
 #[derive(Debug, Default)]
-pub struct DatapathMetrics {
+pub(crate) struct DatapathMetrics {
     /// Where the counters are pinned; None on the kernel path.
     pub(super) pin_dir: Mutex<Option<PathBuf>>,
     /// Entries in the local endpoint maps, both families.

@@ -13,7 +13,7 @@ use crate::topology::{OverlayState, Remote};
 
 /// The forwarding maps' contents after a pass.
 #[derive(Debug, Default, PartialEq)]
-pub struct RemoteMaps {
+pub(crate) struct RemoteMaps {
     /// `mycni_remote`: IPv4 podCIDR -> peer.
     pub remote: BTreeMap<(Ipv4Addr, u8), RemoteNode>,
     /// `mycni_peers`: the hosts VXLAN may come from.
@@ -24,7 +24,7 @@ pub struct RemoteMaps {
 
 /// The forwarding maps from what the kernel holds on `vxlan.1` (`overlay`)
 /// and on `vxlan6.1` (`overlay6`, on a node with an IPv6 underlay).
-pub fn remote_maps(overlay: &OverlayState, overlay6: Option<&OverlayState>) -> RemoteMaps {
+pub(crate) fn remote_maps(overlay: &OverlayState, overlay6: Option<&OverlayState>) -> RemoteMaps {
     // Only what the kernel backs: a route through vxlan.1 whose gateway
     // has a neighbour whose MAC has an FDB entry, or a direct route to a
     // peer's host.
@@ -153,7 +153,7 @@ pub fn remote6_map(remotes: Vec<Remote<Ipv6Addr>>) -> BTreeMap<(Ipv6Addr, u8), R
 /// IPv6 podCIDRs the kernel backs on `vxlan6.1` (a route whose gateway has
 /// a permanent neighbour whose MAC has an FDB entry), flagged
 /// `REMOTE_VXLAN6`, without host IP (an IPv6 one, which only the FDB needs).
-pub fn vxlan6_remote_map(overlay6: &OverlayState) -> BTreeMap<(Ipv6Addr, u8), RemoteNode> {
+pub(crate) fn vxlan6_remote_map(overlay6: &OverlayState) -> BTreeMap<(Ipv6Addr, u8), RemoteNode> {
     overlay6
         .routes6
         .iter()

@@ -35,7 +35,7 @@ use super::{Datapath, Prog};
 use crate::metrics::Metrics;
 
 /// The tracepoint program's name in the object.
-pub const PROG_KFREE_SKB: &str = "mycni_kfree_skb";
+pub(crate) const PROG_KFREE_SKB: &str = "mycni_kfree_skb";
 /// The kernel tracepoint it attaches to.
 const TRACEPOINT: &str = "kfree_skb";
 
@@ -216,7 +216,7 @@ pub(super) fn sync(dp: &mut Datapath, want: &BTreeSet<(Prog, u32)>, metrics: &Me
 /// `mycni_flow_kernel_drops_attached`, `_watched_interfaces` and
 /// `_unavailable_total`.
 #[derive(Debug, Default)]
-pub struct KernelDropMetrics {
+pub(crate) struct KernelDropMetrics {
     attached: AtomicU64,
     watched: AtomicU64,
     /// Failures to attach, by reason.

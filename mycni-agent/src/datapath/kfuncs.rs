@@ -25,14 +25,14 @@ use aya::Btf;
 use aya_obj::btf::BtfKind;
 
 /// The kfuncs `c/ct_gate.c` calls, and the kernel each arrived in.
-pub const REQUIRED: &[(&str, &str)] = &[
+pub(crate) const REQUIRED: &[(&str, &str)] = &[
     ("bpf_skb_ct_lookup", "5.18"),
     ("bpf_ct_release", "5.18"),
     ("bpf_ct_change_timeout", "6.0"),
 ];
 
 /// The module that registers them where conntrack is not built in.
-pub const MODULE: &str = "nf_conntrack";
+pub(crate) const MODULE: &str = "nf_conntrack";
 
 /// Where the kfuncs are.
 pub enum Home {

@@ -23,7 +23,7 @@ use super::error::DatapathError;
 use super::prog::Prog;
 
 /// Every map the object declares, pinned by these names.
-pub const MAPS: &[&str] = &[
+pub(crate) const MAPS: &[&str] = &[
     COUNTERS_MAP,
     CONFIG_MAP,
     REMOTE_MAP,
@@ -45,7 +45,7 @@ pub const MAPS: &[&str] = &[
 /// The NetworkPolicy epoch the fast path holds established flows to (0: no
 /// check), from its pin under `pin_dir`. None: no fast path here (no pin:
 /// the kernel datapath, or programs not loaded yet).
-pub fn read_policy_epoch(pin_dir: &Path) -> Option<u32> {
+pub(crate) fn read_policy_epoch(pin_dir: &Path) -> Option<u32> {
     let data = pin_dir.open_data(POLICY_MAP).ok()?;
     let map: Array<MapData, u32> = Array::try_from(aya::maps::Map::Array(data)).ok()?;
     map.get(&0, 0).ok()
@@ -65,7 +65,7 @@ pub fn write_policy_epoch(pin_dir: &Path, epoch: u32) -> Result<bool, aya::maps:
 
 /// The policy epoch's home on the fast path: its pinned map under a pin
 /// directory (which may not exist yet: the reads and writes say so).
-pub struct PinnedEpoch(pub PathBuf);
+pub(crate) struct PinnedEpoch(pub PathBuf);
 
 impl crate::epoch::PolicyEpoch for PinnedEpoch {
     fn read(&self) -> Option<u32> {
@@ -152,7 +152,7 @@ impl MapSource for PathBuf {
 /// and sees only this namespace's agent (a lab runs several on one kernel,
 /// each with its own pins).
 #[derive(Debug, Default)]
-pub struct AttachedMaps {
+pub(crate) struct AttachedMaps {
     ids: BTreeMap<&'static str, u32>,
     /// Every attachment found, in the order the devices were visited.
     pub links: Vec<(Prog, u32)>,
@@ -163,7 +163,7 @@ impl AttachedMaps {
     /// underlay and `vxlan6.1`, and the local endpoints, which name the pod
     /// veths), then visits those and every pod veth. None when no mycni
     /// program is attached to `vxlan`.
-    pub fn discover(vxlan: u32) -> Result<Option<Self>, DatapathError> {
+    pub(crate) fn discover(vxlan: u32) -> Result<Option<Self>, DatapathError> {
         let mut found = Self::default();
         found.visit(vxlan)?;
         if found.links.is_empty() {
@@ -287,7 +287,7 @@ fn map_err<S: MapSource + ?Sized>(
     }
 }
 
-pub fn read_config<S: MapSource + ?Sized>(pin_dir: &S) -> Result<DpConfig, DatapathError> {
+pub(crate) fn read_config<S: MapSource + ?Sized>(pin_dir: &S) -> Result<DpConfig, DatapathError> {
     let e = map_err(pin_dir, CONFIG_MAP);
     let a: Array<MapData, DpConfig> = open_map(pin_dir, CONFIG_MAP)?.try_into().map_err(&e)?;
     a.get(&0, 0).map_err(e)
@@ -509,7 +509,7 @@ impl<A: MapAddr> TrieMap<A> {
 
     /// Makes the map, known to hold `have` (what this process last wrote),
     /// hold `want`: an event pass's difference, without reading the map.
-    pub fn sync_from(
+    pub(crate) fn sync_from(
         &self,
         pin_dir: &Path,
         have: &BTreeMap<(A, u8), RemoteNode>,
@@ -541,7 +541,7 @@ impl<A: MapAddr, V: aya::Pod + PartialEq> HashMapOf<A, V> {
     }
 
     /// [`TrieMap::sync_from`] for a hash map.
-    pub fn sync_from(
+    pub(crate) fn sync_from(
         &self,
         pin_dir: &Path,
         have: &BTreeMap<A, V>,

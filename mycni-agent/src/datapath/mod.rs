@@ -60,22 +60,22 @@ pub mod programs;
 mod room;
 pub mod shaping;
 
-pub use counters::{DatapathMetrics, register_metrics};
+pub(crate) use counters::DatapathMetrics;
+pub use counters::register_metrics;
 pub use error::DatapathError;
 pub use maps::{
-    AttachedMaps, FlowStats, HashMapOf, LOCAL, LOCAL6, MAPS, MapAddr, MapSource, NexthopGen, PEERS,
-    PinnedEpoch, REMOTE, REMOTE6, SyncStats, TrieMap, read_config, read_counters,
-    read_family_counters, read_flow_stats, read_policy_epoch, write_config, write_policy_epoch,
+    FlowStats, LOCAL, LOCAL6, NexthopGen, PEERS, REMOTE, REMOTE6, read_counters,
+    read_family_counters, read_flow_stats, write_config, write_policy_epoch,
 };
-pub use programs::{
-    Datapath, PROG_FROM_POD, Prog, detach, detach_all, embedded_object, link_pin_path, pinned_links,
-};
+pub(crate) use maps::{HashMapOf, MAPS, MapAddr, PinnedEpoch, TrieMap};
+pub(crate) use programs::detach_all;
+pub use programs::{Datapath, Prog, detach, embedded_object, pinned_links};
 
 /// `vxlan6.1` as a reconcile pass leaves it: its ifindex, its MAC and what
 /// the agent holds on it (`Kernel::dump_vxlan6` with the pass's changes
 /// applied), for [`FastPath::sync`].
 #[derive(Debug, Clone, Copy)]
-pub struct Vxlan6State<'a> {
+pub(crate) struct Vxlan6State<'a> {
     pub ifindex: u32,
     pub mac: Mac,
     pub overlay: &'a OverlayState,
@@ -243,14 +243,14 @@ impl FastPath {
 
     /// Whether the programs emit flow events into `mycni_flows` (off
     /// until set; written into the config at the next sync).
-    pub fn with_flow_events(mut self, on: bool) -> Self {
+    pub(crate) fn with_flow_events(mut self, on: bool) -> Self {
         self.flow_events = on;
         self
     }
 
     /// What to notify for a pods pass (the kernel watch's signal), when a
     /// legacy attach waited (`attach::LEGACY_SETTLE`) and may now be made.
-    pub fn with_pods_wake(mut self, wake: Arc<tokio::sync::Notify>) -> Self {
+    pub(crate) fn with_pods_wake(mut self, wake: Arc<tokio::sync::Notify>) -> Self {
         self.pods_wake = Some(wake);
         self
     }

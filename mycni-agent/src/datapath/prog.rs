@@ -64,6 +64,3 @@ impl Prog {
         }
     }
 }
-
-/// Program attached on ingress of every pod's host-side veth.
-pub const PROG_FROM_POD: &str = "mycni_from_pod";

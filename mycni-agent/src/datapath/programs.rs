@@ -15,7 +15,7 @@ use aya::{Ebpf, EbpfLoader};
 use super::attach::{self, AttachMode};
 use super::error::DatapathError;
 use super::maps::MAPS;
-pub use super::prog::{PROG_FROM_POD, Prog};
+pub use super::prog::Prog;
 
 /// The object `cargo xtask build-ebpf --release` produced when the agent was
 /// built; empty when it was built without one (see build.rs).
@@ -47,7 +47,11 @@ impl Datapath {
     /// debug level when `log` is set (read them with [`Self::take_logger`]).
     /// Disabled, the level is a load-time 0 and the verifier prunes the
     /// logging code from the hot path.
-    pub fn load_with_log(object: &[u8], pin_dir: &Path, log: bool) -> Result<Self, DatapathError> {
+    pub(crate) fn load_with_log(
+        object: &[u8],
+        pin_dir: &Path,
+        log: bool,
+    ) -> Result<Self, DatapathError> {
         for dir in [pin_dir.to_path_buf(), pin_dir.join("links")] {
             std::fs::create_dir_all(&dir).map_err(|source| DatapathError::PinDir {
                 path: dir.clone(),
@@ -94,14 +98,14 @@ impl Datapath {
     }
 
     /// How this datapath attaches its programs.
-    pub fn attach_mode(&self) -> AttachMode {
+    pub(crate) fn attach_mode(&self) -> AttachMode {
         self.mode
     }
 
     /// Pins again every map whose pin is gone (someone removed it from
     /// bpffs): the programs still use the maps, but the agent and `bpftool`
     /// reach them through the pins. Returns the names re-pinned.
-    pub fn repin_missing_maps(&self) -> Result<Vec<&'static str>, DatapathError> {
+    pub(crate) fn repin_missing_maps(&self) -> Result<Vec<&'static str>, DatapathError> {
         let mut done = vec![];
         for name in MAPS {
             let path = self.pin_dir.join(name);
@@ -123,7 +127,7 @@ impl Datapath {
 
     /// The reader of the programs' log records (once; None after that or
     /// when the object has no log map).
-    pub fn take_logger(&mut self) -> Option<aya_log::EbpfLogger<&'static dyn log::Log>> {
+    pub(crate) fn take_logger(&mut self) -> Option<aya_log::EbpfLogger<&'static dyn log::Log>> {
         aya_log::EbpfLogger::init(&mut self.bpf).ok()
     }
 
@@ -148,7 +152,7 @@ impl Datapath {
     }
 
     /// Where the pinned link of `prog` on `ifindex` lives.
-    pub fn link_pin_path(&self, prog: Prog, ifindex: u32) -> PathBuf {
+    pub(crate) fn link_pin_path(&self, prog: Prog, ifindex: u32) -> PathBuf {
         link_pin_path(&self.pin_dir, prog, ifindex)
     }
 
@@ -235,7 +239,7 @@ impl Datapath {
     }
 }
 
-pub fn link_pin_path(pin_dir: &Path, prog: Prog, ifindex: u32) -> PathBuf {
+pub(crate) fn link_pin_path(pin_dir: &Path, prog: Prog, ifindex: u32) -> PathBuf {
     pin_dir
         .join("links")
         .join(format!("{}_{ifindex}", prog.name()))
@@ -287,7 +291,7 @@ fn detach_link(pin_dir: &Path, prog: Prog, ifindex: u32) -> Result<(), DatapathE
 
 /// Everything mycni pinned: links first (detaching every program), then the
 /// maps. What `--datapath kernel` does; the kernel path carries on alone.
-pub fn detach_all(pin_dir: &Path) -> Result<usize, DatapathError> {
+pub(crate) fn detach_all(pin_dir: &Path) -> Result<usize, DatapathError> {
     let links = pinned_links(pin_dir)?;
     let n = links.len();
     for (p, ifindex) in links {

@@ -116,7 +116,7 @@ pub fn ifname(ifindex: u32) -> String {
 /// The host veths (`mycni*`) of this namespace that are shaped, with the
 /// reason: what `inspect` lists, from the kernel alone (the agent may be
 /// down).
-pub fn shaped_pod_veths() -> io::Result<Vec<(u32, String, String)>> {
+pub(crate) fn shaped_pod_veths() -> io::Result<Vec<(u32, String, String)>> {
     let qs = qdiscs()?;
     let names: BTreeMap<u32, String> = qs.iter().map(|q| (q.ifindex, ifname(q.ifindex))).collect();
     let veths: BTreeSet<u32> = names

@@ -138,14 +138,14 @@ impl Directory {
     }
 
     /// The directory, naming the other nodes' addresses too.
-    pub fn with_nodes(mut self, nodes: Arc<NodeAddrs>) -> Self {
+    pub(crate) fn with_nodes(mut self, nodes: Arc<NodeAddrs>) -> Self {
         self.set_nodes(nodes);
         self
     }
 
     /// Names the other nodes' addresses from now on (the attributions
     /// kept do not depend on them).
-    pub fn set_nodes(&mut self, nodes: Arc<NodeAddrs>) {
+    pub(crate) fn set_nodes(&mut self, nodes: Arc<NodeAddrs>) {
         self.nodes = nodes;
     }
 
@@ -406,7 +406,7 @@ pub trait Names {
 }
 
 impl Record {
-    pub fn is_drop(&self) -> bool {
+    pub(crate) fn is_drop(&self) -> bool {
         match &self.what {
             What::Datapath { kind, .. } => *kind == FLOW_DROP,
             What::Nft { verdict, .. } => !matches!(verdict, NftVerdict::PolicyAllow { .. }),
@@ -565,7 +565,7 @@ fn direction_name(d: Direction) -> &'static str {
 
 /// Hubble's name for a policy drop is POLICY_DENIED; the two fail-closed
 /// cases get names of their own so they are not mistaken for a rule.
-pub fn policy_reason(r: Reason) -> &'static str {
+pub(crate) fn policy_reason(r: Reason) -> &'static str {
     match r {
         Reason::Denied => "POLICY_DENIED",
         Reason::NotJudged => "POLICY_NOT_JUDGED_YET",
@@ -585,7 +585,7 @@ fn summary(f: &Flow) -> String {
 }
 
 /// RFC 3339, UTC, nanoseconds: Hubble's `time`.
-pub fn rfc3339(t: SystemTime) -> String {
+pub(crate) fn rfc3339(t: SystemTime) -> String {
     match k8s_openapi::jiff::Timestamp::try_from(t) {
         Ok(ts) => format!("{ts:.9}"),
         Err(_) => "1970-01-01T00:00:00.000000000Z".into(),

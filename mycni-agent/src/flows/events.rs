@@ -20,9 +20,9 @@ use super::enrich::{Record, What, Who};
 use crate::verdict::Direction;
 
 /// One event per pair of ends this often at most.
-pub const PAIR_INTERVAL: Duration = Duration::from_secs(120);
+pub(crate) const PAIR_INTERVAL: Duration = Duration::from_secs(120);
 /// And one a second per node.
-pub const NODE_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const NODE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// What became of drops worth an event.
 #[derive(Debug, Default)]
@@ -34,7 +34,7 @@ pub struct EventCounts {
 
 /// Decides which drops become events (pure; the clock is passed in).
 #[derive(Debug, Default)]
-pub struct Limiter {
+pub(crate) struct Limiter {
     last_pair: HashMap<(IpAddr, IpAddr), Instant>,
     last_any: Option<Instant>,
 }
@@ -68,7 +68,7 @@ impl Limiter {
 
 /// The event for a policy drop in `r`, about the isolated pod; None for
 /// anything else.
-pub fn event_for(r: &Record) -> Option<(Event, ObjectReference)> {
+pub(crate) fn event_for(r: &Record) -> Option<(Event, ObjectReference)> {
     let What::Nft {
         verdict: NftVerdict::PolicyDrop { direction, reason },
         denied_by,

@@ -310,7 +310,7 @@ pub fn fetch_cluster(
 }
 
 /// The nodes of the two ends other than `asked`, each once.
-pub fn ends_nodes(e: &Explanation, asked: &str) -> Vec<String> {
+pub(crate) fn ends_nodes(e: &Explanation, asked: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for n in [&e.source.node, &e.destination.node] {
         if !n.is_empty() && n != asked && !out.contains(n) {
@@ -322,7 +322,7 @@ pub fn ends_nodes(e: &Explanation, asked: &str) -> Vec<String> {
 
 /// Adds other nodes' lines to `e`'s, in time order (RFC 3339 times of
 /// one format sort as text), the last [`LAST_SEEN`] kept.
-pub fn merge_last_seen(e: &mut Explanation, more: Vec<Vec<Line>>) {
+pub(crate) fn merge_last_seen(e: &mut Explanation, more: Vec<Vec<Line>>) {
     e.last_seen.extend(more.into_iter().flatten());
     e.last_seen.sort_by(|a, b| a.time.cmp(&b.time));
     let skip = e.last_seen.len().saturating_sub(LAST_SEEN);

@@ -15,7 +15,7 @@ use mycni_common::flow::KDROP_REASON_SUBSYSTEM;
 use thiserror::Error;
 
 /// Where the running kernel publishes its BTF.
-pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+pub(crate) const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 /// The enum's name in the kernel's BTF.
 const ENUM_NAME: &str = "skb_drop_reason";
 /// What every reason's name starts with; stripped (`IP_RPFILTER`). The two
@@ -48,7 +48,7 @@ impl DropReasons {
         Self::from_file(Path::new(VMLINUX_BTF))
     }
 
-    pub fn from_file(path: &Path) -> Result<Self, NamesError> {
+    pub(crate) fn from_file(path: &Path) -> Result<Self, NamesError> {
         let data = std::fs::read(path).map_err(|source| NamesError::Read {
             path: path.display().to_string(),
             source,
@@ -57,7 +57,7 @@ impl DropReasons {
     }
 
     /// The reasons from raw BTF (a `vmlinux` blob).
-    pub fn from_btf(data: &[u8]) -> Result<Self, NamesError> {
+    pub(crate) fn from_btf(data: &[u8]) -> Result<Self, NamesError> {
         let variants = enum_variants(data, ENUM_NAME)?.ok_or(NamesError::NoEnum)?;
         let names = variants
             .into_iter()

@@ -122,7 +122,7 @@ pub struct Start {
 
 /// The other nodes' own addresses, by address: what records name
 /// `reserved:remote-node` with the node's name.
-pub type NodeAddrs = std::collections::HashMap<IpAddr, Arc<str>>;
+pub(crate) type NodeAddrs = std::collections::HashMap<IpAddr, Arc<str>>;
 
 /// The Node objects as the agent's watch last saw them.
 pub type Nodes = Arc<Vec<Arc<k8s_openapi::api::core::v1::Node>>>;
@@ -132,7 +132,7 @@ pub type Nodes = Arc<Vec<Arc<k8s_openapi::api::core::v1::Node>>>;
 /// the first address of each podCIDR (`vxlan.1` / `vxlan6.1`, the source
 /// of a node's own packets to pods over the overlay). Whatever does not
 /// parse is left out: a name is a label here, not a decision.
-pub fn node_addrs(nodes: &[Arc<k8s_openapi::api::core::v1::Node>], own: &str) -> NodeAddrs {
+pub(crate) fn node_addrs(nodes: &[Arc<k8s_openapi::api::core::v1::Node>], own: &str) -> NodeAddrs {
     use mycni_common::contract::{ANNOTATION_HOST_IP, ANNOTATION_HOST_IP6};
     use mycni_common::net::Cidr;
     let mut out = NodeAddrs::new();

@@ -35,10 +35,10 @@ use super::{NftLog, Observation, Sink};
 use crate::verdict::{NFLOG_GROUP as GROUP, NftVerdict, parse_log_prefix};
 /// Bytes of each packet copied to the agent: an IPv6 header (40) and a
 /// TCP header with options (60) fit.
-pub const COPY_RANGE: u32 = 128;
+pub(crate) const COPY_RANGE: u32 = 128;
 /// How long the kernel may hold logged packets to batch them (its default
 /// is a second): a drop shows up in `flows` within this.
-pub const FLUSH: Duration = Duration::from_millis(20);
+pub(crate) const FLUSH: Duration = Duration::from_millis(20);
 
 /// The headers of a logged packet (`payload` starts at the IP header).
 fn headers(payload: &[u8]) -> Option<(IpAddr, IpAddr, u8, &[u8])> {
@@ -74,7 +74,7 @@ fn headers(payload: &[u8]) -> Option<(IpAddr, IpAddr, u8, &[u8])> {
 
 /// One logged packet as the room takes it; None when it is not one of
 /// mycni's or its headers are cut short.
-pub fn log_of(nlas: &[PacketNla], at: SystemTime) -> Option<NftLog> {
+pub(crate) fn log_of(nlas: &[PacketNla], at: SystemTime) -> Option<NftLog> {
     let mut verdict = None;
     let (mut payload, mut in_ifindex, mut out_ifindex) = (None, 0, 0);
     for nla in nlas {
@@ -127,7 +127,7 @@ const TICK: Duration = Duration::from_millis(250);
 /// a flow held once its second is over, as the last held packet with the
 /// count of all. Admissions pass unchanged (one per connection already).
 #[derive(Debug, Default)]
-pub struct Fold {
+pub(crate) struct Fold {
     flows: HashMap<FoldKey, Held>,
 }
 

@@ -124,7 +124,7 @@ fn is_false(b: &bool) -> bool {
 }
 
 impl TcpFlags {
-    pub fn from_byte(b: u8) -> Self {
+    pub(crate) fn from_byte(b: u8) -> Self {
         TcpFlags {
             fin: b & 0x01 != 0,
             syn: b & 0x02 != 0,

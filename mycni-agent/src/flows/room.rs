@@ -36,7 +36,7 @@ pub struct Settings {
 }
 
 /// Where admitted policy-drop Events go (the publishing task).
-pub type EventSender = tokio::sync::mpsc::Sender<(
+pub(crate) type EventSender = tokio::sync::mpsc::Sender<(
     kube::runtime::events::Event,
     k8s_openapi::api::core::v1::ObjectReference,
 )>;
@@ -47,7 +47,7 @@ type PodDrop = (String, String, &'static str, String);
 
 /// What the room's metrics read.
 #[derive(Default)]
-pub struct FlowMetrics {
+pub(crate) struct FlowMetrics {
     records: AtomicU64,
     lost: Mutex<Option<Sink>>,
     held: Mutex<Option<Arc<Store>>>,
@@ -67,7 +67,7 @@ impl std::fmt::Debug for FlowMetrics {
 
 impl FlowMetrics {
     /// What the NFLOG reader counts, exported here.
-    pub fn nflog_counts(&self) -> Arc<NflogCounts> {
+    pub(crate) fn nflog_counts(&self) -> Arc<NflogCounts> {
         self.nflog.clone()
     }
 

@@ -159,7 +159,7 @@ impl Histories {
     }
 }
 
-pub fn json_line(l: &Line) -> String {
+pub(crate) fn json_line(l: &Line) -> String {
     let mut s = serde_json::to_string(l).unwrap_or_default();
     s.push('\n');
     s
@@ -190,7 +190,7 @@ pub struct Filter {
 
 impl Filter {
     /// From a URL query (`pod=x/a&verdict=DROPPED&follow=true`).
-    pub fn from_query(q: &str) -> Result<Self, String> {
+    pub(crate) fn from_query(q: &str) -> Result<Self, String> {
         let mut f = Filter::default();
         for (k, v) in form_urlencoded::parse(q.as_bytes()) {
             let v = v.into_owned();
@@ -221,7 +221,7 @@ impl Filter {
     }
 
     /// The query `from_query` reads back.
-    pub fn to_query(&self) -> String {
+    pub(crate) fn to_query(&self) -> String {
         let mut q = form_urlencoded::Serializer::new(String::new());
         let mut put = |k: &str, v: &Option<String>| {
             if let Some(v) = v {

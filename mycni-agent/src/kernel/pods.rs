@@ -48,7 +48,7 @@ impl Kernel {
     /// marked, with the veth's MAC and the MAC of its peer (the pod's eth0),
     /// read through the peer's netns id. Entries the kernel cannot fully
     /// back are left out.
-    pub async fn pod_endpoints(&self) -> Result<PodEndpoints, KernelError> {
+    pub(crate) async fn pod_endpoints(&self) -> Result<PodEndpoints, KernelError> {
         struct Veth {
             mac: Mac,
             peer: Option<(u32, i32)>,

@@ -12,7 +12,7 @@ use super::NETLINK_BUCKETS;
 
 /// The netlink operations timed in `mycni_netlink_op_duration_seconds`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum NetlinkOp {
+pub(crate) enum NetlinkOp {
     /// Reading routes, neighbours and FDB entries of the overlay.
     Dump,
     /// Checking (and creating or fixing) `vxlan.1` and its address.
@@ -77,14 +77,14 @@ pub(super) static NETLINK_OPS: LazyLock<NetlinkFamily> = LazyLock::new(|| {
 });
 
 /// Records one netlink request of kind `op` that took `took`.
-pub fn observe_netlink(op: NetlinkOp, took: Duration) {
+pub(crate) fn observe_netlink(op: NetlinkOp, took: Duration) {
     NETLINK_OPS
         .get_or_create(&OpLabels { op: op.name() })
         .observe(took.as_secs_f64());
 }
 
 /// Awaits `f` and records how long it took as one `op` request.
-pub async fn netlink_timed<T>(op: NetlinkOp, f: impl Future<Output = T>) -> T {
+pub(crate) async fn netlink_timed<T>(op: NetlinkOp, f: impl Future<Output = T>) -> T {
     let started = Instant::now();
     let out = f.await;
     observe_netlink(op, started.elapsed());

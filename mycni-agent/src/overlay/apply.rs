@@ -32,7 +32,7 @@ impl OverlayKernel {
     /// Applies a diff of [`OverlayKernel::dump_vxlan6`]'s state to `vxlan6.1`,
     /// as [`OverlayKernel::apply`] does without nexthop objects. Returns the
     /// number of failed actions.
-    pub async fn apply_vxlan6(&self, vxlan6: u32, actions: &[Action]) -> usize {
+    pub(crate) async fn apply_vxlan6(&self, vxlan6: u32, actions: &[Action]) -> usize {
         let plans = BTreeMap::new();
         let (dels, sets): (Vec<&Action>, Vec<&Action>) =
             actions.iter().partition(|a| a.is_delete());
@@ -370,7 +370,7 @@ impl OverlayKernel {
     /// Deletes every nexthop of the agent's (and with them the routes
     /// through them), for `uninstall`: deleting `vxlan.1` takes only those
     /// on it along, not a directly routed peer's on the underlay.
-    pub async fn delete_nexthops(&self) -> Result<(), KernelError> {
+    pub(crate) async fn delete_nexthops(&self) -> Result<(), KernelError> {
         if !self.nl.nexthops_supported().await? {
             return Ok(());
         }

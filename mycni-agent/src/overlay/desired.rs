@@ -41,7 +41,7 @@ pub fn desired_direct(peers: &[Peer], direct: &[Cidr4]) -> OverlayState {
 /// a permanent neighbour for that address to its `vxlan6.1` MAC, and the
 /// FDB entry sending that MAC to its IPv6 host address: `vxlan.1`'s IPv6
 /// side, over the other device.
-pub fn desired_underlay6(peers: &[Peer6]) -> OverlayState {
+pub(crate) fn desired_underlay6(peers: &[Peer6]) -> OverlayState {
     let mut s = OverlayState::default();
     for p in peers {
         let gw = p.pod_cidr6.network();
@@ -124,7 +124,11 @@ pub fn diff(want: &OverlayState, have: &OverlayState) -> Vec<Action> {
 
 /// [`diff`] of only the entries whose keys `keys` has (its values are not
 /// read): what an incremental pass compares, when nothing else can differ.
-pub fn diff_within(want: &OverlayState, have: &OverlayState, keys: &OverlayState) -> Vec<Action> {
+pub(crate) fn diff_within(
+    want: &OverlayState,
+    have: &OverlayState,
+    keys: &OverlayState,
+) -> Vec<Action> {
     diff(&within(want, keys), &within(have, keys))
 }
 

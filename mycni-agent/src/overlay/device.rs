@@ -147,7 +147,10 @@ impl OverlayKernel {
     /// [`OverlayKernel::ensure_vxlan`] does for `vxlan.1`. Routes through it name
     /// their gateway `onlink`; it carries the node's IPv6 VTEP address
     /// only where there is no `vxlan.1` to hold it (`address6`).
-    pub async fn ensure_vxlan6(&self, spec: &Vxlan6Spec) -> Result<(u32, bool), KernelError> {
+    pub(crate) async fn ensure_vxlan6(
+        &self,
+        spec: &Vxlan6Spec,
+    ) -> Result<(u32, bool), KernelError> {
         let r = self.ensure_vxlan_device(&device_of!(spec)).await?;
         self.vxlan6_index.store(r.0, Ordering::Relaxed);
         if let Some(a6) = spec.address6 {

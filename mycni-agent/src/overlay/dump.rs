@@ -20,7 +20,7 @@ impl OverlayKernel {
     /// with the agent's protocol (each `via` a gateway `onlink`, never
     /// through a nexthop object: the nexthop table is `vxlan.1`'s), its
     /// permanent IPv6 neighbours and its FDB entries.
-    pub async fn dump_vxlan6(&self, vxlan6: u32) -> Result<OverlayState, KernelError> {
+    pub(crate) async fn dump_vxlan6(&self, vxlan6: u32) -> Result<OverlayState, KernelError> {
         let routes6 = self
             .nl
             .ipv6_routes_by_protocol(RTPROT_MYCNI_AGENT)

@@ -40,7 +40,7 @@ struct Inputs {
 
 /// The overlay's desired state between passes, and the Nodes it was
 /// computed from.
-pub struct Desire<N> {
+pub(crate) struct Desire<N> {
     /// Each Node as the last pass saw it, held so that the watch's cache
     /// replacing it (a new `Arc`) is what tells a change: an address alone
     /// could be reused by a later version once the old one is freed.

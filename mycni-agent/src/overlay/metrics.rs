@@ -15,7 +15,7 @@ use crate::metrics::{counter, gauge};
 /// Registered by the overlay room ([`crate::metrics::Metrics::collector`]);
 /// read at each scrape.
 #[derive(Debug, Default)]
-pub struct OverlayMetrics {
+pub(crate) struct OverlayMetrics {
     pub peers_programmed: AtomicU64,
     /// Kernel entries re-created or removed although the desired state had
     /// not changed since the last good reconcile: someone else touched them.

@@ -59,7 +59,7 @@ mod tests;
 mod tests_incremental;
 mod underlay;
 
-pub use desired::{apply, desired, desired_direct, desired_underlay6, diff, diff_within};
+pub use desired::{apply, desired, desired_direct, diff};
 pub(crate) use incremental::{Desire, Update};
 pub use kernel::{OverlayKernel, PeerRoutes};
 pub use nexthop_ids::NEXTHOP_ID_BASE;

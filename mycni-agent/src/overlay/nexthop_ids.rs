@@ -19,7 +19,7 @@ pub const NEXTHOP_ID_BASE: u32 = (mycni_common::contract::RTPROT_MYCNI_AGENT as 
 /// gateway is of the route's family: an IPv6 route's nexthop is an IPv6
 /// one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Hop {
+pub(crate) struct Hop {
     pub gateway: IpAddr,
     /// Over the underlay device rather than `vxlan.1`.
     pub direct: bool,
@@ -27,7 +27,7 @@ pub struct Hop {
 
 impl Hop {
     /// The hop of a route of [`OverlayState::routes`] or `routes6`.
-    pub fn of_route<A: Family + Into<IpAddr>>(cidr: Cidr<A>, gateway: A) -> Self {
+    pub(crate) fn of_route<A: Family + Into<IpAddr>>(cidr: Cidr<A>, gateway: A) -> Self {
         Hop {
             gateway: gateway.into(),
             direct: !via_vxlan(cidr, gateway),
@@ -36,11 +36,11 @@ impl Hop {
 }
 
 /// A route's destination in the nexthop table, of either family.
-pub type AnyCidr = Cidr<IpAddr>;
+pub(crate) type AnyCidr = Cidr<IpAddr>;
 
 /// What setting one peer route through its nexthop takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NexthopPlan {
+pub(crate) struct NexthopPlan {
     pub id: u32,
     /// The nexthop is missing or holds something else: add or replace it.
     pub set_nexthop: bool,
@@ -62,7 +62,7 @@ pub struct NexthopPlan {
 /// would change ID when the other left; taking what the kernel holds has
 /// no collisions to resolve, and the kernel is the authority anyway.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NexthopIds {
+pub(crate) struct NexthopIds {
     /// podCIDR -> the ID of the agent's nexthop its route goes through.
     routes: BTreeMap<AnyCidr, u32>,
     /// The agent's nexthops: ID -> what it holds (None: something the
@@ -160,7 +160,7 @@ impl NexthopIds {
     }
 
     /// The agent's nexthops no route goes through, to delete, forgotten.
-    pub fn take_unused(&mut self) -> Vec<u32> {
+    pub(crate) fn take_unused(&mut self) -> Vec<u32> {
         let ids: Vec<u32> = std::mem::take(&mut self.unused)
             .into_iter()
             .map(|(_, id)| id)

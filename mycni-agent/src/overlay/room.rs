@@ -43,7 +43,7 @@ impl Desired {
     }
 
     /// The peers' IPv6 host addresses, of both kinds of peer.
-    pub fn hosts6(&self) -> impl Iterator<Item = Ipv6Addr> + '_ {
+    pub(crate) fn hosts6(&self) -> impl Iterator<Item = Ipv6Addr> + '_ {
         self.peers
             .iter()
             .filter_map(|p| Some(p.underlay6?.host_ip))
@@ -54,7 +54,7 @@ impl Desired {
 /// What the Nodes ask of this node's overlay (`own_name`, with its
 /// podCIDRs `own`): the peers, the rejected Nodes, and the state of both
 /// devices. Peers on the `direct` subnets are routed over the underlay.
-pub fn desire(
+pub(crate) fn desire(
     nodes: &[NodeView],
     own_name: &str,
     own: PodCidrs,
@@ -102,7 +102,7 @@ pub struct Devices {
 
 /// What the kernel holds after the pass, for the rooms after this one.
 #[derive(Debug)]
-pub struct Applied {
+pub(crate) struct Applied {
     /// `vxlan.1`'s ifindex (0: none) and its state: the kernel's, with
     /// this pass's actions applied when none failed.
     pub index: u32,
@@ -120,7 +120,7 @@ pub struct Applied {
 
 /// What the underlay re-read found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UnderlayChange {
+pub(crate) enum UnderlayChange {
     Same,
     /// Direct routing's subnets changed: the desired routes may differ.
     Subnets,
@@ -224,7 +224,7 @@ impl Overlay {
     /// soon as it is known. `full`: a full pass, which always asks the
     /// kernel; an event pass takes the last good pass's devices when it
     /// left them (`seen` has been told their indexes already).
-    pub async fn ensure_devices(
+    pub(crate) async fn ensure_devices(
         &mut self,
         desired: &Desired,
         full: bool,
@@ -443,7 +443,7 @@ impl Overlay {
     /// address, a route or the underlay link changed): direct routing
     /// follows its subnets, and vxlan.1 follows its address (on an
     /// IPv6-only node, vxlan6.1 follows the IPv6 underlay's).
-    pub async fn refresh_underlay(
+    pub(crate) async fn refresh_underlay(
         &mut self,
         how: &UnderlaySelect,
         how6: &Underlay6Select,

@@ -279,7 +279,7 @@ fn enable_ipv6(proc_sys: &Path, name: &str) -> Result<()> {
 /// What VXLAN adds around a pod's packet over an IPv6 underlay: the outer
 /// IPv6 header is 20 bytes longer than IPv4's (40 + 8 UDP + 8 VXLAN + 14
 /// inner Ethernet), as flannel and Linux's own VXLAN MTU rules count.
-pub const VXLAN6_OVERHEAD: u32 = VXLAN_OVERHEAD + 20;
+pub(crate) const VXLAN6_OVERHEAD: u32 = VXLAN_OVERHEAD + 20;
 
 /// The smallest MTU a link may have and carry IPv6 (RFC 8200): below it
 /// the kernel takes IPv6 off the device, the VTEP's /128 with it.
@@ -287,7 +287,7 @@ const IPV6_MIN_MTU: u32 = 1280;
 
 /// VXLAN's overhead over an underlay whose outer header is `local`'s
 /// family.
-pub fn vxlan_overhead(local: IpAddr) -> u32 {
+pub(crate) fn vxlan_overhead(local: IpAddr) -> u32 {
     match local {
         IpAddr::V4(_) => VXLAN_OVERHEAD,
         IpAddr::V6(_) => VXLAN6_OVERHEAD,

@@ -35,7 +35,7 @@ pub struct Underlay {
 
 /// The route `ip route get` would most likely pick for `to` without policy
 /// rules: the longest prefix that covers it among routes with a device.
-pub fn longest_match<A: RouteFamily>(routes: &[Route<A>], to: A) -> Option<&Route<A>> {
+pub(crate) fn longest_match<A: RouteFamily>(routes: &[Route<A>], to: A) -> Option<&Route<A>> {
     routes
         .iter()
         .filter(|r| r.oif.is_some() && r.dst.contains(to))
@@ -106,7 +106,10 @@ impl OverlayKernel {
     }
 
     /// The underlay as `how` selects it.
-    pub async fn select_underlay(&self, how: &UnderlaySelect) -> Result<Underlay, KernelError> {
+    pub(crate) async fn select_underlay(
+        &self,
+        how: &UnderlaySelect,
+    ) -> Result<Underlay, KernelError> {
         match how {
             UnderlaySelect::DefaultRoute => self.underlay(None).await,
             UnderlaySelect::Name(n) => self.underlay(Some(n)).await,
@@ -164,7 +167,7 @@ impl OverlayKernel {
     /// IPv6 address), and its IPv6 host address as `how6` picks it (the
     /// caller refuses `off`). An error when there is none: `vxlan6.1` is
     /// all such a node has.
-    pub async fn select_underlay_ipv6(
+    pub(crate) async fn select_underlay_ipv6(
         &self,
         how: &UnderlaySelect,
         how6: &Underlay6Select,

@@ -54,7 +54,7 @@ pub enum Series {
 }
 
 /// The fixed counter of [`Series::Unlogged`].
-pub const UNLOGGED: &str = "repeats_unlogged";
+pub(crate) const UNLOGGED: &str = "repeats_unlogged";
 
 /// The fixed counter of the table's drops for `direction` and `reason`.
 pub fn drop_counter(direction: Direction, reason: Reason) -> String {
@@ -62,7 +62,7 @@ pub fn drop_counter(direction: Direction, reason: Reason) -> String {
 }
 
 /// Every fixed counter, with what it counts.
-pub fn drop_counters() -> Vec<(String, Series)> {
+pub(crate) fn drop_counters() -> Vec<(String, Series)> {
     let mut out = vec![(UNLOGGED.to_string(), Series::Unlogged)];
     for direction in [Direction::Egress, Direction::Ingress] {
         for reason in Reason::ALL {
@@ -92,7 +92,7 @@ fn fnv(parts: &[&str]) -> u64 {
 /// The counter of the packets `rule` admits for local pod `pod`. Short
 /// and hashed: a namespace and a policy name alone may be longer than an
 /// nft object name; the comment carries the readable form.
-pub fn rule_counter(pod: &Key, rule: &RuleRef) -> String {
+pub(crate) fn rule_counter(pod: &Key, rule: &RuleRef) -> String {
     let index = rule.index.to_string();
     format!(
         "r{:016x}",
@@ -108,7 +108,7 @@ pub fn rule_counter(pod: &Key, rule: &RuleRef) -> String {
 }
 
 /// The counter of `pod`'s packets no rule admits in `direction`.
-pub fn pod_counter(pod: &Key, direction: Direction) -> String {
+pub(crate) fn pod_counter(pod: &Key, direction: Direction) -> String {
     format!(
         "p{:016x}",
         fnv(&[&pod.namespace, &pod.name, direction.label()])
@@ -116,7 +116,7 @@ pub fn pod_counter(pod: &Key, direction: Direction) -> String {
 }
 
 /// `ns/name egress[0]`, as a rule is named in the comment and the output.
-pub fn rule_name(rule: &RuleRef) -> String {
+pub(crate) fn rule_name(rule: &RuleRef) -> String {
     format!("{} {}[{}]", rule.policy, rule.direction.label(), rule.index)
 }
 
@@ -150,7 +150,7 @@ pub fn parse_counters(json: &str) -> Result<BTreeMap<String, (u64, u64)>> {
 
 /// Running totals per series, fed by reads of the kernel's counters.
 #[derive(Debug, Default)]
-pub struct Tally {
+pub(crate) struct Tally {
     /// What each counter counts for, as of the last write of the table.
     targets: HashMap<String, Vec<Series>>,
     /// Each counter's value at the last read.
@@ -162,7 +162,7 @@ impl Tally {
     /// What the table's counters count for from now on. Series of
     /// policies no counter speaks for any more are dropped (bounded by
     /// what this node enforces, not by every policy it ever saw).
-    pub fn set_targets(&mut self, targets: HashMap<String, Vec<Series>>) {
+    pub(crate) fn set_targets(&mut self, targets: HashMap<String, Vec<Series>>) {
         self.last.retain(|name, _| targets.contains_key(name));
         let live: BTreeSet<&Series> = targets.values().flatten().collect();
         self.totals
@@ -196,7 +196,7 @@ impl Tally {
         }
     }
 
-    pub fn totals(&self) -> &BTreeMap<Series, (u64, u64)> {
+    pub(crate) fn totals(&self) -> &BTreeMap<Series, (u64, u64)> {
         &self.totals
     }
 }

@@ -25,7 +25,7 @@ use crate::verdict::Direction;
 /// The room's node as of its last write: each local pod's compiled rules
 /// and the policies selecting it.
 #[derive(Debug, Default)]
-pub struct View {
+pub(crate) struct View {
     pub pods: BTreeMap<Key, (CompiledPod, Vec<Key>)>,
 }
 

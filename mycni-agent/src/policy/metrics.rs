@@ -26,10 +26,10 @@ use crate::metrics::{EVENT_TO_KERNEL_BUCKETS, counter, gauge};
 use crate::nft;
 
 /// The most policies with series of their own on one node.
-pub const MAX_POLICIES: usize = 500;
+pub(crate) const MAX_POLICIES: usize = 500;
 
 #[derive(Debug)]
-pub struct PolicyMetrics {
+pub(crate) struct PolicyMetrics {
     /// The first write after the lists synced is done.
     pub(super) enforcing: AtomicBool,
     pub(super) policies: AtomicU64,

@@ -27,6 +27,6 @@ pub mod sets;
 #[cfg(test)]
 pub(crate) mod tests;
 
-pub use compile::{
-    Allow, CompiledPod, DirectionRules, PeerSet, PortRange, PortSet, compile_node, compile_pod,
-};
+pub use compile::compile_node;
+#[cfg(test)]
+pub(crate) use compile::{CompiledPod, DirectionRules, PeerSet, PortRange, PortSet, compile_pod};

@@ -71,7 +71,7 @@ use crate::verdict::{
 };
 
 pub const TABLE: &str = "mycni_policy";
-pub const FAMILY: &str = "inet";
+pub(crate) const FAMILY: &str = "inet";
 
 fn set_type(kind: SetKind, v6: bool) -> String {
     let a = if v6 { "ipv6_addr" } else { "ipv4_addr" };
@@ -337,14 +337,14 @@ pub fn diff_script(old: &Desired, new: &Desired, epoch: u32) -> Option<String> {
 /// connection the change no longer allows was stamped as judged under it
 /// (seen: a stream cut by a deny went on for seconds through `judged`,
 /// 2 runs in 5). Nothing stamped before this one is current after it.
-pub fn settle_script(epoch: u32) -> String {
+pub(crate) fn settle_script(epoch: u32) -> String {
     stamp(epoch)
 }
 
 /// The epoch the table's `stamp` chain writes (`nft list chain` text), so
 /// an agent started over an existing table goes past it on the kernel
 /// path, where no pinned map remembers it.
-pub fn parse_stamped_epoch(listing: &str) -> Option<u32> {
+pub(crate) fn parse_stamped_epoch(listing: &str) -> Option<u32> {
     let after = listing.split_once("ct mark set")?.0;
     let hex = after.rsplit_once("!= 0x")?.1.split_whitespace().next()?;
     let mark = u32::from_str_radix(hex, 16).ok()?;
@@ -366,7 +366,7 @@ const WHOLE_PER_ELEMENT: usize = 75;
 /// [`WHOLE_PER_ELEMENT`]). The whole write is as atomic; the table's
 /// counters start again from 0, which the metrics' tally takes as a
 /// restart.
-pub fn whole_is_cheaper(old: &Desired, new: &Desired) -> bool {
+pub(crate) fn whole_is_cheaper(old: &Desired, new: &Desired) -> bool {
     let deleting: usize = old
         .minus(new)
         .iter()
@@ -376,7 +376,7 @@ pub fn whole_is_cheaper(old: &Desired, new: &Desired) -> bool {
 }
 
 /// Removes the table (the agent's `--network-policy=false`, uninstall).
-pub fn remove_script() -> String {
+pub(crate) fn remove_script() -> String {
     let t = format!("{FAMILY} {TABLE}");
     format!("add table {t}\ndelete table {t}\n")
 }

@@ -289,7 +289,7 @@ impl Room {
     }
 
     /// The sets this node's pods need now.
-    pub fn desire(&mut self, snap: &Snapshot) -> Desired {
+    pub(crate) fn desire(&mut self, snap: &Snapshot) -> Desired {
         self.metrics.passes.fetch_add(1, Ordering::Relaxed);
         let (mut cluster, unread) = Cluster::from_snapshot(snap);
         for u in unread {

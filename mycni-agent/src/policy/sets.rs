@@ -188,7 +188,7 @@ impl Desired {
     }
 
     /// Counters of `self` not in `other`.
-    pub fn counters_minus<'a>(&'a self, other: &Desired) -> Vec<(&'a String, &'a Counter)> {
+    pub(crate) fn counters_minus<'a>(&'a self, other: &Desired) -> Vec<(&'a String, &'a Counter)> {
         self.counters
             .iter()
             .filter(|(name, _)| !other.counters.contains_key(*name))
@@ -196,7 +196,7 @@ impl Desired {
     }
 
     /// Members of `self` not in `other`, per set.
-    pub fn minus<'a>(&'a self, other: &'a Desired) -> BTreeMap<SetName, Vec<&'a String>> {
+    pub(crate) fn minus<'a>(&'a self, other: &'a Desired) -> BTreeMap<SetName, Vec<&'a String>> {
         let mut out = BTreeMap::new();
         for (name, mine) in &self.sets {
             let theirs = other.sets.get(name);

@@ -35,7 +35,7 @@ use crate::nft;
 
 pub const TABLE: &str = "mycni_antispoof";
 /// The named counter of dropped packets, read at scrape.
-pub const COUNTER: &str = "spoofed";
+pub(crate) const COUNTER: &str = "spoofed";
 const CHAIN: &str = "prerouting";
 
 pub use mycni_common::contract::HOST_VETH_PREFIX;
@@ -78,7 +78,7 @@ pub fn ruleset() -> String {
     )
 }
 
-pub fn uninstall_script() -> String {
+pub(crate) fn uninstall_script() -> String {
     format!("add table ip6 {TABLE}\ndelete table ip6 {TABLE}\n")
 }
 
@@ -151,7 +151,7 @@ pub fn dropped() -> Result<u64> {
 /// `mycni_antispoof_ipv6` and `mycni_antispoof_dropped`, read from the
 /// table at scrape.
 #[derive(Debug, Default)]
-pub struct AntiSpoofMetrics {
+pub(crate) struct AntiSpoofMetrics {
     /// The agent installed the table (`start`, `ensure`); until then a
     /// scrape does not run `nft`.
     installed: AtomicBool,

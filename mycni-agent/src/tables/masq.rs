@@ -54,7 +54,7 @@ pub fn install(cluster: impl Into<ClusterCidrs>) -> Result<()> {
     nft::apply(&ruleset(cluster))
 }
 
-pub fn uninstall_script() -> String {
+pub(crate) fn uninstall_script() -> String {
     format!(
         "table ip {TABLE}\ndelete table ip {TABLE}\ntable ip6 {TABLE}\ndelete table ip6 {TABLE}\n"
     )

@@ -10,7 +10,7 @@ use crate::metrics::{counter, gauge};
 
 /// Registered when the filter starts; read at each scrape.
 #[derive(Debug, Default)]
-pub struct UnderlayFilterMetrics {
+pub(crate) struct UnderlayFilterMetrics {
     /// Host IPs the underlay filter accepts VXLAN from (the peers').
     pub peers: AtomicU64,
     /// Failed writes of the underlay filter (nft); each is retried.

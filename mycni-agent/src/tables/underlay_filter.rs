@@ -25,7 +25,7 @@ use crate::nft;
 use crate::verdict::{NFLOG_GROUP, NftVerdict, REPEATS, log_prefix, repeats_limit};
 
 pub const TABLE: &str = "mycni_underlay";
-pub const SET: &str = "peers";
+pub(crate) const SET: &str = "peers";
 const CHAIN: &str = "input";
 
 /// An address family the filter keeps a table for: `ip mycni_underlay` for
@@ -123,7 +123,7 @@ fn ensure_one<A: Family>(port: u16) -> String {
 /// the rules (the port may have changed), but keeps the sets' elements. An
 /// agent restarted while the API is away keeps its peers' tunnels up until
 /// the first pass, after the Node list, writes the sets again.
-pub fn ensure_script(port: u16) -> String {
+pub(crate) fn ensure_script(port: u16) -> String {
     ensure_one::<Ipv4Addr>(port) + &ensure_one::<Ipv6Addr>(port)
 }
 
@@ -149,7 +149,7 @@ fn replace_one<A: Family>(port: u16, peers: &BTreeSet<A>) -> String {
 /// Both tables, replaced in one transaction with the sets holding the
 /// peers: for a first write after a failure, whatever state the tables
 /// were left in (deleted, set of another type, chain of another priority).
-pub fn replace_script(
+pub(crate) fn replace_script(
     port: u16,
     peers: &BTreeSet<Ipv4Addr>,
     peers6: &BTreeSet<Ipv6Addr>,
@@ -169,11 +169,11 @@ fn update_one<A: Family>(peers: &BTreeSet<A>) -> String {
 /// The sets alone, flushed and refilled in one transaction: no datagram
 /// ever meets a half-written set. An empty set drops all VXLAN of its
 /// family.
-pub fn update_script(peers: &BTreeSet<Ipv4Addr>, peers6: &BTreeSet<Ipv6Addr>) -> String {
+pub(crate) fn update_script(peers: &BTreeSet<Ipv4Addr>, peers6: &BTreeSet<Ipv6Addr>) -> String {
     update_one(peers) + &update_one(peers6)
 }
 
-pub fn uninstall_script() -> String {
+pub(crate) fn uninstall_script() -> String {
     format!(
         "add table ip {TABLE}\ndelete table ip {TABLE}\nadd table ip6 {TABLE}\ndelete table ip6 {TABLE}\n"
     )

@@ -8,15 +8,18 @@ mod device;
 mod select;
 mod state;
 
-pub use device::{Vxlan6Spec, VxlanSpec};
-pub use select::{Underlay6Select, UnderlaySelect, glob_match};
-pub use state::{Action, OverlayState, Remote, via_vxlan};
+pub(crate) use device::Vxlan6Spec;
+pub use device::VxlanSpec;
+pub(crate) use select::glob_match;
+pub use select::{Underlay6Select, UnderlaySelect};
+pub use state::{Action, OverlayState};
+pub(crate) use state::{Remote, via_vxlan};
 
 use mycni_common::net::Mac;
 
 /// What an IPv6-only node says where an operator looks (logs, readiness,
 /// `inspect`): it has no `vxlan.1`, by design.
-pub const IPV6_ONLY: &str = "no IPv4 underlay: IPv6-only node";
+pub(crate) const IPV6_ONLY: &str = "no IPv4 underlay: IPv6-only node";
 
 /// What the rooms after the overlay read of it: its devices and what
 /// the kernel holds on them after the pass.

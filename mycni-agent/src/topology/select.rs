@@ -123,7 +123,7 @@ impl std::fmt::Display for UnderlaySelect {
 
 /// Shell-style matching of `*` (any run) and `?` (one character), enough
 /// for interface names; no character classes.
-pub fn glob_match(pattern: &str, name: &str) -> bool {
+pub(crate) fn glob_match(pattern: &str, name: &str) -> bool {
     let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
     let (mut pi, mut ni) = (0, 0);
     // The last `*` seen and the name position it was tried at: on a

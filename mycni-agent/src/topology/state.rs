@@ -54,7 +54,7 @@ impl OverlayState {
     /// any changed. When `self` and `want` differ only within `keys` (an
     /// incremental pass's `touched`), `self` equals `want` after, at the
     /// cost of those keys alone.
-    pub fn follow_within(&mut self, want: &OverlayState, keys: &OverlayState) -> bool {
+    pub(crate) fn follow_within(&mut self, want: &OverlayState, keys: &OverlayState) -> bool {
         fn follow<K: Ord + Clone, V: PartialEq + Clone, W>(
             have: &mut BTreeMap<K, V>,
             want: &BTreeMap<K, V>,
@@ -86,7 +86,7 @@ impl OverlayState {
     /// The IPv6 podCIDRs of peers as the kernel backs them (route, then
     /// neighbour, then FDB entry): what the fast path may forward IPv6 to
     /// itself, as it does for `routes` through vxlan.1.
-    pub fn remotes6(&self) -> Vec<Remote<Ipv6Addr>> {
+    pub(crate) fn remotes6(&self) -> Vec<Remote<Ipv6Addr>> {
         self.routes6
             .iter()
             .filter_map(|(c, gw)| {
@@ -136,6 +136,6 @@ impl Action {
 /// Whether a route of [`OverlayState::routes`] (or `routes6`) goes
 /// through `vxlan.1` (gateway podCIDR.0) rather than straight over the
 /// underlay.
-pub fn via_vxlan<A: Family>(cidr: Cidr<A>, gw: A) -> bool {
+pub(crate) fn via_vxlan<A: Family>(cidr: Cidr<A>, gw: A) -> bool {
     gw == cidr.network()
 }

@@ -26,13 +26,13 @@ use super::nodes::NODES;
 
 /// The objects the subsystems read, as the API last told them: a pass
 /// reads one snapshot, whatever arrives meanwhile.
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     pub nodes: Vec<Arc<Node>>,
 }
 
 /// The API's watches, each into its cache, and the one signal every event
 /// of any raises.
-pub struct ApiWatch {
+pub(crate) struct ApiWatch {
     nodes: Store<Node>,
     /// Raised by every event, and once each initial list is complete.
     pub changed: Arc<Notify>,

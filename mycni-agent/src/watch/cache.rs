@@ -53,7 +53,7 @@ impl<T> Cache<T> {
 /// The writing side, fed every event of the watch, as a reflector's
 /// writer is: a re-list is buffered and replaces the cache whole at its
 /// end, so a reader never sees half a list.
-pub struct Writer<K, T> {
+pub(crate) struct Writer<K, T> {
     cache: Cache<T>,
     convert: fn(&K) -> T,
     relisting: Option<HashMap<ObjectKey, Arc<T>>>,

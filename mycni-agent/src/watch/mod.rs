@@ -11,6 +11,6 @@ mod kind;
 mod nodes;
 mod policy;
 
-pub use api::ApiWatch;
-pub use nodes::node_view;
-pub use policy::{Converters, PolicySnapshot, PolicyWatch};
+pub(crate) use api::ApiWatch;
+pub(crate) use nodes::node_view;
+pub(crate) use policy::{Converters, PolicySnapshot, PolicyWatch};

@@ -14,7 +14,7 @@ pub(super) static NODES: Kind<Node> = Kind {
 };
 
 /// What Node validation (`mycni_common::node`) reads of a Node.
-pub fn node_view(n: &Node) -> NodeView {
+pub(crate) fn node_view(n: &Node) -> NodeView {
     NodeView {
         name: n.metadata.name.clone().unwrap_or_default(),
         pod_cidr: n.spec.as_ref().and_then(|s| s.pod_cidr.clone()),
@@ -34,7 +34,7 @@ pub fn node_view(n: &Node) -> NodeView {
 }
 
 /// Drops everything the agent does not read from a Node before it is cached.
-pub fn strip_node(n: &mut Node) {
+pub(crate) fn strip_node(n: &mut Node) {
     n.metadata.managed_fields = None;
     n.metadata.labels = None;
     n.metadata.owner_references = None;

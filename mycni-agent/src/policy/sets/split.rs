@@ -21,7 +21,7 @@ use crate::cluster::eval::RuleRef;
 use crate::cluster::model::{Cidr, IpBlock, Protocol};
 
 /// A (prefix, protocol, first port, last port) allow of `rule`.
-pub type Ported<'a> = (Cidr, Protocol, u16, u16, &'a RuleRef);
+pub(crate) type Ported<'a> = (Cidr, Protocol, u16, u16, &'a RuleRef);
 
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Split<'a> {

@@ -126,7 +126,7 @@ pub fn check(c: &Cluster, protocol: Protocol, port: u16, v6: bool, want: &Reach)
 }
 
 /// The common case: the same expectation on TCP 80 and 81 over IPv4.
-pub fn check_tcp(c: &Cluster, want: &Reach) {
+pub(crate) fn check_tcp(c: &Cluster, want: &Reach) {
     for port in [80, 81] {
         check(c, Protocol::Tcp, port, false, want);
     }

@@ -8,10 +8,10 @@ use std::net::IpAddr;
 
 use serde_json::Value;
 
-pub type RawLabels = BTreeMap<String, String>;
+pub(crate) type RawLabels = BTreeMap<String, String>;
 
 #[derive(Debug, Clone)]
-pub struct RawPod {
+pub(crate) struct RawPod {
     pub ns: String,
     pub name: String,
     pub labels: RawLabels,
@@ -32,7 +32,7 @@ pub struct World {
 
 /// An end of a connection: a pod index, or a bare address.
 #[derive(Debug, Clone, Copy)]
-pub struct End {
+pub(crate) struct End {
     pub pod: Option<usize>,
     pub ip: IpAddr,
 }

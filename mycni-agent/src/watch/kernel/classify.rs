@@ -340,7 +340,7 @@ pub(super) fn neighbour(n: &NeighbourMessage, deleted: bool, s: &Snapshot) -> bo
 /// Whether a nexthop notification is drift: one of the agent's nexthops
 /// (its protocol) that a wanted route points at deleted, or one made or
 /// changed to point at a gateway no wanted route has.
-pub fn classify_nexthop(m: &NexthopMessage, s: &Snapshot) -> Wake {
+pub(crate) fn classify_nexthop(m: &NexthopMessage, s: &Snapshot) -> Wake {
     let Some(nh) = m.nexthop() else {
         return Wake::default();
     };

@@ -60,11 +60,12 @@ mod socket;
 mod tests;
 mod watched;
 
-pub use pins::spawn_pins;
+pub(crate) use pins::spawn_pins;
 pub use socket::spawn;
-pub use watched::{Expected, Signals, Watched};
+pub(crate) use watched::Signals;
+pub use watched::{Expected, Watched};
 
 /// How long events are collected after the first before waking the loop:
 /// long enough to fold one plugin ADD's few notifications and a burst of
 /// parallel ADDs into one pass, short next to the pass itself.
-pub const DEBOUNCE: Duration = Duration::from_millis(5);
+pub(crate) const DEBOUNCE: Duration = Duration::from_millis(5);

@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 /// agent itself removes map pins only at start-up, before this runs, so
 /// its own changes wake nothing. The directory itself removed, the watch
 /// is armed again once the pass has made it anew.
-pub fn spawn_pins(
+pub(crate) fn spawn_pins(
     pin_dir: &std::path::Path,
     overlay: Arc<Notify>,
 ) -> std::io::Result<JoinHandle<()>> {

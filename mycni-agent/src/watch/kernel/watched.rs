@@ -11,7 +11,7 @@ use crate::topology::{OverlayState, UnderlaySelect, VxlanSpec};
 
 /// What a notification may concern.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Wake {
+pub(crate) struct Wake {
     /// What `Kernel::pod_endpoints` returns.
     pub pods: bool,
     /// The agent's routes, nexthops, neighbours, FDB entries or VXLAN device.
@@ -108,7 +108,7 @@ pub struct Watched {
 }
 
 /// What runs on every notification.
-pub struct OnAny(Box<dyn Fn() + Send + Sync>);
+pub(crate) struct OnAny(Box<dyn Fn() + Send + Sync>);
 
 impl std::fmt::Debug for OnAny {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -132,7 +132,7 @@ impl Watched {
 
     /// Sets what runs on every notification (once; later calls are
     /// ignored).
-    pub fn on_any_notification(&self, f: Box<dyn Fn() + Send + Sync>) {
+    pub(crate) fn on_any_notification(&self, f: Box<dyn Fn() + Send + Sync>) {
         let _ = self.on_any.set(OnAny(f));
     }
 
@@ -150,23 +150,23 @@ impl Watched {
         }
     }
 
-    pub fn set_vxlan_index(&self, index: u32) {
+    pub(crate) fn set_vxlan_index(&self, index: u32) {
         self.vxlan_index.store(index, Ordering::Relaxed);
     }
 
-    pub fn set_vxlan6_index(&self, index: u32) {
+    pub(crate) fn set_vxlan6_index(&self, index: u32) {
         self.vxlan6_index.store(index, Ordering::Relaxed);
     }
 
     /// The underlay is IPv6 (an IPv6-only node): IPv6 addresses and routes
     /// may move it.
-    pub fn set_ipv6_underlay(&self, on: bool) {
+    pub(crate) fn set_ipv6_underlay(&self, on: bool) {
         self.ipv6_underlay.store(on, Ordering::Relaxed);
     }
 
     /// The IPv6 underlay's ifindex, on an IPv6-only node: its link
     /// changing may move the underlay.
-    pub fn set_underlay6_index(&self, index: u32) {
+    pub(crate) fn set_underlay6_index(&self, index: u32) {
         self.underlay6_index.store(index, Ordering::Relaxed);
     }
 
@@ -185,7 +185,7 @@ impl Watched {
 
 /// [`Watched`] as of one batch of notifications.
 #[derive(Debug, Clone)]
-pub struct Snapshot<'a> {
+pub(crate) struct Snapshot<'a> {
     pub vxlan_name: &'a str,
     pub underlay: &'a UnderlaySelect,
     pub vxlan_index: u32,
@@ -216,7 +216,7 @@ impl Snapshot<'_> {
 
 /// The loop's wake-up signals, one per kind of pass.
 #[derive(Debug, Clone, Default)]
-pub struct Signals {
+pub(crate) struct Signals {
     pub pods: Arc<Notify>,
     pub overlay: Arc<Notify>,
     pub underlay: Arc<Notify>,
