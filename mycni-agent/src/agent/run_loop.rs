@@ -21,10 +21,10 @@ use super::client::kube_client;
 use super::config::Config;
 use super::publish::{conflist, ready_file, set_network_available, write_atomic};
 use super::startup::Started;
-use crate::datapath::FastPath;
+use crate::datapath::DatapathRoom;
 use crate::metrics::{Liveness, Metrics};
-use crate::overlay::{Desire, Device, Overlay, UnderlayChange, Update};
-use crate::tables::Tables;
+use crate::overlay::{Desire, Device, OverlayRoom, UnderlayChange, Update};
+use crate::tables::TablesRoom;
 use crate::topology::{IPV6_ONLY, OverlayState, VxlanSpec};
 use crate::watch::kernel::{Expected, Signals, Watched};
 use crate::watch::{ApiWatch, node_view};
@@ -41,14 +41,14 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 /// the pass tells the kernel watch.
 struct Loop {
     /// The overlay room: devices, peers, nexthops, routes, neighbours, FDB.
-    overlay: Overlay,
+    overlay: OverlayRoom,
     /// The overlay's desired state between passes: a Node event
     /// recomputes the changed Nodes only.
     desire: Desire<Node>,
     /// The datapath room: the tc programs and their maps.
-    datapath: FastPath,
+    datapath: DatapathRoom,
     /// The node tables room: masquerade, anti-spoofing, underlay filter.
-    tables: Tables,
+    tables: TablesRoom,
     own_name: String,
     own: PodCidrs,
     cluster: ClusterCidrs,
@@ -364,7 +364,7 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
     // A legacy attach that waits for a pod's CNI chain wakes a pods pass.
     let fast = fast.with_pods_wake(signals.pods.clone());
     let mut lp = Loop {
-        overlay: Overlay::new(
+        overlay: OverlayRoom::new(
             kernel,
             vx,
             vx6,
@@ -373,7 +373,7 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
         ),
         desire: Desire::default(),
         datapath: fast,
-        tables: Tables::new(filter, metrics.clone()),
+        tables: TablesRoom::new(filter, metrics.clone()),
         own_name: node_name.clone(),
         own,
         cluster: cfg.clusters(),

@@ -15,7 +15,7 @@ use kube::api::{Api, Patch, PatchParams};
 
 use super::client::{kube_client, resolve_node_name};
 use super::config::Config;
-use crate::datapath::FastPath;
+use crate::datapath::DatapathRoom;
 use crate::metrics::Metrics;
 use crate::overlay::OverlayKernel;
 use crate::tables::underlay_filter::UnderlayFilter;
@@ -44,7 +44,7 @@ pub(super) struct Started {
     /// uses, before the loop re-reads the underlay.
     pub(super) underlay_subnets: Vec<Cidr4>,
     pub(super) filter: UnderlayFilter,
-    pub(super) fast: FastPath,
+    pub(super) fast: DatapathRoom,
 }
 
 pub(super) async fn start(cfg: &Config, metrics: &Arc<Metrics>) -> Result<Started> {
@@ -176,7 +176,7 @@ fn overlay_section(cfg: &Config) -> crate::overlay::start::Section {
 
 /// The eBPF fast path, from `--ebpf-object` or the embedded object; it
 /// falls back to the kernel path by itself when the programs cannot load.
-fn load_programs(cfg: &Config, metrics: &Arc<Metrics>) -> Result<FastPath> {
+fn load_programs(cfg: &Config, metrics: &Arc<Metrics>) -> Result<DatapathRoom> {
     let object = match &cfg.ebpf_object {
         Some(p) => Some(
             std::fs::read(p).with_context(|| format!("reading --ebpf-object {}", p.display()))?,
@@ -191,7 +191,7 @@ fn load_programs(cfg: &Config, metrics: &Arc<Metrics>) -> Result<FastPath> {
         proc_sys: cfg.proc_sys.clone(),
     };
     Ok(
-        FastPath::start(&section, object.as_deref(), metrics.clone())
+        DatapathRoom::start(&section, object.as_deref(), metrics.clone())
             .with_flow_events(cfg.flow_events),
     )
 }

@@ -1,6 +1,6 @@
 //! What the fast path's maps and attachments should hold: a pure function
 //! of what the kernel holds on the VXLAN devices after a pass and of the
-//! pods the plugin set up. [`super::FastPath::sync`] writes it.
+//! pods the plugin set up. [`super::DatapathRoom::sync`] writes it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, Ipv6Addr};

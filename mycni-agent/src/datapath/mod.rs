@@ -5,7 +5,7 @@
 //!
 //! - [`desired`]: what the maps and attachments should hold, a pure
 //!   function of the overlay state and the pods (tested without root).
-//! - [`FastPath::sync`]: the apply step, writing that into the maps.
+//! - [`DatapathRoom::sync`]: the apply step, writing that into the maps.
 //! - [`programs`]: load, attach, pin and detach the programs.
 //! - [`maps`]: the pinned maps, typed, read and synced.
 //! - [`counters`]: the collector `/metrics` reads the maps' sizes and the
@@ -73,7 +73,7 @@ pub use programs::{Datapath, Prog, detach, embedded_object, pinned_links};
 
 /// `vxlan6.1` as a reconcile pass leaves it: its ifindex, its MAC and what
 /// the agent holds on it (`Kernel::dump_vxlan6` with the pass's changes
-/// applied), for [`FastPath::sync`].
+/// applied), for [`DatapathRoom::sync`].
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Vxlan6State<'a> {
     pub ifindex: u32,
@@ -123,7 +123,7 @@ impl std::str::FromStr for Mode {
     }
 }
 
-pub struct FastPath {
+pub struct DatapathRoom {
     pin_dir: PathBuf,
     dp: Option<Datapath>,
     /// Why the node runs on the kernel path (None while the fast path runs).
@@ -163,7 +163,7 @@ pub struct FastPath {
     exported: Arc<DatapathMetrics>,
 }
 
-impl FastPath {
+impl DatapathRoom {
     /// Loads the programs for `Mode::Ebpf`, or detaches everything mycni
     /// attached for `Mode::Kernel`. Never fails: a node that cannot run the
     /// fast path runs the kernel path, and says why in logs, readiness
@@ -176,7 +176,7 @@ impl FastPath {
             ref pin_dir,
             ref proc_sys,
         } = *section;
-        let mut fp = FastPath {
+        let mut fp = DatapathRoom {
             pin_dir: pin_dir.to_path_buf(),
             dp: None,
             why_not: None,
@@ -564,7 +564,7 @@ fn sync_local<A: MapAddr>(
     Ok(local)
 }
 
-impl FastPath {
+impl DatapathRoom {
     /// What the programs need to know of this node. The encapsulation
     /// fields are those `vxlan.1` sends with: VNI, port and local address
     /// from its spec; TTL and source ports from the sysctls the device

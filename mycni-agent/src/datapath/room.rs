@@ -7,9 +7,9 @@ use anyhow::{Context, Result};
 use crate::kernel::Kernel;
 use crate::metrics::{NetlinkOp, netlink_timed};
 
-use super::FastPath;
+use super::DatapathRoom;
 
-impl FastPath {
+impl DatapathRoom {
     /// The pass's datapath step. Pods change only through the plugin:
     /// they are read when the kernel says so (`read_pods`) and on full
     /// passes, not on every Node event.

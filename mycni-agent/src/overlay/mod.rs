@@ -63,5 +63,5 @@ pub use desired::{apply, desired, desired_direct, diff};
 pub(crate) use incremental::{Desire, Update};
 pub use kernel::{OverlayKernel, PeerRoutes};
 pub use nexthop_ids::NEXTHOP_ID_BASE;
-pub(crate) use room::{Device, Overlay, UnderlayChange};
+pub(crate) use room::{Device, OverlayRoom, UnderlayChange};
 pub use underlay::{Underlay, Underlay6};

@@ -1,7 +1,7 @@
 //! The overlay as one room of the loop's pass: what the Nodes ask of it
-//! ([`desire`], pure), its devices ([`Overlay::ensure_devices`]), the
-//! kernel brought to the desired state ([`Overlay::apply`]), and the
-//! pass's end ([`Overlay::finish`]: cache, logs, metrics). What other rooms
+//! ([`desire`], pure), its devices ([`OverlayRoom::ensure_devices`]), the
+//! kernel brought to the desired state ([`OverlayRoom::apply`]), and the
+//! pass's end ([`OverlayRoom::finish`]: cache, logs, metrics). What other rooms
 //! need of it (the peers' host addresses, the state and ifindexes the
 //! kernel holds) they read from [`Desired`] and [`Applied`].
 
@@ -130,7 +130,7 @@ pub(crate) enum UnderlayChange {
 }
 
 /// The overlay's state between passes.
-pub struct Overlay {
+pub struct OverlayRoom {
     kernel: OverlayKernel,
     /// `vxlan.1`; None on an IPv6-only node, whose passes do `vxlan6.1`
     /// alone.
@@ -163,7 +163,7 @@ pub struct Overlay {
     own: Arc<OverlayMetrics>,
 }
 
-impl Overlay {
+impl OverlayRoom {
     /// The overlay as start-up brought it up; `direct` is the underlay's
     /// subnets when direct routing is on.
     pub fn new(
@@ -173,7 +173,7 @@ impl Overlay {
         direct: Option<Vec<Cidr4>>,
         metrics: Arc<Metrics>,
     ) -> Self {
-        Overlay {
+        OverlayRoom {
             kernel,
             vx,
             vx6,
@@ -236,7 +236,7 @@ impl Overlay {
         }
     }
 
-    /// [`Overlay::ensure_devices`] from the kernel.
+    /// [`OverlayRoom::ensure_devices`] from the kernel.
     async fn find_devices(
         &self,
         desired: &Desired,
@@ -457,7 +457,7 @@ impl Overlay {
         change
     }
 
-    /// [`Overlay::refresh_underlay`]'s reading.
+    /// [`OverlayRoom::refresh_underlay`]'s reading.
     async fn underlay_change(
         &mut self,
         how: &UnderlaySelect,

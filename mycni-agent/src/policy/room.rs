@@ -55,7 +55,7 @@ const RECORDS_POLL: Duration = Duration::from_millis(100);
 const RETRY_MIN: Duration = Duration::from_millis(200);
 const RETRY_MAX: Duration = Duration::from_secs(10);
 
-pub struct Room {
+pub struct PolicyRoom {
     node: String,
     records: PathBuf,
     /// Where the epoch goes for the fast path, which checks established
@@ -156,7 +156,7 @@ pub fn spawn(section: &Section, deps: Deps) -> JoinHandle<()> {
     );
     tokio::spawn(async move {
         let watch = Watch::start(client, &metrics, WATCHED).await;
-        let mut room = Room {
+        let mut room = PolicyRoom {
             node,
             records,
             fast_epoch,
@@ -186,7 +186,7 @@ fn next_epoch(e: u32) -> u32 {
     if e >= POLICY_EPOCH_MAX { 1 } else { e + 1 }
 }
 
-impl Room {
+impl PolicyRoom {
     async fn run(&mut self, watch: Watch, resync: Duration) {
         let mut check = tokio::time::interval_at(Instant::now() + resync, resync);
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

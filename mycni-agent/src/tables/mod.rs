@@ -28,14 +28,14 @@ use underlay_filter::UnderlayFilter;
 
 /// The node tables as a room of the loop's pass (masquerade is written
 /// once, at start).
-pub struct Tables {
+pub struct TablesRoom {
     filter: UnderlayFilter,
     metrics: Arc<Metrics>,
 }
 
-impl Tables {
+impl TablesRoom {
     pub fn new(filter: UnderlayFilter, metrics: Arc<Metrics>) -> Self {
-        Tables { filter, metrics }
+        TablesRoom { filter, metrics }
     }
 
     /// The pass's tables step, after the overlay's kernel writes, not

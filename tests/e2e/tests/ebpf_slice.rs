@@ -107,7 +107,7 @@ fn ipv4_counters(pin: &std::path::Path) -> anyhow::Result<Vec<(DpPath, PathCount
 #[test]
 fn counters_pinned_by_an_older_agent_are_rebuilt() -> anyhow::Result<()> {
     use mycni_agent::datapath::DatapathError;
-    use mycni_agent::datapath::{FastPath, Mode};
+    use mycni_agent::datapath::{DatapathRoom, Mode};
     use mycni_agent::metrics::Metrics;
     use mycni_common::COUNTERS_LEN;
     use std::sync::Arc;
@@ -154,7 +154,7 @@ fn counters_pinned_by_an_older_agent_are_rebuilt() -> anyhow::Result<()> {
             pin_dir: bpffs.path().to_path_buf(),
             proc_sys: proc_sys.path().to_path_buf(),
         };
-        let fp = FastPath::start(&section, Some(object), metrics.clone());
+        let fp = DatapathRoom::start(&section, Some(object), metrics.clone());
         anyhow::ensure!(fp.active(), "{what}: not loaded: {}", fp.describe());
         anyhow::ensure!(metrics.ebpf_load_failures.load(Ordering::Relaxed) == 0);
         let counters = read_family_counters(bpffs.path())?;

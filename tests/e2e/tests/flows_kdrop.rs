@@ -441,7 +441,7 @@ fn drops_on_unwatched_interfaces_are_not_reported() -> Result<()> {
 /// path, and says so in its metrics; it goes with the datapath.
 #[test]
 fn the_fast_path_attaches_it_and_says_so() -> Result<()> {
-    use mycni_agent::datapath::{FastPath, Mode};
+    use mycni_agent::datapath::{DatapathRoom, Mode};
     use mycni_agent::metrics::{Format, Metrics};
     use std::sync::Arc;
 
@@ -456,7 +456,7 @@ fn the_fast_path_attaches_it_and_says_so() -> Result<()> {
         pin_dir: bpffs.path().to_path_buf(),
         proc_sys: proc_sys.path().to_path_buf(),
     };
-    let fp = FastPath::start(&section, Some(object), metrics.clone());
+    let fp = DatapathRoom::start(&section, Some(object), metrics.clone());
     ensure!(fp.active(), "not loaded: {}", fp.describe());
     let text = metrics.render(Format::Prometheus)?;
     ensure!(

@@ -90,7 +90,7 @@ fn flag_value(args: &[String], flag: &str) -> Option<String> {
 }
 
 /// What the agent's readiness detail says of its datapath (mycni-agent's
-/// `FastPath::describe`): the kernel path's reason follows the first.
+/// `DatapathRoom::describe`): the kernel path's reason follows the first.
 const KERNEL_DETAIL: &str = "datapath kernel: ";
 const EBPF_TC_ENCAP_DETAIL: &str = "datapath ebpf, tc encap";
 const EBPF_VXLAN_DETAIL: &str = "datapath ebpf, via vxlan.1";
