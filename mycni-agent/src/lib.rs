@@ -19,7 +19,8 @@
 //!   `cluster` (the watched Pods, Namespaces and NetworkPolicies, and
 //!   NetworkPolicy's meaning over them), `verdict` (what the nftables
 //!   tables decide and how they log it), `nft` (the one runner of `nft`),
-//!   `epoch` (the policy epoch's handle), `caps`, `btf`, `metrics` (the
+//!   `epoch` (the policy epoch's handle), `settings` (each setting's flag,
+//!   env var and ConfigMap key, declared once), `caps`, `btf`, `metrics` (the
 //!   registry the rooms' collectors join) and `api` (the HTTP API that
 //!   serves them, and the CLI's client of it).
 //!
@@ -28,10 +29,8 @@
 //! protocols, veth aliases, the conflist, the ready file) is
 //! `mycni_common::contract`.
 //!
-//! Exported: what `main.rs` and the tests use. `agent` (its [`agent::Config`],
-//! [`agent::run`], [`agent::uninstall`]), `overlay` (its kernel adapter and
-//! desired state, which the e2e tests drive in namespaces), the datapath
-//! and metrics modules; the rest is the crate's own.
+//! Exported: what the binary (`main.rs`, `cli/`) and the tests use; every
+//! other item is `pub(crate)`.
 
 pub mod agent;
 pub mod api;

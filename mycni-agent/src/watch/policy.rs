@@ -17,7 +17,7 @@ use super::cache::Cache;
 use super::kind::Kind;
 
 /// What each kind is kept as: the policy room's conversions (the watch
-/// does not know the model; `policy::convert::WATCHED`).
+/// does not know the model; `cluster::convert::WATCHED`).
 pub struct Converters<P, N, Q> {
     pub pod: fn(&core::Pod) -> P,
     pub namespace: fn(&core::Namespace) -> N,

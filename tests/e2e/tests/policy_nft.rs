@@ -4,7 +4,7 @@
 //! own desired state (`policy::sets`, `policy::nft`), first whole and then
 //! by set members only, case after case. Every pair is probed by pod IP
 //! and through its Service on TCP and UDP, IPv4 and IPv6, and compared
-//! with the reference evaluator (`policy::allowed`).
+//! with the reference evaluator (`cluster::allowed`).
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};

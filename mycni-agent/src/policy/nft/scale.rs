@@ -82,7 +82,7 @@ fn a_change_that_deletes_many_elements_writes_the_table_whole() {
 }
 
 /// What the flows room pays per admitted connection at this scale: one
-/// `policy::allowed` over the whole cluster (it names the admitting rules
+/// `cluster::allowed` over the whole cluster (it names the admitting rules
 /// of every NFLOG allow record). A measurement: see the module's doc.
 #[test]
 #[ignore]

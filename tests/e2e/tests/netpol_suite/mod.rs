@@ -1,7 +1,7 @@
 //! The NetworkPolicy truth tables on a model lab, shared by the eBPF
 //! (`netpol.rs`) and kernel (`netpol_kernel.rs`) datapaths: every case of
 //! `mycni_lab::netpol::suite`, each first judged by the agent's reference
-//! evaluator (`policy::allowed`) on the very objects the case applies, so
+//! evaluator (`cluster::allowed`) on the very objects the case applies, so
 //! a hand-written expectation and the semantics module must agree before
 //! the lab's tables are compared with them.
 
@@ -50,7 +50,7 @@ fn protocol(p: Proto) -> Protocol {
     }
 }
 
-/// Judges every step of `case` with `policy::allowed` and fails on the
+/// Judges every step of `case` with `cluster::allowed` and fails on the
 /// first cell where it and the case's expectation disagree.
 fn cross_check(lab: &Lab, phase: &Phase, pods: &[Pod], case: &Case) -> Result<()> {
     let mut world = World::of_lab(&lab.spec, pods);
@@ -113,7 +113,7 @@ fn cross_check(lab: &Lab, phase: &Phase, pods: &[Pod], case: &Case) -> Result<()
                             if judged != want {
                                 bail!(
                                     "case {:?} step {}: {col} {from} -> {}: the case expects {}, \
-                                     policy::allowed says {}",
+                                     cluster::allowed says {}",
                                     case.name,
                                     n + 1,
                                     k.label(),

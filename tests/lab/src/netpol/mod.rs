@@ -275,7 +275,7 @@ pub fn policy_object(ns: &str, name: &str, spec: &Value) -> Value {
 
 /// The objects a case's steps leave in the API, kept beside the fixture
 /// so a test can judge them with another evaluator (the agent's
-/// `policy::allowed`) without reading them back.
+/// `cluster::allowed`) without reading them back.
 #[derive(Debug, Clone, Default)]
 pub struct World {
     pub namespaces: BTreeMap<String, Value>,
