@@ -13,22 +13,20 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, Patch, PatchParams};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::client::kube_client;
 use super::config::Config;
-use super::publish::{conflist, ready_file, set_network_available, write_atomic};
+use super::publish::Publisher;
 use super::startup::Started;
 use crate::datapath::DatapathRoom;
 use crate::metrics::{Liveness, Metrics};
-use crate::overlay::{Desire, Device, OverlayRoom, UnderlayChange, Update};
+use crate::overlay::{Desire, Device, Inputs, OverlayRoom, UnderlayChange, Update};
 use crate::tables::TablesRoom;
 use crate::topology::{IPV6_ONLY, OverlayState, VxlanSpec};
 use crate::watch::kernel::{Expected, Signals, Watched};
 use crate::watch::{ApiWatch, node_view};
-use mycni_common::contract::{ANNOTATION_HOST_IP, ANNOTATION_HOST_IP6, CONFLIST_NAME};
+use mycni_common::contract::{ANNOTATION_HOST_IP, ANNOTATION_HOST_IP6};
 use mycni_common::net::{ClusterCidrs, PodCidrs};
 
 /// The first retry of a failed pass or host IP publication; each failure
@@ -204,12 +202,16 @@ impl Loop {
             same_as_last,
         } = self.desire.update(
             nodes,
-            |n| n.metadata.name.as_deref().unwrap_or_default(),
-            node_view,
-            &self.own_name,
-            self.own,
-            self.cluster,
-            self.overlay.direct(),
+            (
+                |n: &Node| n.metadata.name.as_deref().unwrap_or_default(),
+                node_view,
+            ),
+            Inputs {
+                own_name: self.own_name.clone(),
+                own: self.own,
+                cluster: self.cluster,
+                direct: self.overlay.direct().to_vec(),
+            },
             full,
         );
         t.lap(Phase::Desire);
@@ -381,8 +383,7 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
         watched: watched.clone(),
         published: None,
     };
-    let mut handed_over = false;
-    let mut republish = false;
+    let mut publisher = Publisher::new(nodes, node_name.clone(), metrics.clone());
     // The full pass: a safety net for what no notification reported.
     let mut resync = tokio::time::interval_at(Instant::now() + cfg.resync, cfg.resync);
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -416,7 +417,7 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
                 .await
             {
                 UnderlayChange::Moved => {
-                    republish = true;
+                    publisher.underlay_moved();
                     run_pass = true;
                 }
                 UnderlayChange::Subnets => run_pass = true,
@@ -444,29 +445,11 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
                 events.applied();
             }
             match result {
-                Ok(()) if !handed_over || !cfg.cni_conf_dir.join(CONFLIST_NAME).exists() => {
-                    // The conflist goes out only once the overlay is up and peers
-                    // are programmed: the runtime starts pods as soon as it sees it.
-                    let conf = conflist(cfg, lp.own, lp.pods_mtu());
-                    write_atomic(
-                        &cfg.cni_conf_dir.join(CONFLIST_NAME),
-                        serde_json::to_string_pretty(&conf)?.as_bytes(),
-                    )?;
-                    write_atomic(&ready_file(cfg), b"ready\n")?;
-                    if let Err(e) = set_network_available(&nodes, &node_name).await {
-                        tracing::warn!(error = %e, "cannot set NetworkUnavailable=False yet");
-                        failed = true;
-                    } else {
-                        handed_over = true;
-                    }
-                    set_ready(&metrics, &lp);
-                }
                 Ok(()) => {
-                    // Drift repair recreated the ready marker's precondition.
-                    if !ready_file(cfg).exists() {
-                        write_atomic(&ready_file(cfg), b"ready\n")?;
-                    }
-                    set_ready(&metrics, &lp);
+                    let handed = publisher
+                        .after_pass(cfg, lp.own, lp.pods_mtu(), ready_detail(&lp))
+                        .await?;
+                    failed |= !handed;
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "reconcile failed; retrying");
@@ -476,17 +459,7 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
             }
         }
         // After the pass, so vxlan.1 has moved first.
-        if republish {
-            let done = match lp.host_ip() {
-                Some((key, ip)) => republish_host_ip(cfg, &node_name, key, ip).await,
-                None => true,
-            };
-            if done {
-                republish = false;
-            } else {
-                failed = true;
-            }
-        }
+        failed |= !publisher.republish(cfg, lp.host_ip()).await;
         if failed {
             let d = backoff(retry_delay);
             retry_delay = Some(d);
@@ -590,10 +563,11 @@ fn ensure_pod_cidr_unchanged(
     Ok(Some((i, n.clone())))
 }
 
-fn set_ready(metrics: &Metrics, lp: &Loop) {
-    metrics.set_ready(format!(
+/// What `/readyz` says once the node is handed over.
+fn ready_detail(lp: &Loop) -> String {
+    format!(
         "overlay up, {} peers; {}{}",
-        metrics
+        lp.metrics
             .collector::<crate::overlay::metrics::OverlayMetrics>()
             .peers_programmed
             .load(Ordering::Relaxed),
@@ -603,37 +577,5 @@ fn set_ready(metrics: &Metrics, lp: &Loop) {
         } else {
             String::new()
         }
-    ));
-}
-
-/// Publishes the moved host IP as annotation `key` (through
-/// `nodes/status`, as `announce` does); true once the API took it. On a client of its own: the pooled
-/// connections of the loop's client may be bound to the address that just
-/// vanished, and a request on one hangs until TCP gives up. Bounded all
-/// the same, and retried by the loop.
-async fn republish_host_ip(cfg: &Config, node_name: &str, key: &str, host_ip: IpAddr) -> bool {
-    let patch = serde_json::json!({ "metadata": { "annotations": {
-        key: host_ip.to_string(),
-    }}});
-    let publish = async {
-        let nodes: Api<Node> = Api::all(kube_client(cfg.kubeconfig.as_deref()).await?);
-        nodes
-            .patch_status(node_name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
-        anyhow::Ok(())
-    };
-    match tokio::time::timeout(Duration::from_secs(2), publish).await {
-        Ok(Ok(())) => {
-            tracing::info!(host_ip = %host_ip, "republished the host IP");
-            true
-        }
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "cannot republish the host IP yet");
-            false
-        }
-        Err(_) => {
-            tracing::warn!("republishing the host IP: no answer within 2 s; retrying");
-            false
-        }
-    }
+    )
 }

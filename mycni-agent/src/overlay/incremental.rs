@@ -31,11 +31,12 @@ const MAX_CHANGED: usize = 64;
 
 /// What a pass's desired state was computed from, besides the Nodes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Inputs {
-    own_name: String,
-    own: PodCidrs,
-    cluster: ClusterCidrs,
-    direct: Vec<Cidr4>,
+pub(crate) struct Inputs {
+    pub own_name: String,
+    pub own: PodCidrs,
+    pub cluster: ClusterCidrs,
+    /// The underlay's subnets under direct routing.
+    pub direct: Vec<Cidr4>,
 }
 
 /// The overlay's desired state between passes, and the Nodes it was
@@ -96,28 +97,23 @@ fn across_nodes(why: &Reject) -> bool {
 }
 
 impl<N> Desire<N> {
-    /// The desired state for `nodes` (`name` and `view` read one), and
-    /// which entries may have changed since the last pass. `full`: a full
-    /// pass, computed whole. Hand it back with [`Desire::keep`] once the
-    /// pass succeeded.
-    #[allow(clippy::too_many_arguments)]
+    /// The desired state for `nodes` (`name` and `view` read one) and
+    /// `inputs`, and which entries may have changed since the last pass.
+    /// `full`: a full pass, computed whole. Hand it back with
+    /// [`Desire::keep`] once the pass succeeded.
     pub fn update(
         &mut self,
         nodes: &[Arc<N>],
-        name: impl Fn(&N) -> &str,
-        view: impl Fn(&N) -> NodeView,
-        own_name: &str,
-        own: PodCidrs,
-        cluster: ClusterCidrs,
-        direct: &[Cidr4],
+        (name, view): (impl Fn(&N) -> &str, impl Fn(&N) -> NodeView),
+        inputs: Inputs,
         full: bool,
     ) -> Update {
-        let inputs = Inputs {
-            own_name: own_name.to_string(),
+        let Inputs {
+            ref own_name,
             own,
             cluster,
-            direct: direct.to_vec(),
-        };
+            ref direct,
+        } = inputs;
         self.pending = Some(inputs.clone());
         let changed = self.changes(nodes, &name);
         let last = self.last.take();

@@ -60,7 +60,7 @@ mod tests_incremental;
 mod underlay;
 
 pub use desired::{apply, desired, desired_direct, diff};
-pub(crate) use incremental::{Desire, Update};
+pub(crate) use incremental::{Desire, Inputs, Update};
 pub use kernel::{OverlayKernel, PeerRoutes};
 pub use nexthop_ids::NEXTHOP_ID_BASE;
 pub(crate) use room::{Device, OverlayRoom, UnderlayChange};

@@ -128,12 +128,13 @@ fn update(
 ) -> Update {
     d.update(
         nodes,
-        |n| n.name.as_str(),
-        NodeView::clone,
-        "me",
-        own(),
-        cluster(),
-        direct,
+        (|n: &NodeView| n.name.as_str(), NodeView::clone),
+        super::Inputs {
+            own_name: "me".into(),
+            own: own(),
+            cluster: cluster(),
+            direct: direct.to_vec(),
+        },
         full,
     )
 }
