@@ -81,7 +81,6 @@ struct Family<'a, const N: usize> {
 #[inline(always)]
 // Every input of the checks and the tuple they fill; bundled in a struct
 // they would only be unpacked again here.
-#[allow(clippy::too_many_arguments)]
 fn admit<const N: usize>(
     ctx: &TcContext,
     from: From,

@@ -74,6 +74,13 @@ enum Why {
     Beat,
 }
 
+impl Why {
+    /// The pass re-reads the kernel and computes every room whole.
+    fn is_full(self) -> bool {
+        matches!(self, Why::Full | Why::Drift)
+    }
+}
+
 fn same_vxlan(a: &VxlanSpec, b: &VxlanSpec) -> bool {
     a.name == b.name
         && a.vni == b.vni
@@ -191,9 +198,12 @@ impl Loop {
 
     /// One pass: each room in turn, the overlay first (the others read
     /// what it leaves in the kernel), the node tables, the datapath, and
-    /// the overlay's end of pass. `read_pods`: the kernel said pods came or
-    /// went; full passes read them anyway.
-    async fn pass(&mut self, nodes: &[Arc<Node>], full: bool, read_pods: bool) -> Result<()> {
+    /// the overlay's end of pass, as deep as `why` asks: a full pass
+    /// re-reads everything; the kernel saying pods came or went reads the
+    /// pods.
+    async fn pass(&mut self, nodes: &[Arc<Node>], why: Why) -> Result<()> {
+        let full = why.is_full();
+        let read_pods = full || why == Why::Pods;
         let _timer = self.metrics.reconcile_started();
         let mut t = Timings::start();
         let Update {
@@ -405,7 +415,7 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
-        let full = matches!(why, Why::Full | Why::Drift);
+        let full = why.is_full();
         let mut run_pass = !matches!(why, Why::Underlay | Why::Beat);
         // Not on drift: kwatch reports underlay changes on their own, and
         // the re-read (a dump of every IPv4 route for `default-route`)
@@ -435,9 +445,7 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
                 lp.cluster,
                 own_node,
             )?;
-            let result = lp
-                .pass(&snapshot.nodes, full, full || why == Why::Pods)
-                .await;
+            let result = lp.pass(&snapshot.nodes, why).await;
             if full || why == Why::Nodes {
                 nodes_tx.send_replace(Arc::new(snapshot.nodes));
             }
