@@ -77,6 +77,8 @@ fn bits(ip: IpAddr) -> (bool, u128) {
     }
 }
 
+/// Its own prefix match, on purpose: the oracle shares no code with what
+/// it checks (the workspace's one CIDR parser is `mycni_common::net`'s).
 fn in_cidr(text: &str, ip: IpAddr) -> bool {
     let Some((addr, len)) = text.split_once('/') else {
         return false;

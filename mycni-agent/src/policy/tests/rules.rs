@@ -255,8 +255,8 @@ fn unknown_namespace_keeps_its_name_label() {
 fn ip_block_prefixes_carve_out_excepts() {
     let block = |cidr: &str, except: &[&str]| {
         let parse = |s: &str| {
-            let (a, l) = s.split_once('/').expect("prefix");
-            crate::cluster::Cidr::new(ip(a), l.parse().expect("len")).expect("cidr")
+            let c: mycni_common::net::Cidr<std::net::IpAddr> = s.parse().expect("cidr");
+            crate::cluster::Cidr::new(c.addr(), c.prefix()).expect("cidr")
         };
         crate::cluster::IpBlock {
             cidr: parse(cidr),
