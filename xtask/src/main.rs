@@ -354,6 +354,13 @@ fn test(extra: &[String]) -> Result<()> {
 /// The tests of the fast path whose agents attach through TCX, again
 /// with the legacy tc attach (clsact + cls_bpf) forced: Debian 12's 6.1
 /// has no TCX, and the kernel matrix runs one lab there, not these.
+///
+/// Modules of the `datapath` test binaries (tests/e2e/tests/datapath, and
+/// mycni-agent/tests/datapath for `fastpath6`), each given to libtest as
+/// the filter `<module>::`: a test's name starts with its module's, and no
+/// other module of those binaries has a name ending in one of these (a
+/// unit test below holds that).
+const DATAPATH_TEST_BINARY: &str = "datapath";
 const DATAPATH_TESTS: &[&str] = &[
     "fastpath",
     "fastpath6",
@@ -364,12 +371,12 @@ const DATAPATH_TESTS: &[&str] = &[
 
 fn legacy_tc_datapath(root: &std::path::Path) -> Result<()> {
     eprintln!("xtask: the datapath tests again with MYCNI_TC_ATTACH=legacy");
-    DATAPATH_TESTS
-        .iter()
-        .fold(
-            Cmd::new("cargo").args(["test", "--package", "mycni-e2e", "--locked"]),
-            |c, t| c.args(["--test", t]),
-        )
+    // Selected with the workspace's packages, as `cargo test` built them,
+    // so nothing is built again.
+    Cmd::new("cargo")
+        .args(["test", "--workspace", "--exclude", "mycni-ebpf", "--locked"])
+        .args(["--test", DATAPATH_TEST_BINARY, "--"])
+        .args(DATAPATH_TESTS.iter().map(|m| format!("{m}::")))
         .env("MYCNI_TC_ATTACH", "legacy")
         .toolchain(HOST_TOOLCHAIN)
         .cwd(root)
@@ -498,4 +505,41 @@ fn build_bench(which: Option<&str>, root: &std::path::Path) -> Result<()> {
         .toolchain(HOST_TOOLCHAIN)
         .cwd(root)
         .run()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `mod x;` lines of a test binary's main.rs.
+    fn modules(main_rs: &str) -> Vec<String> {
+        let path = workspace_root().join(main_rs);
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(!text.is_empty(), "{} unreadable", path.display());
+        text.lines()
+            .filter_map(|l| l.strip_prefix("mod ")?.strip_suffix(';'))
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn the_legacy_pass_filters_select_exactly_its_modules() {
+        let all: Vec<String> = [
+            "tests/e2e/tests/datapath/main.rs",
+            "mycni-agent/tests/datapath/main.rs",
+        ]
+        .iter()
+        .flat_map(|m| modules(m))
+        .collect();
+        for wanted in DATAPATH_TESTS {
+            assert!(all.iter().any(|m| m == wanted), "no module {wanted}");
+        }
+        // `<m>::` also matches the tests of every module whose name ends
+        // in `m`: those must be wanted too.
+        for m in &all {
+            if DATAPATH_TESTS.iter().any(|w| m.ends_with(w)) {
+                assert!(DATAPATH_TESTS.contains(&m.as_str()), "{m} matched");
+            }
+        }
+    }
 }
