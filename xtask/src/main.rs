@@ -70,6 +70,11 @@ enum Command {
     /// including the privileged network-namespace tests, then every fuzz
     /// target for 15 s (skipped when `args` are given).
     Test {
+        /// The inner loop, never the README's test command: shape, docs,
+        /// fmt check, clippy and the unit tests of every crate (`--lib
+        /// --bins`: no root, no end-to-end tests, no kernel matrix, no fuzzing).
+        #[arg(long)]
+        quick: bool,
         /// Extra arguments for `cargo test` (e.g. a test name filter).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -150,7 +155,8 @@ fn main() -> ExitCode {
         Command::Setup => setup::run(),
         Command::BuildEbpf { release: _ } => build_ebpf().map(|_| ()),
         Command::BuildPlugin => build_plugin().map(|_| ()),
-        Command::Test { args } => test(&args),
+        Command::Test { quick: false, args } => test(&args),
+        Command::Test { quick: true, args } => test_quick(&args),
         Command::Shape => shape::run(),
         Command::Docs => docs::run(),
         Command::Fuzz {
@@ -293,40 +299,7 @@ fn test(extra: &[String]) -> Result<()> {
     shape::run()?;
     docs::run()?;
     build_ebpf()?;
-    eprintln!("xtask: cargo fmt --check");
-    Cmd::new("cargo")
-        .args(["fmt", "--all", "--check"])
-        .toolchain(HOST_TOOLCHAIN)
-        .cwd(&root)
-        .run()?;
-    // The fuzz crate is its own workspace, so `cargo fmt --all` misses it.
-    Cmd::new("cargo")
-        .args(["fmt", "--check", "--manifest-path"])
-        .arg(root.join("fuzz/Cargo.toml"))
-        .toolchain(HOST_TOOLCHAIN)
-        .cwd(&root)
-        .run()?;
-    eprintln!("xtask: clippy (host crates)");
-    Cmd::new("cargo")
-        .args(["clippy", "--workspace", "--exclude", "mycni-ebpf"])
-        .args(["--all-targets", "--locked", "--", "-D", "warnings"])
-        .toolchain(HOST_TOOLCHAIN)
-        .cwd(&root)
-        .run()?;
-    eprintln!("xtask: clippy (mycni-ebpf on {EBPF_TARGET})");
-    Cmd::new("cargo")
-        .args(["clippy", "--package", "mycni-ebpf", "--locked"])
-        .args(["--target", EBPF_TARGET, "-Z", "build-std=core", "--release"])
-        .arg("--target-dir")
-        .arg(root.join("target/ebpf"))
-        .args(["--", "-D", "warnings"])
-        .toolchain(EBPF_TOOLCHAIN)
-        .env(
-            "CARGO_ENCODED_RUSTFLAGS",
-            "--cfg=bpf_target_arch=\"x86_64\"",
-        )
-        .cwd(&root)
-        .run()?;
+    static_checks(&root)?;
     build_e2e_bins(&root)?;
     eprintln!("xtask: cargo test");
     Cmd::new("cargo")
@@ -349,6 +322,66 @@ fn test(extra: &[String]) -> Result<()> {
     // the fast path where users run it, not only on this machine's kernel.
     kernels::run(&[])?;
     fuzz::run(fuzz::TEST_SECONDS, None, false)
+}
+
+/// `cargo xtask test --quick`: what needs neither root nor the eBPF
+/// object, for the edit-build-test loop. The unit tests only (`--lib
+/// --bins`, no doc-tests): every integration test binary is left to
+/// `cargo xtask test`, which also runs what this does.
+fn test_quick(extra: &[String]) -> Result<()> {
+    let root = workspace_root();
+    setup::run()?;
+    shape::run()?;
+    docs::run()?;
+    static_checks(&root)?;
+    eprintln!("xtask: cargo test --lib --bins (unit tests)");
+    Cmd::new("cargo")
+        .args(["test", "--workspace", "--exclude", "mycni-ebpf", "--locked"])
+        .args(["--lib", "--bins"])
+        .args(extra)
+        .toolchain(HOST_TOOLCHAIN)
+        .cwd(&root)
+        .run()?;
+    eprintln!("xtask: quick pass done; `cargo xtask test` runs everything");
+    Ok(())
+}
+
+/// fmt check and clippy, the host crates' and the eBPF crate's.
+fn static_checks(root: &std::path::Path) -> Result<()> {
+    eprintln!("xtask: cargo fmt --check");
+    Cmd::new("cargo")
+        .args(["fmt", "--all", "--check"])
+        .toolchain(HOST_TOOLCHAIN)
+        .cwd(root)
+        .run()?;
+    // The fuzz crate is its own workspace, so `cargo fmt --all` misses it.
+    Cmd::new("cargo")
+        .args(["fmt", "--check", "--manifest-path"])
+        .arg(root.join("fuzz/Cargo.toml"))
+        .toolchain(HOST_TOOLCHAIN)
+        .cwd(root)
+        .run()?;
+    eprintln!("xtask: clippy (host crates)");
+    Cmd::new("cargo")
+        .args(["clippy", "--workspace", "--exclude", "mycni-ebpf"])
+        .args(["--all-targets", "--locked", "--", "-D", "warnings"])
+        .toolchain(HOST_TOOLCHAIN)
+        .cwd(root)
+        .run()?;
+    eprintln!("xtask: clippy (mycni-ebpf on {EBPF_TARGET})");
+    Cmd::new("cargo")
+        .args(["clippy", "--package", "mycni-ebpf", "--locked"])
+        .args(["--target", EBPF_TARGET, "-Z", "build-std=core", "--release"])
+        .arg("--target-dir")
+        .arg(root.join("target/ebpf"))
+        .args(["--", "-D", "warnings"])
+        .toolchain(EBPF_TOOLCHAIN)
+        .env(
+            "CARGO_ENCODED_RUSTFLAGS",
+            "--cfg=bpf_target_arch=\"x86_64\"",
+        )
+        .cwd(root)
+        .run()
 }
 
 /// The tests of the fast path whose agents attach through TCX, again
