@@ -32,23 +32,47 @@ use crate::{HOST_TOOLCHAIN, setup};
 use self::guest::Job;
 use self::report::KernelRun;
 
-/// What every guest runs, in order: (package, test target, arguments for
-/// the test binary, e.g. a name filter). The target is a `[[test]]` name
-/// (tests/e2e/tests/ebpf_prog.rs is `ebpf_prog`) or a library's crate
-/// name for its unit tests. Each runs with `--test-threads=1`, from its
-/// package's directory.
-const ENTRIES: &[(&str, &str, &[&str])] = &[
+/// One test run of every guest: a test binary and its arguments.
+struct Entry {
+    /// Its name in the table and in the guest's markers.
+    name: &'static str,
+    package: &'static str,
+    /// The test target: tests/<target>/main.rs of the package.
+    target: &'static str,
+    /// Arguments for the test binary: the module filter first.
+    args: &'static [&'static str],
+}
+
+/// What every guest runs, in order, each with `--test-threads=1` from its
+/// package's directory. The guest sees the whole workspace, but runs only
+/// the binaries named here (`build` builds no other test binary).
+const ENTRIES: &[Entry] = &[
     // The loader against each kernel's BTF: kfuncs in vmlinux or in
     // nf_conntrack's module BTF (and that vmlinux alone fails there), and
     // the verifier's instruction counts.
-    ("mycni-e2e", "kfunc_module", &["--nocapture"]),
+    Entry {
+        name: "kfunc_module",
+        package: "mycni-agent",
+        target: "datapath",
+        args: &["kfunc_module::", "--nocapture"],
+    },
     // BPF_PROG_TEST_RUN verdicts of the tc programs: each kernel's
     // kfuncs and verifier. Not the cost measurements (`#[ignore]`d
     // everywhere, run by the benches): under TCG they measure QEMU.
-    ("mycni-e2e", "ebpf_prog", &["--skip", "flow_cost::"]),
+    Entry {
+        name: "ebpf_prog",
+        package: "mycni-agent",
+        target: "datapath",
+        args: &["ebpf_prog::", "--skip", "flow_cost::"],
+    },
     // Two nodes with agents holding the DaemonSet's capabilities, dual
     // stack, counters from the pins, a NetworkPolicy on the fast path.
-    ("mycni-e2e", "kernel_matrix", &["--nocapture"]),
+    Entry {
+        name: "kernel_matrix",
+        package: "mycni-e2e",
+        target: "lab",
+        args: &["kernel_matrix::", "--nocapture"],
+    },
 ];
 
 /// The kernels: (the `--kernel` name, the package's name with `*` for its
@@ -135,7 +159,13 @@ pub fn run(args: &[String]) -> Result<()> {
             key: key.to_string(),
             ..KernelRun::default()
         };
-        if let Err(e) = one_kernel(&mut run, &mut apt, &cache, pattern, &root, &jobs, &args) {
+        let matrix = Matrix {
+            root: &root,
+            cache: &cache,
+            jobs: &jobs,
+            args: &args,
+        };
+        if let Err(e) = one_kernel(&mut run, &mut apt, pattern, &matrix) {
             run.problem = Some(format!("{e:#}"));
         }
         let scratch = scratch_dir(&root, key);
@@ -209,17 +239,30 @@ fn scratch_dir(root: &Path, key: &str) -> PathBuf {
     root.join("target/kernels-run").join(key)
 }
 
-/// Fetches (or finds) the kernel of `pattern`, boots it with `jobs`, and
-/// fills in `run`.
+/// What every kernel of a run shares.
+struct Matrix<'a> {
+    /// The workspace, shared with the guest at its own path.
+    root: &'a Path,
+    /// The kernel cache.
+    cache: &'a Path,
+    jobs: &'a [Job],
+    args: &'a Args,
+}
+
+/// Fetches (or finds) the kernel of `pattern`, boots it with the matrix's
+/// jobs, and fills in `run`.
 fn one_kernel(
     run: &mut KernelRun,
     apt: &mut fetch::Apt,
-    cache: &Path,
     pattern: &str,
-    root: &Path,
-    jobs: &[Job],
-    args: &Args,
+    matrix: &Matrix,
 ) -> Result<()> {
+    let Matrix {
+        root,
+        cache,
+        jobs,
+        args,
+    } = *matrix;
     let package = match apt
         .ensure_index(args.refresh)
         .and_then(|()| apt.resolve(pattern))
@@ -272,30 +315,34 @@ fn one_kernel(
 /// artifact), and finds each entry's test binary.
 fn build(root: &Path, libtest: &[String]) -> Result<Vec<Job>> {
     crate::build_e2e_bins(root)?;
-    let test = [
-        "test",
-        "--workspace",
-        "--exclude",
-        "mycni-ebpf",
-        "--locked",
-        "--no-run",
-    ];
+    let test: Vec<String> = ["test", "--workspace", "--exclude", "mycni-ebpf"]
+        .into_iter()
+        .chain(["--locked", "--no-run"])
+        .map(str::to_string)
+        .chain(test_targets().flat_map(|t| ["--test".to_string(), t.to_string()]))
+        .collect();
     eprintln!("xtask kernels: building the test binaries");
     Cmd::new("cargo")
-        .args(test)
+        .args(&test)
         .toolchain(HOST_TOOLCHAIN)
         .cwd(root)
         .run()?;
     // Again, built: only to read where cargo put each binary.
     let messages = Cmd::new("cargo")
-        .args(test)
+        .args(&test)
         .arg("--message-format=json")
         .toolchain(HOST_TOOLCHAIN)
         .cwd(root)
         .output()?;
     let artifacts = test_artifacts(&messages);
     let mut jobs = Vec::new();
-    for (package, target, filter) in ENTRIES {
+    for Entry {
+        name,
+        package,
+        target,
+        args: filter,
+    } in ENTRIES
+    {
         let Some(a) = artifacts
             .iter()
             .find(|a| a.package == *package && a.target == *target)
@@ -311,7 +358,7 @@ fn build(root: &Path, libtest: &[String]) -> Result<Vec<Job>> {
         let mut args: Vec<String> = filter.iter().map(|s| s.to_string()).collect();
         args.extend(libtest.iter().cloned());
         jobs.push(Job {
-            name: job_name(target, &jobs),
+            name: job_name(name, &jobs),
             manifest_dir: a.manifest_dir.clone(),
             package: a.package.clone(),
             executable: a.executable.clone(),
@@ -321,11 +368,19 @@ fn build(root: &Path, libtest: &[String]) -> Result<Vec<Job>> {
     Ok(jobs)
 }
 
-/// The entry's name in the table: its target, numbered when an earlier
-/// entry runs the same target (with other filters). Shell-safe: it goes
-/// into the guest's script unquoted.
-fn job_name(target: &str, earlier: &[Job]) -> String {
-    let base: String = target
+/// The test targets of [`ENTRIES`], each once, in order.
+fn test_targets() -> impl Iterator<Item = &'static str> {
+    ENTRIES
+        .iter()
+        .enumerate()
+        .filter(|(i, e)| !ENTRIES[..*i].iter().any(|x| x.target == e.target))
+        .map(|(_, e)| e.target)
+}
+
+/// The entry's name in the table, numbered when an earlier entry has the
+/// same. Shell-safe: it goes into the guest's script unquoted.
+fn job_name(name: &str, earlier: &[Job]) -> String {
+    let base: String = name
         .chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
@@ -412,9 +467,9 @@ mod tests {
 
     #[test]
     fn test_binaries_from_cargo_messages() {
-        let out = r#"{"reason":"compiler-artifact","package_id":"path+file:///w/tests/e2e#mycni-e2e@0.1.0","manifest_path":"/w/tests/e2e/Cargo.toml","target":{"kind":["test"],"name":"ebpf_prog"},"profile":{"test":true},"executable":"/w/target/debug/deps/ebpf_prog-1","fresh":true}
+        let out = r#"{"reason":"compiler-artifact","package_id":"path+file:///w/tests/e2e#mycni-e2e@0.1.0","manifest_path":"/w/tests/e2e/Cargo.toml","target":{"kind":["test"],"name":"lab"},"profile":{"test":true},"executable":"/w/target/debug/deps/lab-1","fresh":true}
 {"reason":"compiler-artifact","package_id":"path+file:///w/tests/e2e#mycni-e2e@0.1.0","manifest_path":"/w/tests/e2e/Cargo.toml","target":{"kind":["lib"],"name":"mycni_e2e"},"profile":{"test":false},"executable":null,"fresh":true}
-{"reason":"compiler-artifact","package_id":"path+file:///w/mycni-agent#0.1.0","manifest_path":"/w/mycni-agent/Cargo.toml","target":{"kind":["lib"],"name":"mycni_agent"},"profile":{"test":true},"executable":"/w/target/debug/deps/mycni_agent-2","fresh":true}
+{"reason":"compiler-artifact","package_id":"path+file:///w/mycni-agent#0.1.0","manifest_path":"/w/mycni-agent/Cargo.toml","target":{"kind":["test"],"name":"datapath"},"profile":{"test":true},"executable":"/w/target/debug/deps/datapath-2","fresh":true}
 {"reason":"build-finished","success":true}
 not json
 "#;
@@ -423,14 +478,14 @@ not json
             [
                 Artifact {
                     package: "mycni-e2e".into(),
-                    target: "ebpf_prog".into(),
-                    executable: "/w/target/debug/deps/ebpf_prog-1".into(),
+                    target: "lab".into(),
+                    executable: "/w/target/debug/deps/lab-1".into(),
                     manifest_dir: "/w/tests/e2e".into(),
                 },
                 Artifact {
                     package: "mycni-agent".into(),
-                    target: "mycni_agent".into(),
-                    executable: "/w/target/debug/deps/mycni_agent-2".into(),
+                    target: "datapath".into(),
+                    executable: "/w/target/debug/deps/datapath-2".into(),
                     manifest_dir: "/w/mycni-agent".into(),
                 },
             ]
@@ -449,6 +504,17 @@ not json
         assert!(selected(&["4.19".into()]).is_err());
         for (_, pattern) in SERIES {
             assert_eq!(pattern.matches('*').count(), 1, "{pattern}");
+        }
+    }
+
+    #[test]
+    fn each_test_target_is_built_once_and_the_names_differ() {
+        assert_eq!(test_targets().collect::<Vec<_>>(), ["datapath", "lab"]);
+        let names: Vec<&str> = ENTRIES.iter().map(|e| e.name).collect();
+        assert_eq!(names, ["kfunc_module", "ebpf_prog", "kernel_matrix"]);
+        // Each runs its own module (the first argument is its filter).
+        for e in ENTRIES {
+            assert_eq!(e.args.first(), Some(&format!("{}::", e.name).as_str()));
         }
     }
 

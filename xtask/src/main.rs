@@ -70,6 +70,11 @@ enum Command {
     /// including the privileged network-namespace tests, then every fuzz
     /// target for 15 s (skipped when `args` are given).
     Test {
+        /// The inner loop, never the README's test command: shape, docs,
+        /// fmt check, clippy and the unit tests of every crate (`--lib
+        /// --bins`: no root, no end-to-end tests, no kernel matrix, no fuzzing).
+        #[arg(long)]
+        quick: bool,
         /// Extra arguments for `cargo test` (e.g. a test name filter).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -150,7 +155,8 @@ fn main() -> ExitCode {
         Command::Setup => setup::run(),
         Command::BuildEbpf { release: _ } => build_ebpf().map(|_| ()),
         Command::BuildPlugin => build_plugin().map(|_| ()),
-        Command::Test { args } => test(&args),
+        Command::Test { quick: false, args } => test(&args),
+        Command::Test { quick: true, args } => test_quick(&args),
         Command::Shape => shape::run(),
         Command::Docs => docs::run(),
         Command::Fuzz {
@@ -293,40 +299,7 @@ fn test(extra: &[String]) -> Result<()> {
     shape::run()?;
     docs::run()?;
     build_ebpf()?;
-    eprintln!("xtask: cargo fmt --check");
-    Cmd::new("cargo")
-        .args(["fmt", "--all", "--check"])
-        .toolchain(HOST_TOOLCHAIN)
-        .cwd(&root)
-        .run()?;
-    // The fuzz crate is its own workspace, so `cargo fmt --all` misses it.
-    Cmd::new("cargo")
-        .args(["fmt", "--check", "--manifest-path"])
-        .arg(root.join("fuzz/Cargo.toml"))
-        .toolchain(HOST_TOOLCHAIN)
-        .cwd(&root)
-        .run()?;
-    eprintln!("xtask: clippy (host crates)");
-    Cmd::new("cargo")
-        .args(["clippy", "--workspace", "--exclude", "mycni-ebpf"])
-        .args(["--all-targets", "--locked", "--", "-D", "warnings"])
-        .toolchain(HOST_TOOLCHAIN)
-        .cwd(&root)
-        .run()?;
-    eprintln!("xtask: clippy (mycni-ebpf on {EBPF_TARGET})");
-    Cmd::new("cargo")
-        .args(["clippy", "--package", "mycni-ebpf", "--locked"])
-        .args(["--target", EBPF_TARGET, "-Z", "build-std=core", "--release"])
-        .arg("--target-dir")
-        .arg(root.join("target/ebpf"))
-        .args(["--", "-D", "warnings"])
-        .toolchain(EBPF_TOOLCHAIN)
-        .env(
-            "CARGO_ENCODED_RUSTFLAGS",
-            "--cfg=bpf_target_arch=\"x86_64\"",
-        )
-        .cwd(&root)
-        .run()?;
+    static_checks(&root)?;
     build_e2e_bins(&root)?;
     eprintln!("xtask: cargo test");
     Cmd::new("cargo")
@@ -351,9 +324,76 @@ fn test(extra: &[String]) -> Result<()> {
     fuzz::run(fuzz::TEST_SECONDS, None, false)
 }
 
+/// `cargo xtask test --quick`: what needs neither root nor the eBPF
+/// object, for the edit-build-test loop. The unit tests only (`--lib
+/// --bins`, no doc-tests): every integration test binary is left to
+/// `cargo xtask test`, which also runs what this does.
+fn test_quick(extra: &[String]) -> Result<()> {
+    let root = workspace_root();
+    setup::run()?;
+    shape::run()?;
+    docs::run()?;
+    static_checks(&root)?;
+    eprintln!("xtask: cargo test --lib --bins (unit tests)");
+    Cmd::new("cargo")
+        .args(["test", "--workspace", "--exclude", "mycni-ebpf", "--locked"])
+        .args(["--lib", "--bins"])
+        .args(extra)
+        .toolchain(HOST_TOOLCHAIN)
+        .cwd(&root)
+        .run()?;
+    eprintln!("xtask: quick pass done; `cargo xtask test` runs everything");
+    Ok(())
+}
+
+/// fmt check and clippy, the host crates' and the eBPF crate's.
+fn static_checks(root: &std::path::Path) -> Result<()> {
+    eprintln!("xtask: cargo fmt --check");
+    Cmd::new("cargo")
+        .args(["fmt", "--all", "--check"])
+        .toolchain(HOST_TOOLCHAIN)
+        .cwd(root)
+        .run()?;
+    // The fuzz crate is its own workspace, so `cargo fmt --all` misses it.
+    Cmd::new("cargo")
+        .args(["fmt", "--check", "--manifest-path"])
+        .arg(root.join("fuzz/Cargo.toml"))
+        .toolchain(HOST_TOOLCHAIN)
+        .cwd(root)
+        .run()?;
+    eprintln!("xtask: clippy (host crates)");
+    Cmd::new("cargo")
+        .args(["clippy", "--workspace", "--exclude", "mycni-ebpf"])
+        .args(["--all-targets", "--locked", "--", "-D", "warnings"])
+        .toolchain(HOST_TOOLCHAIN)
+        .cwd(root)
+        .run()?;
+    eprintln!("xtask: clippy (mycni-ebpf on {EBPF_TARGET})");
+    Cmd::new("cargo")
+        .args(["clippy", "--package", "mycni-ebpf", "--locked"])
+        .args(["--target", EBPF_TARGET, "-Z", "build-std=core", "--release"])
+        .arg("--target-dir")
+        .arg(root.join("target/ebpf"))
+        .args(["--", "-D", "warnings"])
+        .toolchain(EBPF_TOOLCHAIN)
+        .env(
+            "CARGO_ENCODED_RUSTFLAGS",
+            "--cfg=bpf_target_arch=\"x86_64\"",
+        )
+        .cwd(root)
+        .run()
+}
+
 /// The tests of the fast path whose agents attach through TCX, again
 /// with the legacy tc attach (clsact + cls_bpf) forced: Debian 12's 6.1
 /// has no TCX, and the kernel matrix runs one lab there, not these.
+///
+/// Modules of the `datapath` test binaries (tests/e2e/tests/datapath, and
+/// mycni-agent/tests/datapath for `fastpath6`), each given to libtest as
+/// the filter `<module>::`: a test's name starts with its module's, and no
+/// other module of those binaries has a name ending in one of these (a
+/// unit test below holds that).
+const DATAPATH_TEST_BINARY: &str = "datapath";
 const DATAPATH_TESTS: &[&str] = &[
     "fastpath",
     "fastpath6",
@@ -364,12 +404,12 @@ const DATAPATH_TESTS: &[&str] = &[
 
 fn legacy_tc_datapath(root: &std::path::Path) -> Result<()> {
     eprintln!("xtask: the datapath tests again with MYCNI_TC_ATTACH=legacy");
-    DATAPATH_TESTS
-        .iter()
-        .fold(
-            Cmd::new("cargo").args(["test", "--package", "mycni-e2e", "--locked"]),
-            |c, t| c.args(["--test", t]),
-        )
+    // Selected with the workspace's packages, as `cargo test` built them,
+    // so nothing is built again.
+    Cmd::new("cargo")
+        .args(["test", "--workspace", "--exclude", "mycni-ebpf", "--locked"])
+        .args(["--test", DATAPATH_TEST_BINARY, "--"])
+        .args(DATAPATH_TESTS.iter().map(|m| format!("{m}::")))
         .env("MYCNI_TC_ATTACH", "legacy")
         .toolchain(HOST_TOOLCHAIN)
         .cwd(root)
@@ -498,4 +538,41 @@ fn build_bench(which: Option<&str>, root: &std::path::Path) -> Result<()> {
         .toolchain(HOST_TOOLCHAIN)
         .cwd(root)
         .run()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `mod x;` lines of a test binary's main.rs.
+    fn modules(main_rs: &str) -> Vec<String> {
+        let path = workspace_root().join(main_rs);
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(!text.is_empty(), "{} unreadable", path.display());
+        text.lines()
+            .filter_map(|l| l.strip_prefix("mod ")?.strip_suffix(';'))
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn the_legacy_pass_filters_select_exactly_its_modules() {
+        let all: Vec<String> = [
+            "tests/e2e/tests/datapath/main.rs",
+            "mycni-agent/tests/datapath/main.rs",
+        ]
+        .iter()
+        .flat_map(|m| modules(m))
+        .collect();
+        for wanted in DATAPATH_TESTS {
+            assert!(all.iter().any(|m| m == wanted), "no module {wanted}");
+        }
+        // `<m>::` also matches the tests of every module whose name ends
+        // in `m`: those must be wanted too.
+        for m in &all {
+            if DATAPATH_TESTS.iter().any(|w| m.ends_with(w)) {
+                assert!(DATAPATH_TESTS.contains(&m.as_str()), "{m} matched");
+            }
+        }
+    }
 }

@@ -13,6 +13,7 @@ use anyhow::{Context, Result, bail};
 
 pub mod cni;
 pub mod testrun;
+pub mod turn;
 
 /// Runs a command to completion; a non-zero exit is an error with its stderr.
 pub fn sh(program: &str, args: &[&str]) -> Result<String> {

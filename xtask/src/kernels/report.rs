@@ -445,12 +445,12 @@ MYCNI-END uptime=74.18
             "Error: loading the eBPF object failed: kernel function 'bpf_ct_release' not found"
         );
         let out = lines(
-            "seed 1\nthread 'fast_path::x' panicked at tests/e2e/tests/ebpf_prog/fast_path.rs:12:5:\n\
+            "seed 1\nthread 'fast_path::x' panicked at mycni-agent/tests/datapath/ebpf_prog/fast_path.rs:12:5:\n\
              assertion `left == right` failed\n  left: 1\n",
         );
         assert_eq!(
             gist(&out),
-            "assertion `left == right` failed (panicked at tests/e2e/tests/ebpf_prog/fast_path.rs:12:5)"
+            "assertion `left == right` failed (panicked at mycni-agent/tests/datapath/ebpf_prog/fast_path.rs:12:5)"
         );
         assert_eq!(gist(&lines("\n  just this\nand this\n")), "just this");
         assert_eq!(gist(&[]), "");
