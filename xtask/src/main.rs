@@ -365,6 +365,9 @@ fn static_checks(root: &std::path::Path) -> Result<()> {
     Cmd::new("cargo")
         .args(["clippy", "--workspace", "--exclude", "mycni-ebpf"])
         .args(["--all-targets", "--locked", "--", "-D", "warnings"])
+        // Pedantic, so named: a function taking several bools is asked
+        // for a struct or an enum (clippy.toml caps parameters at 5).
+        .args(["-D", "clippy::fn_params_excessive_bools"])
         .toolchain(HOST_TOOLCHAIN)
         .cwd(root)
         .run()?;
