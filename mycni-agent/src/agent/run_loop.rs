@@ -519,7 +519,7 @@ pub(super) async fn run(cfg: &Config, metrics: Arc<Metrics>, started: Started) -
 
 /// Test hook: with `MYCNI_TEST_FAULT=freeze-loop:<file>`, the loop stops
 /// before its next pass for as long as `<file>` exists, as a loop wedged in
-/// a call would (tests/e2e/tests/deploy_probes.rs watches /healthz turn
+/// a call would (tests/e2e/tests/deploy/deploy_probes.rs watches /healthz turn
 /// unhealthy). Without the variable, which nothing in deploy/ sets, the loop
 /// is unchanged.
 fn test_freeze_file() -> Option<std::path::PathBuf> {
