@@ -31,7 +31,7 @@
 //! Both datapaths bring every new connection here: the fast path forwards
 //! only established TCP / assured UDP flows without NAT and leaves SYN,
 //! FIN, RST, unconfirmed and DNATed flows to the kernel
-//! (tests/e2e/tests/ebpf_prog/fast_path.rs,
+//! (mycni-agent/tests/datapath/ebpf_prog/fast_path.rs,
 //! `everything_else_is_left_to_the_kernel_untouched`, keeps that so).
 //!
 //! Every packet it lets through stamps its connection's conntrack mark
